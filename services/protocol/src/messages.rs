@@ -1,0 +1,42 @@
+//! Short constructors for the server messages, so call sites read like the protocol table.
+
+/// `ServerMessage` constructors.
+pub mod server {
+    use crate::pb::{self, server_message::Kind, ErrorCode, ServerMessage};
+
+    fn wrap(kind: Kind) -> ServerMessage {
+        ServerMessage { kind: Some(kind) }
+    }
+
+    pub fn position(x: u32, y: u32) -> Option<pb::Position> {
+        Some(pb::Position { x, y })
+    }
+
+    pub fn error(code: ErrorCode, detail: impl Into<String>, client_time: u64) -> ServerMessage {
+        wrap(Kind::Error(pb::Error { code: code as i32, detail: detail.into(), client_time }))
+    }
+
+    pub fn pong(client_time: u64) -> ServerMessage {
+        wrap(Kind::Pong(pb::Pong { client_time }))
+    }
+
+    pub fn entered(player_id: u64, x: u32, y: u32, name: impl Into<String>) -> ServerMessage {
+        wrap(Kind::Entered(pb::Entered { player_id, position: position(x, y), name: name.into() }))
+    }
+
+    pub fn moved(player_id: u64, x: u32, y: u32, client_time: u64) -> ServerMessage {
+        wrap(Kind::Moved(pb::Moved { player_id, position: position(x, y), client_time }))
+    }
+
+    pub fn left(player_id: u64) -> ServerMessage {
+        wrap(Kind::Left(pb::Left { player_id }))
+    }
+
+    pub fn chat(player_id: u64, text: impl Into<String>) -> ServerMessage {
+        wrap(Kind::Chat(pb::ChatMessage { player_id, text: text.into() }))
+    }
+
+    pub fn view_reset(player_id: u64, x: u32, y: u32) -> ServerMessage {
+        wrap(Kind::ViewReset(pb::ViewReset { player_id, position: position(x, y) }))
+    }
+}

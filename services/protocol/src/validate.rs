@@ -1,0 +1,89 @@
+//! The field limits the protocol states, checked once where a message enters the cluster.
+
+use crate::pb::{Direction, ErrorCode};
+
+/// Longest player name, in bytes of UTF-8.
+pub const MAX_NAME_BYTES: usize = 32;
+/// Longest chat text, in bytes of UTF-8.
+pub const MAX_CHAT_BYTES: usize = 256;
+
+/// A well-formed message with a value the protocol refuses (`INVALID_ARGUMENT`; the
+/// connection stays open). The `Display` text is the `Error.detail` sent to the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidArgument {
+    #[error("name is empty")]
+    EmptyName,
+    #[error("name is {0} bytes, the limit is 32")]
+    NameTooLong(usize),
+    #[error("spawn ({x}, {y}) is outside the {width}x{height} map")]
+    SpawnOutsideMap { x: u32, y: u32, width: u32, height: u32 },
+    #[error("chat text is empty")]
+    EmptyChat,
+    #[error("chat text is {0} bytes, the limit is 256")]
+    ChatTooLong(usize),
+    #[error("direction {0} is not UP, DOWN, LEFT or RIGHT")]
+    BadDirection(i32),
+    #[error("message has no kind")]
+    NoKind,
+}
+
+impl InvalidArgument {
+    pub fn code(&self) -> ErrorCode {
+        ErrorCode::InvalidArgument
+    }
+}
+
+pub fn validate_name(name: &str) -> Result<(), InvalidArgument> {
+    match name.len() {
+        0 => Err(InvalidArgument::EmptyName),
+        n if n > MAX_NAME_BYTES => Err(InvalidArgument::NameTooLong(n)),
+        _ => Ok(()),
+    }
+}
+
+pub fn validate_chat(text: &str) -> Result<(), InvalidArgument> {
+    match text.len() {
+        0 => Err(InvalidArgument::EmptyChat),
+        n if n > MAX_CHAT_BYTES => Err(InvalidArgument::ChatTooLong(n)),
+        _ => Ok(()),
+    }
+}
+
+/// Accepts exactly the four real directions; `DIRECTION_UNSPECIFIED` and unknown values
+/// (proto3 enums are open) are refused.
+pub fn validate_direction(raw: i32) -> Result<Direction, InvalidArgument> {
+    match Direction::try_from(raw) {
+        Ok(Direction::Unspecified) | Err(_) => Err(InvalidArgument::BadDirection(raw)),
+        Ok(direction) => Ok(direction),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_limits_count_bytes_not_chars() {
+        assert_eq!(validate_name(""), Err(InvalidArgument::EmptyName));
+        assert_eq!(validate_name(&"a".repeat(32)), Ok(()));
+        assert_eq!(validate_name(&"a".repeat(33)), Err(InvalidArgument::NameTooLong(33)));
+        // Eleven three-byte characters: 33 bytes.
+        assert_eq!(validate_name(&"€".repeat(11)), Err(InvalidArgument::NameTooLong(33)));
+    }
+
+    #[test]
+    fn chat_limits() {
+        assert_eq!(validate_chat(""), Err(InvalidArgument::EmptyChat));
+        assert_eq!(validate_chat(&"x".repeat(256)), Ok(()));
+        assert_eq!(validate_chat(&"x".repeat(257)), Err(InvalidArgument::ChatTooLong(257)));
+    }
+
+    #[test]
+    fn only_four_directions() {
+        assert_eq!(validate_direction(1), Ok(Direction::Up));
+        assert_eq!(validate_direction(4), Ok(Direction::Right));
+        assert_eq!(validate_direction(0), Err(InvalidArgument::BadDirection(0)));
+        assert_eq!(validate_direction(5), Err(InvalidArgument::BadDirection(5)));
+        assert_eq!(validate_direction(-1), Err(InvalidArgument::BadDirection(-1)));
+    }
+}
