@@ -1,1 +1,229 @@
-fn main() {}
+//! `loadtest`: Meridian's stress-test client, the source paper's "Stress Test Client"
+//! grown up (DESIGN.md section 5).
+//!
+//! It connects bots to a gateway at a fixed rate (one per millisecond by default) up to
+//! `--bots`, logs each one in, and makes each move one cell in a random direction every
+//! `--move-interval` on an open-loop schedule. It measures the delay from sending a move to
+//! receiving that bot's own `Moved` echo, counts notifications, errors by code, disconnects
+//! and lost moves, prints one progress line per second to stderr, and prints a JSON
+//! summary to stdout (and to `--json PATH`).
+//!
+//! Modules: `cli` (command line and validated config), `bot` (one bot's connection and
+//! schedule), `histogram` (the delay histogram), `stats` (counters, progress, summary).
+
+mod bot;
+mod cli;
+mod histogram;
+mod stats;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant, MissedTickBehavior};
+use tracing::warn;
+use tracing_subscriber::EnvFilter;
+
+use crate::bot::Plan;
+use crate::cli::{Cli, Config};
+use crate::histogram::Histogram;
+use crate::stats::{Reporter, SecondStats, Stats, Summary};
+
+/// File descriptors kept for everything that is not a bot socket.
+const SPARE_FDS: u64 = 64;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match Config::from_cli(Cli::parse()) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("loadtest: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    match run_and_report(&config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` prints the cause chain on one line, without a backtrace.
+            eprintln!("loadtest: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the test and prints (and writes) its JSON summary.
+async fn run_and_report(config: &Config) -> anyhow::Result<()> {
+    let summary = run(config).await?;
+    let json = serde_json::to_string_pretty(&summary).context("serializing the summary")?;
+    println!("{json}");
+    if let Some(path) = &config.json {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("writing the summary to {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs the whole test; fails only when the target cannot be reached at all.
+async fn run(config: &Config) -> anyhow::Result<Summary> {
+    let target = resolve(&config.addr, config.source_ips).await?;
+    raise_fd_limit(u64::from(config.bots) + SPARE_FDS);
+
+    let started = Instant::now();
+    let sending_ends = started + config.duration;
+    let plan = Arc::new(Plan {
+        target,
+        source_ips: config.source_ips,
+        name_prefix: config.name_prefix.clone(),
+        spawn_area: config.spawn_area,
+        move_interval: config.move_interval,
+        seed: config.seed,
+        started,
+        sending_ends,
+        drain_ends: sending_ends + config.drain,
+    });
+    let stats = Arc::new(Stats::default());
+
+    // The first bot connects here, so an unreachable address fails at once and clearly
+    // instead of producing a run full of connect failures.
+    let first = bot::connect(&plan, 0)
+        .await
+        .with_context(|| format!("cannot connect to --addr {} ({target})", config.addr))?;
+
+    let (stop_reporter, stopped) = tokio::sync::oneshot::channel::<()>();
+    let reporter = tokio::spawn(report_every_second(
+        Arc::clone(&stats),
+        started,
+        config.bots,
+        stopped,
+    ));
+
+    let mut bots = JoinSet::new();
+    bots.spawn(bot::run(
+        Arc::clone(&plan),
+        Arc::clone(&stats),
+        0,
+        Some(first),
+    ));
+    for index in 1..config.bots {
+        let due = config
+            .connect_interval
+            .checked_mul(index)
+            .and_then(|d| started.checked_add(d));
+        let Some(at) = due.filter(|&at| at < sending_ends) else {
+            warn!(
+                started = index,
+                target = config.bots,
+                "--duration ended before every bot connected"
+            );
+            break;
+        };
+        sleep_until(at).await;
+        bots.spawn(bot::run(Arc::clone(&plan), Arc::clone(&stats), index, None));
+        // Reap finished bots as we go so the set holds only live ones.
+        while let Some(done) = bots.try_join_next() {
+            report_panic(done);
+        }
+    }
+    while let Some(done) = bots.join_next().await {
+        report_panic(done);
+    }
+    let elapsed = started.elapsed();
+
+    // The reporter only stops when told to; if it is gone, it panicked.
+    let _ = stop_reporter.send(());
+    let (delays, per_second) = reporter.await.context("the progress reporter panicked")?;
+    Ok(Summary::build(config, &stats, &delays, per_second, elapsed))
+}
+
+fn report_panic(done: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = done {
+        warn!(%error, "a bot task panicked");
+    }
+}
+
+/// Prints a progress line every second, and once more for the last partial second.
+async fn report_every_second(
+    stats: Arc<Stats>,
+    started: Instant,
+    bots_target: u32,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> (Histogram, Vec<SecondStats>) {
+    let mut reporter = Reporter::new(started, bots_target);
+    let second = Duration::from_secs(1);
+    let mut ticker = tokio::time::interval_at(started + second, second);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => reporter.tick(&stats, Instant::now()),
+            _ = &mut stop => break,
+        }
+    }
+    reporter.finish(&stats, Instant::now())
+}
+
+/// Resolves `--addr`, preferring IPv4 (servers commonly bind 0.0.0.0 or 127.0.0.1).
+async fn resolve(addr: &str, source_ips: u32) -> anyhow::Result<SocketAddr> {
+    let candidates: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .with_context(|| format!("cannot resolve --addr {addr}"))?
+        .collect();
+    let Some(target) = candidates
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(candidates.first())
+        .copied()
+    else {
+        bail!("--addr {addr} resolves to no address");
+    };
+    let loopback_v4 = matches!(target, SocketAddr::V4(v4) if v4.ip().is_loopback());
+    if source_ips > 1 && !loopback_v4 {
+        bail!(
+            "--source-ips {source_ips} binds bots to 127.0.0.x, which can only reach an IPv4 \
+             loopback --addr; {addr} is {target}"
+        );
+    }
+    Ok(target)
+}
+
+/// Raises the open-file soft limit towards `needed` (up to the hard limit), so thousands
+/// of bots do not fail with "too many open files"; warns if that is not enough.
+fn raise_fd_limit(needed: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur >= needed {
+        return;
+    }
+    let wanted = libc::rlimit {
+        rlim_cur: needed.min(limit.rlim_max),
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: setrlimit reads one `rlimit` through a valid pointer.
+    let raised = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } == 0;
+    let have = if raised {
+        wanted.rlim_cur
+    } else {
+        limit.rlim_cur
+    };
+    if have < needed {
+        warn!(
+            have,
+            needed, "open-file limit too low: bots beyond it will fail to connect"
+        );
+    }
+}

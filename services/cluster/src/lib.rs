@@ -1,1 +1,46 @@
-//! placeholder
+//! Cluster state of Meridian kept in etcd: who is alive, who owns which part of the map.
+//!
+//! Members register under a cluster key prefix on leases ([`Registration`]); everyone
+//! watches the prefix ([`ClusterWatch`]) and reads the result lock-free through an
+//! [`EpochCell`]; one elected [`Coordinator`] computes and publishes the [`PartitionMap`]
+//! with a strictly increasing epoch; player ids come from [`IdAllocator`] blocks.
+//!
+//! This crate never touches client traffic and never blocks a hot path: readers of the
+//! cluster view pin an epoch and read, writers swap a whole new view in.
+
+mod coordinator;
+mod epoch_cell;
+mod error;
+mod ids;
+mod keys;
+mod model;
+mod registration;
+mod watch;
+
+pub use coordinator::{compute_partition, Coordinator};
+pub use epoch_cell::EpochCell;
+pub use error::ClusterError;
+pub use ids::IdAllocator;
+pub use keys::ClusterKeys;
+pub use model::{
+    ClusterView, GatewayId, GatewayRecord, PartitionMap, Region, ShardId, ShardRecord, ShardState,
+};
+pub use registration::{Registration, RegistrationStatus};
+pub use watch::ClusterWatch;
+
+/// The etcd client type, re-exported so dependants need not name the crate.
+pub use etcd_client::Client as EtcdClient;
+
+/// Connects to etcd with the timeouts every node uses.
+pub async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, ClusterError> {
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(std::time::Duration::from_secs(2))
+        .with_timeout(std::time::Duration::from_secs(5))
+        .with_keep_alive(
+            std::time::Duration::from_secs(2),
+            std::time::Duration::from_secs(2),
+        );
+    etcd_client::Client::connect(endpoints, Some(options))
+        .await
+        .map_err(ClusterError::Unreachable)
+}

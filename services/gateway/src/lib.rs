@@ -1,1 +1,189 @@
-//! placeholder
+//! The Meridian gateway: terminates client TCP and relays each player to its shard.
+//!
+//! One worker thread per core, each with its own event loop (io_uring by default, epoll
+//! as fallback and baseline), its own listener (SO_REUSEPORT), its own connections and
+//! buffers: workers share nothing on the per-message path but a lock-free routing table.
+//! Frames are checked by the sans-IO codec, answered locally where the gateway can (ping,
+//! protocol errors), and otherwise batched per loop iteration onto one gRPC stream per
+//! shard. Shards answer with ready-made frames that the worker appends to the client's
+//! bounded output queue without re-encoding them.
+//!
+//! Only this crate touches io_uring. It never applies game rules: the shard does.
+
+mod core;
+mod epoll;
+mod ids;
+mod metrics;
+mod relay;
+mod routing;
+mod uring;
+mod worker;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_cluster::{
+    ClusterError, ClusterKeys, ClusterWatch, GatewayId, GatewayRecord, Registration,
+};
+use meridian_observe::{serve_admin, Readiness, Registry};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+pub use metrics::GatewayMetrics;
+pub use worker::bind_game_listener;
+
+/// Which event loop the workers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoBackend {
+    Uring,
+    Epoll,
+}
+
+impl std::fmt::Display for IoBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoBackend::Uring => "uring",
+            IoBackend::Epoll => "epoll",
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub id: GatewayId,
+    pub cluster: String,
+    pub etcd: Vec<String>,
+    pub io: IoBackend,
+    pub workers: usize,
+    /// Largest frame body accepted from or sent to a client.
+    pub max_frame: usize,
+    /// Bytes of unsent output a client may have queued before it is cut off.
+    pub max_output_bytes: usize,
+    pub dev_mode: bool,
+    pub lease_ttl: Duration,
+    /// The game address clients are told about, if not the listener's own.
+    pub advertise: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("etcd: {0}")]
+    Cluster(#[from] ClusterError),
+    #[error("cannot set up the game listener on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start worker {index}: {source}")]
+    Worker {
+        index: usize,
+        source: std::io::Error,
+    },
+    #[error("cannot read a listener's address: {0}")]
+    Listener(#[source] std::io::Error),
+}
+
+/// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
+/// reused by every worker with SO_REUSEPORT); `admin` serves the admin endpoints.
+pub async fn run(
+    config: GatewayConfig,
+    game: std::net::TcpListener,
+    admin: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), GatewayError> {
+    let game_addr = game.local_addr().map_err(GatewayError::Listener)?;
+    let admin_addr = admin.local_addr().map_err(GatewayError::Listener)?;
+    let keys = ClusterKeys::new(&config.cluster);
+    let client = meridian_cluster::connect(&config.etcd).await?;
+    let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
+
+    let registry = Registry::default();
+    let io = select_backend(config.io);
+    let metrics = Arc::new(GatewayMetrics::new(&registry, config.id, io));
+    let ids = ids::IdPool::start(client.clone(), &keys).await?;
+    let routing = routing::Routing::new();
+    let listeners = worker::reuseport_listeners(game, config.workers).map_err(|source| {
+        GatewayError::Listen {
+            addr: game_addr,
+            source,
+        }
+    })?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let shared = Arc::new(worker::Shared {
+        config: config.clone(),
+        routing: Arc::clone(&routing.table),
+        ids,
+        metrics: Arc::clone(&metrics),
+        stopping: Arc::clone(&stopping),
+        round_robin: Default::default(),
+    });
+    let workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
+    let mailboxes = Arc::new(workers.mailboxes());
+    tokio::spawn(relay::maintain_links(
+        config.id,
+        watch.changes(),
+        routing,
+        Arc::clone(&mailboxes),
+        Arc::clone(&metrics),
+    ));
+
+    let record = GatewayRecord {
+        id: config.id,
+        game: config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| game_addr.to_string()),
+        admin: admin_addr.to_string(),
+    };
+    let registration = Registration::start(
+        client,
+        keys.gateway(config.id),
+        record.to_json(),
+        config.lease_ttl,
+    )
+    .await?;
+    let status = registration.status();
+    let table = Arc::clone(&shared.routing);
+    let readiness: Readiness = Arc::new(move || {
+        if !status.is_registered() {
+            return Err("not registered in etcd".into());
+        }
+        if table.read(|t| t.links.iter().any(|l| l.is_up())) {
+            Ok(())
+        } else {
+            Err("no shard reachable".into())
+        }
+    });
+    tokio::spawn(serve_admin(admin, registry, readiness));
+    info!(gateway = %config.id, %game_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
+
+    shutdown.await;
+    info!(gateway = %config.id, "gateway stopping: telling clients, deregistering");
+    stopping.store(true, Ordering::SeqCst);
+    for mailbox in mailboxes.iter() {
+        mailbox.wake();
+    }
+    let joined = tokio::task::spawn_blocking(move || workers.join()).await;
+    if joined.is_err() {
+        warn!("a worker thread panicked while stopping");
+    }
+    registration.revoke().await;
+    Ok(())
+}
+
+/// io_uring unless asked otherwise, falling back to epoll (with a warning) where the
+/// kernel or a seccomp profile refuses io_uring.
+fn select_backend(wanted: IoBackend) -> IoBackend {
+    match wanted {
+        IoBackend::Epoll => IoBackend::Epoll,
+        IoBackend::Uring => match uring::probe() {
+            Ok(()) => IoBackend::Uring,
+            Err(error) => {
+                warn!(%error, "io_uring is unavailable here; falling back to epoll");
+                IoBackend::Epoll
+            }
+        },
+    }
+}

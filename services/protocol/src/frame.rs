@@ -91,7 +91,10 @@ pub fn next_frame(buf: &[u8], max_body: usize) -> Result<Option<FrameHeader>, Fr
             return Err(FrameError::TooLarge { len, max: max_body });
         }
         if byte & 0x80 == 0 {
-            let header = FrameHeader { prefix_len: i + 1, body_len: len as usize };
+            let header = FrameHeader {
+                prefix_len: i + 1,
+                body_len: len as usize,
+            };
             return Ok((buf.len() >= header.total_len()).then_some(header));
         }
     }
@@ -126,7 +129,11 @@ pub struct FrameReader {
 
 impl FrameReader {
     pub fn new(max_body: usize) -> Self {
-        FrameReader { buf: Vec::with_capacity(max_body + MAX_PREFIX_BYTES), start: 0, max_body }
+        FrameReader {
+            buf: Vec::with_capacity(max_body + MAX_PREFIX_BYTES),
+            start: 0,
+            max_body,
+        }
     }
 
     /// Bytes received but not yet returned as frames.
@@ -183,11 +190,18 @@ mod tests {
     #[test]
     fn limit_is_inclusive_and_checked_on_the_prefix_alone() {
         let at_limit = prefix(4096);
-        assert_eq!(next_frame(&at_limit, DEFAULT_MAX_FRAME), Ok(None), "4096 waits for its body");
+        assert_eq!(
+            next_frame(&at_limit, DEFAULT_MAX_FRAME),
+            Ok(None),
+            "4096 waits for its body"
+        );
         let over = prefix(4097);
         assert_eq!(
             next_frame(&over, DEFAULT_MAX_FRAME),
-            Err(FrameError::TooLarge { len: 4097, max: 4096 }),
+            Err(FrameError::TooLarge {
+                len: 4097,
+                max: 4096
+            }),
             "4097 is refused before any body byte arrives"
         );
     }
@@ -195,7 +209,10 @@ mod tests {
     #[test]
     fn incomplete_prefix_that_already_exceeds_the_limit_is_refused() {
         // 0x80 0x80 0x01... : the third byte alone says >= 16384.
-        assert!(matches!(next_frame(&[0x80, 0x80, 0x01], 4096), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            next_frame(&[0x80, 0x80, 0x01], 4096),
+            Err(FrameError::TooLarge { .. })
+        ));
         // A lone continuation byte is just incomplete.
         assert_eq!(next_frame(&[0x80], 4096), Ok(None));
     }
@@ -211,7 +228,10 @@ mod tests {
     fn empty_body_is_a_frame() {
         assert_eq!(
             next_frame(&[0x00], 4096),
-            Ok(Some(FrameHeader { prefix_len: 1, body_len: 0 }))
+            Ok(Some(FrameHeader {
+                prefix_len: 1,
+                body_len: 0
+            }))
         );
     }
 
@@ -238,7 +258,10 @@ mod tests {
                 kind: Some(if t % 2 == 0 {
                     Kind::Ping(Ping { client_time: t })
                 } else {
-                    Kind::Move(Move { direction: 1, client_time: t })
+                    Kind::Move(Move {
+                        direction: 1,
+                        client_time: t,
+                    })
                 }),
             })
             .collect();

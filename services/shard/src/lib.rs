@@ -1,1 +1,143 @@
-//! placeholder
+//! A Meridian zone shard: the world rules of `meridian-world` behind a tonic service.
+//!
+//! Gateways open one `Relay` stream each and send batches of player inputs; a single
+//! world task applies them in arrival order and answers with batches of ready-to-write
+//! client frames, grouped per connection. The shard registers itself in etcd on a lease,
+//! follows the cluster view, and may be elected coordinator of the partition map.
+//!
+//! The shard never talks to clients directly and never blocks its world task on I/O: all
+//! sockets are behind bounded channels.
+
+mod actor;
+mod metrics;
+mod outbox;
+mod service;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_cluster::{
+    ClusterError, ClusterKeys, ClusterWatch, Coordinator, Registration, ShardId, ShardRecord,
+    ShardState,
+};
+use meridian_observe::{serve_admin, Readiness, Registry};
+use meridian_world::WorldConfig;
+use tokio::net::TcpListener;
+use tracing::info;
+
+pub use metrics::ShardMetrics;
+
+/// Everything a shard needs, validated by the binary before `run`.
+#[derive(Debug, Clone)]
+pub struct ShardConfig {
+    pub id: ShardId,
+    pub cluster: String,
+    pub etcd: Vec<String>,
+    pub world: WorldConfig,
+    /// Dev mode honours `Login.spawn`.
+    pub dev_mode: bool,
+    pub lease_ttl: Duration,
+    /// Seeds random spawns.
+    pub seed: u64,
+    /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
+    pub advertise: Option<String>,
+}
+
+/// Why a shard stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("cannot register in etcd: {0}")]
+    Cluster(#[from] ClusterError),
+    #[error("cannot read a listener's address: {0}")]
+    Listener(#[source] std::io::Error),
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Runs a shard on already-bound listeners until `shutdown` resolves.
+pub async fn run(
+    config: ShardConfig,
+    grpc: TcpListener,
+    admin: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ShardError> {
+    let grpc_addr: SocketAddr = grpc.local_addr().map_err(ShardError::Listener)?;
+    let admin_addr: SocketAddr = admin.local_addr().map_err(ShardError::Listener)?;
+    let keys = ClusterKeys::new(&config.cluster);
+    let client = meridian_cluster::connect(&config.etcd).await?;
+    let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
+    let record = ShardRecord {
+        id: config.id,
+        grpc: config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| grpc_addr.to_string()),
+        admin: admin_addr.to_string(),
+        state: ShardState::Serving,
+    };
+    let registration = Registration::start(
+        client.clone(),
+        keys.shard(config.id),
+        record.to_json(),
+        config.lease_ttl,
+    )
+    .await?;
+    info!(shard = %config.id, %grpc_addr, %admin_addr, "shard registered");
+
+    let registry = Registry::default();
+    let metrics = Arc::new(ShardMetrics::new(&registry, config.id));
+    let view = watch.view();
+    let (commands, actor) =
+        actor::WorldActor::new(&config, Arc::clone(&view), Arc::clone(&metrics));
+    tokio::spawn(actor.run());
+
+    let lease = registration.lease_source();
+    let coordinator = Coordinator::new(
+        client.clone(),
+        keys.clone(),
+        config.id,
+        config.world.width,
+        config.world.height,
+    );
+    tokio::spawn(coordinator.run(lease, watch.changes()));
+
+    let status = registration.status();
+    let me = config.id;
+    let readiness: Readiness = Arc::new(move || {
+        if !status.is_registered() {
+            return Err("not registered in etcd".into());
+        }
+        let holds_region = view.read(|v| {
+            v.partition
+                .as_ref()
+                .is_some_and(|p| p.regions_of(me).next().is_some())
+        });
+        if holds_region {
+            Ok(())
+        } else {
+            Err("holds no region".into())
+        }
+    });
+    tokio::spawn(serve_admin(admin, registry, readiness));
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<meridian_rpc::pb::shard_server::ShardServer<service::ShardService>>()
+        .await;
+    let service = service::ShardService::new(commands);
+    let server = meridian_rpc::pb::shard_server::ShardServer::new(service)
+        .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
+        .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    info!(shard = %config.id, "shard stopping; deregistering");
+    registration.revoke().await;
+    Ok(())
+}

@@ -1,0 +1,457 @@
+//! One bot: connect, log in, move on an open-loop schedule, match every answer to its
+//! move, then log out.
+//!
+//! The socket is split: a writer sends the k-th move at `login + phase + k * interval`
+//! whatever has come back so far, and a reader, polled concurrently in the same task,
+//! matches each own `Moved` (or `Error`) to its move by `client_time`. A slow server thus
+//! cannot slow the send schedule down and hide its own delay, and a server that stops
+//! reading cannot stop the bot from reading.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use meridian_protocol::pb::{self, client_message, server_message, ClientMessage, ServerMessage};
+use meridian_protocol::{encode_frame, CodecError, FrameReader, DEFAULT_MAX_FRAME};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, timeout_at, Instant};
+use tracing::debug;
+
+use crate::cli::{bot_name, SpawnArea};
+use crate::stats::{bump, Stats};
+
+/// How long one connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a bot waits for its `LoginOk`.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// After `Logout`, how long a bot waits for the server to close before closing itself.
+const LOGOUT_LINGER: Duration = Duration::from_secs(1);
+/// Socket read size; the frame reader keeps any partial frame between reads.
+const READ_CHUNK: usize = 4096;
+
+const DIRECTIONS: [pb::Direction; 4] = [
+    pb::Direction::Up,
+    pb::Direction::Down,
+    pb::Direction::Left,
+    pb::Direction::Right,
+];
+
+/// What every bot of the run shares and never changes.
+#[derive(Debug)]
+pub struct Plan {
+    pub target: SocketAddr,
+    pub source_ips: u32,
+    pub name_prefix: String,
+    pub spawn_area: Option<SpawnArea>,
+    pub move_interval: Duration,
+    pub seed: u64,
+    /// When the first bot started; `client_time` counts microseconds from here.
+    pub started: Instant,
+    /// No move is due at or after this instant.
+    pub sending_ends: Instant,
+    /// Moves still unanswered at this instant are lost.
+    pub drain_ends: Instant,
+}
+
+impl Plan {
+    /// The loopback source address of bot `index`, when bots are spread over several.
+    fn source_ip(&self, index: u32) -> Option<IpAddr> {
+        (self.source_ips > 1).then(|| {
+            let first = u32::from(Ipv4Addr::LOCALHOST);
+            IpAddr::V4(Ipv4Addr::from(first + index % self.source_ips))
+        })
+    }
+}
+
+/// Opens bot `index`'s connection, from its source address if the run spreads them.
+pub async fn connect(plan: &Plan, index: u32) -> io::Result<TcpStream> {
+    let socket = match plan.target {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    if let Some(source) = plan.source_ip(index) {
+        socket.bind(SocketAddr::new(source, 0))?;
+    }
+    let deadline = (Instant::now() + CONNECT_TIMEOUT).min(plan.drain_ends);
+    let stream = timeout_at(deadline, socket.connect(plan.target))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    // Moves are tiny and latency is what is measured: never let Nagle hold one back.
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Runs bot `index` to the end; every outcome lands in `stats`, nothing is returned.
+pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, stream: Option<TcpStream>) {
+    let stream = match stream {
+        Some(stream) => stream,
+        None => match connect(&plan, index).await {
+            Ok(stream) => stream,
+            Err(error) => {
+                debug!(bot = index, %error, "connect failed");
+                bump(&stats.connect_failures);
+                return;
+            }
+        },
+    };
+    let mut rng = SmallRng::seed_from_u64(plan.seed.wrapping_add(u64::from(index)));
+    let (mut read_half, mut write_half) = stream.into_split();
+    let mut frames = FrameReader::new(DEFAULT_MAX_FRAME);
+    let mut encoded = Vec::with_capacity(64);
+    let mut read_buf = vec![0u8; READ_CHUNK];
+
+    let login = Login {
+        name: bot_name(&plan.name_prefix, index),
+        spawn: plan.spawn_area.map(|area| random_cell(&mut rng, area)),
+    };
+    let io = Io {
+        read_half: &mut read_half,
+        write_half: &mut write_half,
+        frames: &mut frames,
+        read_buf: &mut read_buf,
+        encoded: &mut encoded,
+    };
+    let player_id = match log_in(io, &login, &stats, &plan).await {
+        Ok(player_id) => player_id,
+        Err(error) => {
+            debug!(bot = index, %error, "login failed");
+            bump(&stats.login_failures);
+            return;
+        }
+    };
+    let logged_in_at = Instant::now();
+    bump(&stats.bots_connected);
+    bump(&stats.bots_online);
+
+    let session = Session {
+        plan: &plan,
+        stats: &stats,
+        player_id,
+        ledger: Mutex::new(Ledger::default()),
+        writer_done: Notify::new(),
+        reader_done: Notify::new(),
+    };
+    let (writer_intact, ()) = tokio::join!(
+        session.send_moves(&mut write_half, &mut encoded, &mut rng, logged_in_at),
+        session.read_answers(&mut read_half, &mut frames, &mut read_buf),
+    );
+    stats.bots_online.fetch_sub(1, Ordering::Relaxed);
+    let disconnected = {
+        let ledger = session.ledger();
+        stats
+            .moves_lost
+            .fetch_add(ledger.outstanding.len() as u64, Ordering::Relaxed);
+        ledger.disconnected
+    };
+    if disconnected || !writer_intact {
+        return;
+    }
+    let io = Io {
+        read_half: &mut read_half,
+        write_half: &mut write_half,
+        frames: &mut frames,
+        read_buf: &mut read_buf,
+        encoded: &mut encoded,
+    };
+    if let Err(error) = log_out(io).await {
+        debug!(bot = index, %error, "logout did not complete cleanly");
+    }
+}
+
+struct Login {
+    name: String,
+    spawn: Option<pb::Position>,
+}
+
+/// The bot's socket halves and its reused buffers.
+struct Io<'a> {
+    read_half: &'a mut OwnedReadHalf,
+    write_half: &'a mut OwnedWriteHalf,
+    frames: &'a mut FrameReader,
+    read_buf: &'a mut [u8],
+    encoded: &'a mut Vec<u8>,
+}
+
+fn random_cell(rng: &mut SmallRng, area: SpawnArea) -> pb::Position {
+    pb::Position {
+        x: rng.random_range(area.x0..=area.x1),
+        y: rng.random_range(area.y0..=area.y1),
+    }
+}
+
+async fn send(
+    write_half: &mut OwnedWriteHalf,
+    encoded: &mut Vec<u8>,
+    kind: client_message::Kind,
+) -> io::Result<()> {
+    encoded.clear();
+    encode_frame(&ClientMessage { kind: Some(kind) }, encoded);
+    write_half.write_all(encoded).await
+}
+
+/// Sends `Login` and waits for `LoginOk`; returns the player id. Messages after `LoginOk`
+/// stay in `frames` for the reader.
+async fn log_in(io: Io<'_>, login: &Login, stats: &Stats, plan: &Plan) -> anyhow::Result<u64> {
+    let message = pb::Login {
+        name: login.name.clone(),
+        spawn: login.spawn,
+        token: String::new(),
+    };
+    send(
+        io.write_half,
+        io.encoded,
+        client_message::Kind::Login(message),
+    )
+    .await?;
+    let deadline = (Instant::now() + LOGIN_TIMEOUT).min(plan.drain_ends);
+    loop {
+        while let Some(message) = io.frames.next_message::<ServerMessage>()? {
+            match message.kind {
+                Some(server_message::Kind::LoginOk(ok)) => return Ok(ok.player_id),
+                Some(server_message::Kind::Error(error)) => {
+                    stats.record_error(error.code);
+                    bail!("login refused with error {}: {}", error.code, error.detail);
+                }
+                _ => {}
+            }
+        }
+        let read = timeout_at(deadline, io.read_half.read(io.read_buf))
+            .await
+            .map_err(|_| anyhow!("no LoginOk within the login timeout"))?
+            .context("reading the login answer")?;
+        if read == 0 {
+            bail!("server closed the connection before LoginOk");
+        }
+        io.frames.extend(&io.read_buf[..read]);
+    }
+}
+
+/// Sends `Logout`, then waits (briefly) for the server to close so that it sees a clean
+/// logout rather than a reset.
+async fn log_out(io: Io<'_>) -> io::Result<()> {
+    let linger_ends = Instant::now() + LOGOUT_LINGER;
+    let goodbye = async {
+        let logout = client_message::Kind::Logout(pb::Logout {});
+        send(io.write_half, io.encoded, logout).await?;
+        io.write_half.shutdown().await?;
+        while io.read_half.read(io.read_buf).await? > 0 {}
+        Ok(())
+    };
+    timeout_at(linger_ends, goodbye).await.unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "server did not close",
+        ))
+    })
+}
+
+/// The moves of one bot that are still waiting for an answer, oldest first.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// `(client_time, sent at)`.
+    outstanding: VecDeque<(u64, Instant)>,
+    /// The writer has sent its last move.
+    sending_done: bool,
+    /// The connection broke before the bot was done with it.
+    disconnected: bool,
+}
+
+/// What the writer and reader of one bot share. Only these two futures ever take the
+/// ledger's lock, so it is never contended across bots.
+struct Session<'a> {
+    plan: &'a Plan,
+    stats: &'a Stats,
+    player_id: u64,
+    ledger: Mutex<Ledger>,
+    writer_done: Notify,
+    reader_done: Notify,
+}
+
+enum Answer {
+    Ack,
+    Error,
+}
+
+impl Session<'_> {
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a broken connection once, whichever half notices it first.
+    fn mark_disconnected(&self) {
+        let mut ledger = self.ledger();
+        if !ledger.disconnected {
+            ledger.disconnected = true;
+            bump(&self.stats.disconnects);
+        }
+    }
+
+    /// Sends every move due before the end of the run on the open-loop schedule. Returns
+    /// whether the write half is still whole (no write was cut off midway).
+    async fn send_moves(
+        &self,
+        write_half: &mut OwnedWriteHalf,
+        encoded: &mut Vec<u8>,
+        rng: &mut SmallRng,
+        logged_in_at: Instant,
+    ) -> bool {
+        let interval = self.plan.move_interval;
+        let phase_ns = rng.random_range(0..interval.as_nanos().max(1) as u64);
+        let mut due = logged_in_at + Duration::from_nanos(phase_ns);
+        let mut last_client_time = 0;
+        let mut intact = true;
+        while due < self.plan.sending_ends {
+            tokio::select! {
+                () = sleep_until(due) => {}
+                () = self.reader_done.notified() => break,
+            }
+            let now = Instant::now();
+            // Microseconds since the run started, forced unique and non-zero for this bot.
+            let since_start = now.saturating_duration_since(self.plan.started).as_micros() as u64;
+            let client_time = (since_start + 1).max(last_client_time + 1);
+            last_client_time = client_time;
+            let lag = now.saturating_duration_since(due).as_micros() as u64;
+            self.stats.send_lag_max_us.fetch_max(lag, Ordering::Relaxed);
+            let direction = DIRECTIONS[rng.random_range(0..DIRECTIONS.len())];
+            // Record before writing, so an answer can never arrive ahead of its entry.
+            self.ledger().outstanding.push_back((client_time, now));
+            bump(&self.stats.moves_sent);
+            let kind = client_message::Kind::Move(pb::Move {
+                direction: direction as i32,
+                client_time,
+            });
+            tokio::select! {
+                result = send(write_half, encoded, kind) => {
+                    if let Err(error) = result {
+                        debug!(player = self.player_id, %error, "write failed");
+                        self.mark_disconnected();
+                        break;
+                    }
+                }
+                // The reader gave up (drain over or connection gone) while the server was
+                // not reading: the frame may be half written, so the socket is unusable.
+                () = self.reader_done.notified() => {
+                    intact = false;
+                    break;
+                }
+            }
+            due += interval;
+        }
+        self.ledger().sending_done = true;
+        self.writer_done.notify_one();
+        intact
+    }
+
+    /// Reads and matches answers until every move is answered after the last one was
+    /// sent, the drain deadline passes, or the connection breaks.
+    async fn read_answers(
+        &self,
+        read_half: &mut OwnedReadHalf,
+        frames: &mut FrameReader,
+        read_buf: &mut [u8],
+    ) {
+        let mut now = Instant::now();
+        loop {
+            if let Err(error) = self.handle_frames(frames, now) {
+                debug!(player = self.player_id, %error, "undecodable server frame");
+                self.mark_disconnected();
+                break;
+            }
+            {
+                let ledger = self.ledger();
+                if ledger.disconnected || (ledger.sending_done && ledger.outstanding.is_empty()) {
+                    break;
+                }
+            }
+            tokio::select! {
+                read = read_half.read(read_buf) => match read {
+                    Ok(0) => {
+                        debug!(player = self.player_id, "server closed the connection");
+                        self.mark_disconnected();
+                        break;
+                    }
+                    Ok(n) => {
+                        now = Instant::now();
+                        frames.extend(&read_buf[..n]);
+                    }
+                    Err(error) => {
+                        debug!(player = self.player_id, %error, "read failed");
+                        self.mark_disconnected();
+                        break;
+                    }
+                },
+                // Wakes the loop to re-check the ledger once the last move is out.
+                () = self.writer_done.notified() => {}
+                () = sleep_until(self.plan.drain_ends) => break,
+            }
+        }
+        self.reader_done.notify_one();
+    }
+
+    /// Handles every whole frame buffered so far, all received at `now`.
+    fn handle_frames(&self, frames: &mut FrameReader, now: Instant) -> Result<(), CodecError> {
+        let in_window = now < self.plan.sending_ends;
+        while let Some(message) = frames.next_message::<ServerMessage>()? {
+            match message.kind {
+                Some(server_message::Kind::Moved(moved))
+                    if moved.player_id == self.player_id && moved.client_time != 0 =>
+                {
+                    self.answer(moved.client_time, Answer::Ack, now);
+                }
+                Some(server_message::Kind::Error(error)) => {
+                    self.stats.record_error(error.code);
+                    if error.client_time != 0 {
+                        self.answer(error.client_time, Answer::Error, now);
+                    }
+                }
+                Some(server_message::Kind::ViewReset(_)) => {
+                    // Moves still unanswered at a ViewReset were not applied and will not
+                    // be answered (DESIGN.md section 2).
+                    bump(&self.stats.view_resets);
+                    let dropped = self.ledger().outstanding.drain(..).count() as u64;
+                    self.stats.moves_lost.fetch_add(dropped, Ordering::Relaxed);
+                    if in_window {
+                        bump(&self.stats.notifications);
+                    }
+                }
+                _ if in_window => bump(&self.stats.notifications),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn answer(&self, client_time: u64, answer: Answer, now: Instant) {
+        // Answers come in send order, so the match is almost always at the front.
+        let sent_at = {
+            let mut ledger = self.ledger();
+            let position = ledger
+                .outstanding
+                .iter()
+                .position(|&(ct, _)| ct == client_time);
+            position
+                .and_then(|i| ledger.outstanding.remove(i))
+                .map(|(_, sent_at)| sent_at)
+        };
+        match (answer, sent_at) {
+            (Answer::Ack, Some(sent_at)) => {
+                bump(&self.stats.moves_acked);
+                let delay = now.saturating_duration_since(sent_at).as_micros() as u64;
+                self.stats.delays.record(delay);
+            }
+            (Answer::Error, Some(_)) => bump(&self.stats.moves_errored),
+            (Answer::Ack, None) => bump(&self.stats.acks_unmatched),
+            // An error echoing a client_time we never sent is already counted by its code.
+            (Answer::Error, None) => {}
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The command line and the validated run configuration it becomes.
+//!
+//! Everything is parsed and checked here, once, so the bot and stats code only ever see a
+//! `Config` that makes sense; a bad command line exits non-zero with every problem listed.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Parser;
+use meridian_protocol::MAX_NAME_BYTES;
+
+/// Meridian's stress-test client: connects bots at a fixed rate, moves them on an open-loop
+/// schedule and measures the delay until each move's own `Moved` ack comes back.
+#[derive(Debug, Parser)]
+#[command(name = "loadtest", version)]
+pub struct Cli {
+    /// Gateway (or single server) address to connect the bots to, HOST:PORT.
+    #[arg(long, env = "MERIDIAN_LOADTEST_ADDR")]
+    pub addr: String,
+
+    /// Number of bots to connect.
+    #[arg(long, env = "MERIDIAN_LOADTEST_BOTS")]
+    pub bots: u32,
+
+    /// How long bots send moves, from the moment the first bot starts connecting.
+    #[arg(long, default_value = "30s", value_parser = parse_duration,
+          env = "MERIDIAN_LOADTEST_DURATION")]
+    pub duration: Duration,
+
+    /// Interval between two moves of one bot.
+    #[arg(long, default_value = "1s", value_parser = parse_duration,
+          env = "MERIDIAN_LOADTEST_MOVE_INTERVAL")]
+    pub move_interval: Duration,
+
+    /// Interval between two bot connection attempts (the paper's 1 ms).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration,
+          env = "MERIDIAN_LOADTEST_CONNECT_INTERVAL")]
+    pub connect_interval: Duration,
+
+    /// Also write the JSON summary to this file.
+    #[arg(long, env = "MERIDIAN_LOADTEST_JSON")]
+    pub json: Option<std::path::PathBuf>,
+
+    /// Seed for every random choice (spawn cell, move phase, directions).
+    #[arg(long, default_value_t = 1, env = "MERIDIAN_LOADTEST_SEED")]
+    pub seed: u64,
+
+    /// Spawn bots uniformly in the inclusive cell rectangle X0,Y0,X1,Y1 (dev-mode servers only).
+    #[arg(long, env = "MERIDIAN_LOADTEST_SPAWN_AREA")]
+    pub spawn_area: Option<SpawnArea>,
+
+    /// Spread bots over K loopback source addresses 127.0.0.1 .. 127.0.0.K (beyond ~14k
+    /// sockets one source address runs out of ephemeral ports). Loopback targets only.
+    #[arg(long, default_value_t = 1, env = "MERIDIAN_LOADTEST_SOURCE_IPS")]
+    pub source_ips: u32,
+
+    /// Bot names are PREFIX-<index>.
+    #[arg(long, default_value = "bot", env = "MERIDIAN_LOADTEST_NAME_PREFIX")]
+    pub name_prefix: String,
+
+    /// After --duration, how long to wait for outstanding acks before counting them lost.
+    #[arg(long, default_value = "3s", value_parser = parse_duration,
+          env = "MERIDIAN_LOADTEST_DRAIN")]
+    pub drain: Duration,
+}
+
+/// The longest any duration flag may be; keeps every deadline computable.
+const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// An inclusive rectangle of cells, `x0..=x1` by `y0..=y1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpawnArea {
+    pub x0: u32,
+    pub y0: u32,
+    pub x1: u32,
+    pub y1: u32,
+}
+
+impl FromStr for SpawnArea {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        let [x0, y0, x1, y1] = parts.as_slice() else {
+            return Err(format!("expected X0,Y0,X1,Y1, got {text:?}"));
+        };
+        let cell = |s: &str| {
+            s.parse::<u32>()
+                .map_err(|e| format!("bad cell coordinate {s:?}: {e}"))
+        };
+        let area = SpawnArea {
+            x0: cell(x0)?,
+            y0: cell(y0)?,
+            x1: cell(x1)?,
+            y1: cell(y1)?,
+        };
+        if area.x0 > area.x1 || area.y0 > area.y1 {
+            return Err(format!(
+                "empty spawn area {text:?}: need X0 <= X1 and Y0 <= Y1"
+            ));
+        }
+        Ok(area)
+    }
+}
+
+impl fmt::Display for SpawnArea {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},{},{},{}", self.x0, self.y0, self.x1, self.y1)
+    }
+}
+
+/// Parses `250us`, `500ms`, `1s`, `2m`, `1h`: a whole number and a unit, nothing else.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    if number.is_empty() {
+        return Err(format!(
+            "duration {text:?} must start with a whole number, e.g. 500ms"
+        ));
+    }
+    let value: u64 = number
+        .parse()
+        .map_err(|e| format!("duration {text:?}: {e}"))?;
+    let micros_per_unit: u64 = match unit {
+        "us" | "µs" => 1,
+        "ms" => 1_000,
+        "s" => 1_000_000,
+        "m" => 60_000_000,
+        "h" => 3_600_000_000,
+        "" => return Err(format!("duration {text:?} needs a unit: us, ms, s, m or h")),
+        other => return Err(format!("duration {text:?} has unknown unit {other:?}")),
+    };
+    let micros = value
+        .checked_mul(micros_per_unit)
+        .ok_or_else(|| format!("duration {text:?} is too large"))?;
+    Ok(Duration::from_micros(micros))
+}
+
+/// The run as validated: every field here is known to make sense together.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub addr: String,
+    pub bots: u32,
+    pub duration: Duration,
+    pub move_interval: Duration,
+    pub connect_interval: Duration,
+    pub json: Option<std::path::PathBuf>,
+    pub seed: u64,
+    pub spawn_area: Option<SpawnArea>,
+    pub source_ips: u32,
+    pub name_prefix: String,
+    pub drain: Duration,
+}
+
+impl Config {
+    /// Checks the command line as a whole and lists every problem, not just the first.
+    pub fn from_cli(cli: Cli) -> anyhow::Result<Config> {
+        let mut problems = Vec::new();
+        if cli.bots == 0 {
+            problems.push("--bots must be at least 1".to_owned());
+        }
+        if cli.duration.is_zero() {
+            problems.push("--duration must be longer than zero".to_owned());
+        }
+        if cli.move_interval.is_zero() {
+            problems.push("--move-interval must be longer than zero".to_owned());
+        }
+        for (flag, value) in [
+            ("--duration", cli.duration),
+            ("--move-interval", cli.move_interval),
+            ("--connect-interval", cli.connect_interval),
+            ("--drain", cli.drain),
+        ] {
+            if value > MAX_DURATION {
+                problems.push(format!("{flag} must be at most 7 days, got {value:?}"));
+            }
+        }
+        if cli.source_ips == 0 || cli.source_ips > 65_536 {
+            problems.push(format!(
+                "--source-ips must be 1..=65536, got {}",
+                cli.source_ips
+            ));
+        }
+        if !cli.addr.contains(':') {
+            problems.push(format!("--addr must be HOST:PORT, got {:?}", cli.addr));
+        }
+        let longest_name = bot_name(&cli.name_prefix, cli.bots.saturating_sub(1));
+        if cli.name_prefix.is_empty() {
+            problems.push("--name-prefix must not be empty".to_owned());
+        } else if longest_name.len() > MAX_NAME_BYTES {
+            problems.push(format!(
+                "--name-prefix is too long: bot name {longest_name:?} is over {MAX_NAME_BYTES} bytes"
+            ));
+        }
+        if !problems.is_empty() {
+            anyhow::bail!("invalid command line:\n  - {}", problems.join("\n  - "));
+        }
+        Ok(Config {
+            addr: cli.addr,
+            bots: cli.bots,
+            duration: cli.duration,
+            move_interval: cli.move_interval,
+            connect_interval: cli.connect_interval,
+            json: cli.json,
+            seed: cli.seed,
+            spawn_area: cli.spawn_area,
+            source_ips: cli.source_ips,
+            name_prefix: cli.name_prefix,
+            drain: cli.drain,
+        })
+    }
+}
+
+/// The login name of bot `index`.
+pub fn bot_name(prefix: &str, index: u32) -> String {
+    format!("{prefix}-{index}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_every_unit() {
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration(" 30s "), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn durations_without_number_or_unit_are_refused() {
+        for bad in [
+            "",
+            "s",
+            "10",
+            "1.5s",
+            "-1s",
+            "10 s",
+            "3d",
+            "1sec",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+        assert!(parse_duration("18446744073709551615h")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    #[test]
+    fn spawn_area_parses_and_rejects_empty_rectangles() {
+        let area: SpawnArea = "10, 20,30,40".parse().unwrap();
+        assert_eq!(
+            area,
+            SpawnArea {
+                x0: 10,
+                y0: 20,
+                x1: 30,
+                y1: 40
+            }
+        );
+        assert_eq!(area.to_string(), "10,20,30,40");
+        assert!(
+            "5,5,5,5".parse::<SpawnArea>().is_ok(),
+            "a single cell is an area"
+        );
+        assert!("30,0,10,5".parse::<SpawnArea>().is_err());
+        assert!("1,2,3".parse::<SpawnArea>().is_err());
+        assert!("1,2,3,x".parse::<SpawnArea>().is_err());
+    }
+
+    #[test]
+    fn config_lists_every_problem() {
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "--addr",
+            "nowhere",
+            "--bots",
+            "0",
+            "--move-interval",
+            "0s",
+            "--name-prefix",
+            "a-very-long-bot-name-prefix-indeed",
+            "--drain",
+            "8000h",
+        ])
+        .unwrap();
+        let message = Config::from_cli(cli).unwrap_err().to_string();
+        for expected in [
+            "--bots",
+            "--move-interval",
+            "--addr",
+            "--name-prefix",
+            "--drain",
+        ] {
+            assert!(
+                message.contains(expected),
+                "{expected} missing from: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_paper() {
+        let cli =
+            Cli::try_parse_from(["loadtest", "--addr", "127.0.0.1:7000", "--bots", "10"]).unwrap();
+        let config = Config::from_cli(cli).unwrap();
+        assert_eq!(config.connect_interval, Duration::from_millis(1));
+        assert_eq!(config.move_interval, Duration::from_secs(1));
+        assert_eq!(config.duration, Duration::from_secs(30));
+        assert_eq!(config.drain, Duration::from_secs(3));
+        assert_eq!(config.source_ips, 1);
+        assert_eq!(bot_name(&config.name_prefix, 7), "bot-7");
+    }
+}

@@ -1,0 +1,341 @@
+//! What the bots count, the once-a-second progress line, and the final JSON summary.
+//!
+//! Bots only touch atomics (`Stats`): counters and the shared delay histogram. The
+//! reporter is the only reader; it turns deltas into per-second lines and keeps the run's
+//! total histogram, so no lock is taken on the per-message path.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use meridian_protocol::pb::ErrorCode;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::cli::Config;
+use crate::histogram::{AtomicHistogram, Histogram};
+
+/// Error codes at or above this index share the last slot, reported as `UNKNOWN`.
+const ERROR_SLOTS: usize = 16;
+
+/// Everything the bots report, shared by all of them.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Bots logged in right now.
+    pub bots_online: AtomicU64,
+    /// Bots that ever got their `LoginOk`.
+    pub bots_connected: AtomicU64,
+    pub connect_failures: AtomicU64,
+    pub login_failures: AtomicU64,
+    pub moves_sent: AtomicU64,
+    pub moves_acked: AtomicU64,
+    pub moves_errored: AtomicU64,
+    pub moves_lost: AtomicU64,
+    /// Every other server message received during `--duration`.
+    pub notifications: AtomicU64,
+    pub disconnects: AtomicU64,
+    /// Own `Moved` acks whose `client_time` matched no outstanding move.
+    pub acks_unmatched: AtomicU64,
+    pub view_resets: AtomicU64,
+    /// How late the latest move was sent after its due time, at worst: if this grows, the
+    /// load test itself is the bottleneck and its delays are not the server's.
+    pub send_lag_max_us: AtomicU64,
+    errors: AtomicU64,
+    errors_by_code: [AtomicU64; ERROR_SLOTS],
+    /// Move delays in µs, swept by the reporter once a second.
+    pub delays: AtomicHistogram,
+}
+
+/// Adds one to a counter; relaxed because the counters are only read for reporting.
+pub fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+impl Stats {
+    /// Counts one `Error` from the server, whatever it answers.
+    pub fn record_error(&self, code: i32) {
+        let slot = usize::try_from(code).map_or(ERROR_SLOTS - 1, |c| c.min(ERROR_SLOTS - 1));
+        bump(&self.errors);
+        bump(&self.errors_by_code[slot]);
+    }
+
+    pub fn errors_by_code(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for (slot, counter) in self.errors_by_code.iter().enumerate() {
+            let n = load(counter);
+            if n == 0 {
+                continue;
+            }
+            let name = match ErrorCode::try_from(slot as i32) {
+                Ok(code) if slot < ERROR_SLOTS - 1 => code.as_str_name().to_owned(),
+                _ => "UNKNOWN".to_owned(),
+            };
+            *out.entry(name).or_default() += n;
+        }
+        out
+    }
+}
+
+/// The counters the progress line differentiates.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    sent: u64,
+    acked: u64,
+    notifications: u64,
+}
+
+impl Totals {
+    fn read(stats: &Stats) -> Totals {
+        Totals {
+            sent: load(&stats.moves_sent),
+            acked: load(&stats.moves_acked),
+            notifications: load(&stats.notifications),
+        }
+    }
+}
+
+/// One entry of `per_second` in the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct SecondStats {
+    /// Seconds since the first bot started, at the end of this interval.
+    pub t: f64,
+    /// Bots logged in at that moment.
+    pub bots: u64,
+    pub sent: u64,
+    pub acked: u64,
+    pub notifications: u64,
+    /// p99 of the acks received in this interval; null when there were none.
+    pub p99_ms: Option<f64>,
+}
+
+/// Sweeps the shared stats once a second into a progress line and a `SecondStats`.
+#[derive(Debug)]
+pub struct Reporter {
+    started: Instant,
+    bots_target: u32,
+    last_at: Instant,
+    last: Totals,
+    total_delays: Histogram,
+    per_second: Vec<SecondStats>,
+}
+
+impl Reporter {
+    pub fn new(started: Instant, bots_target: u32) -> Reporter {
+        Reporter {
+            started,
+            bots_target,
+            last_at: started,
+            last: Totals::default(),
+            total_delays: Histogram::default(),
+            per_second: Vec::new(),
+        }
+    }
+
+    /// Closes the second that ends `now`: prints its line to stderr and keeps its entry.
+    pub fn tick(&mut self, stats: &Stats, now: Instant) {
+        let entry = self.close_interval(stats, now);
+        self.print(stats, &entry, now);
+        self.per_second.push(entry);
+    }
+
+    /// Closes the last, partial interval (kept only if something happened in it) and
+    /// returns the run's delays and the per-second entries.
+    pub fn finish(mut self, stats: &Stats, now: Instant) -> (Histogram, Vec<SecondStats>) {
+        let entry = self.close_interval(stats, now);
+        if entry.sent + entry.acked + entry.notifications > 0 || entry.p99_ms.is_some() {
+            self.print(stats, &entry, now);
+            self.per_second.push(entry);
+        }
+        (self.total_delays, self.per_second)
+    }
+
+    fn close_interval(&mut self, stats: &Stats, now: Instant) -> SecondStats {
+        let delays = stats.delays.sweep();
+        self.total_delays.merge(&delays);
+        let totals = Totals::read(stats);
+        let entry = SecondStats {
+            t: round3(now.saturating_duration_since(self.started).as_secs_f64()),
+            bots: load(&stats.bots_online),
+            sent: totals.sent - self.last.sent,
+            acked: totals.acked - self.last.acked,
+            notifications: totals.notifications - self.last.notifications,
+            p99_ms: delays.quantile(0.99).map(micros_to_ms),
+        };
+        self.last = totals;
+        entry
+    }
+
+    fn print(&mut self, stats: &Stats, entry: &SecondStats, now: Instant) {
+        let span = now
+            .saturating_duration_since(self.last_at)
+            .as_secs_f64()
+            .max(1e-3);
+        self.last_at = now;
+        let p99 = entry
+            .p99_ms
+            .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2} ms"));
+        eprintln!(
+            "[{:>7.1}s] bots {:>6}/{} | moves sent {:>7.0}/s acked {:>7.0}/s | notifications \
+             {:>8.0}/s | p99 {p99} | errors {} | disconnects {}",
+            entry.t,
+            entry.bots,
+            self.bots_target,
+            entry.sent as f64 / span,
+            entry.acked as f64 / span,
+            entry.notifications as f64 / span,
+            load(&stats.errors),
+            load(&stats.disconnects),
+        );
+    }
+}
+
+/// Delay percentiles in milliseconds; all null when no move was acknowledged.
+#[derive(Debug, Clone, Serialize)]
+pub struct DelaySummary {
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub p999: Option<f64>,
+    pub max: Option<f64>,
+    pub mean: Option<f64>,
+}
+
+impl DelaySummary {
+    fn of(delays: &Histogram) -> DelaySummary {
+        DelaySummary {
+            p50: delays.quantile(0.5).map(micros_to_ms),
+            p90: delays.quantile(0.9).map(micros_to_ms),
+            p99: delays.quantile(0.99).map(micros_to_ms),
+            p999: delays.quantile(0.999).map(micros_to_ms),
+            max: delays.max().map(|us| micros_to_ms(us as f64)),
+            mean: delays.mean().map(micros_to_ms),
+        }
+    }
+}
+
+/// The final report, printed to stdout and written to `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub bots_target: u32,
+    pub bots_connected: u64,
+    pub duration_s: f64,
+    pub move_interval_ms: f64,
+    pub moves_sent: u64,
+    pub moves_acked: u64,
+    pub moves_lost: u64,
+    pub moves_errored: u64,
+    /// Server messages other than the bots' own answers, received during `--duration`.
+    pub notifications: u64,
+    pub notifications_per_s: f64,
+    pub delay_ms: DelaySummary,
+    pub errors_by_code: BTreeMap<String, u64>,
+    pub disconnects: u64,
+    pub login_failures: u64,
+    pub connect_failures: u64,
+    pub acks_unmatched: u64,
+    pub view_resets: u64,
+    pub send_lag_max_ms: f64,
+    /// Wall time from the first bot's start to the last bot's end (drain and logout included).
+    pub elapsed_s: f64,
+    pub per_second: Vec<SecondStats>,
+    pub seed: u64,
+}
+
+impl Summary {
+    pub fn build(
+        config: &Config,
+        stats: &Stats,
+        delays: &Histogram,
+        per_second: Vec<SecondStats>,
+        elapsed: Duration,
+    ) -> Summary {
+        let duration_s = config.duration.as_secs_f64();
+        let notifications = load(&stats.notifications);
+        Summary {
+            bots_target: config.bots,
+            bots_connected: load(&stats.bots_connected),
+            duration_s,
+            move_interval_ms: config.move_interval.as_secs_f64() * 1e3,
+            moves_sent: load(&stats.moves_sent),
+            moves_acked: load(&stats.moves_acked),
+            moves_lost: load(&stats.moves_lost),
+            moves_errored: load(&stats.moves_errored),
+            notifications,
+            notifications_per_s: round3(notifications as f64 / duration_s),
+            delay_ms: DelaySummary::of(delays),
+            errors_by_code: stats.errors_by_code(),
+            disconnects: load(&stats.disconnects),
+            login_failures: load(&stats.login_failures),
+            connect_failures: load(&stats.connect_failures),
+            acks_unmatched: load(&stats.acks_unmatched),
+            view_resets: load(&stats.view_resets),
+            send_lag_max_ms: micros_to_ms(load(&stats.send_lag_max_us) as f64),
+            elapsed_s: round3(elapsed.as_secs_f64()),
+            per_second,
+            seed: config.seed,
+        }
+    }
+}
+
+/// Microseconds to milliseconds, kept to the microsecond.
+fn micros_to_ms(micros: f64) -> f64 {
+    round3(micros / 1e3)
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1e3).round() / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_named_by_their_protocol_code() {
+        let stats = Stats::default();
+        stats.record_error(ErrorCode::RateLimited as i32);
+        stats.record_error(ErrorCode::RateLimited as i32);
+        stats.record_error(ErrorCode::Unavailable as i32);
+        stats.record_error(99);
+        stats.record_error(-1);
+        let by_code = stats.errors_by_code();
+        assert_eq!(by_code.get("RATE_LIMITED"), Some(&2));
+        assert_eq!(by_code.get("UNAVAILABLE"), Some(&1));
+        assert_eq!(by_code.get("UNKNOWN"), Some(&2));
+        assert_eq!(
+            by_code.len(),
+            3,
+            "codes never seen are left out: {by_code:?}"
+        );
+    }
+
+    #[test]
+    fn reporter_counts_each_interval_once_and_keeps_the_total() {
+        let stats = Stats::default();
+        let start = Instant::now();
+        let mut reporter = Reporter::new(start, 1);
+        for _ in 0..3 {
+            bump(&stats.moves_sent);
+            bump(&stats.moves_acked);
+        }
+        stats.delays.record(2_000);
+        reporter.tick(&stats, start + Duration::from_secs(1));
+        bump(&stats.moves_acked);
+        stats.delays.record(4_000);
+        reporter.tick(&stats, start + Duration::from_secs(2));
+        reporter.tick(&stats, start + Duration::from_millis(2_500));
+        let (total, seconds) = reporter.finish(&stats, start + Duration::from_millis(2_600));
+        assert_eq!(seconds.len(), 3, "an idle last interval is left out");
+        assert_eq!(total.count(), 2);
+        let acked: Vec<u64> = seconds.iter().map(|s| s.acked).collect();
+        assert_eq!(acked, [3, 1, 0]);
+        assert_eq!(seconds[0].p99_ms, Some(2.0));
+        assert_eq!(seconds[1].p99_ms, Some(4.0));
+        assert_eq!(seconds[2].p99_ms, None);
+        assert_eq!(seconds[2].t, 2.5);
+    }
+}

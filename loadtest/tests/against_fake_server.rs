@@ -1,0 +1,484 @@
+//! Runs the real `loadtest` binary against a small in-process fake server and checks its
+//! JSON against what the server knows it did: which moves it acknowledged, refused with an
+//! error or left unanswered, which login it refused and which connection it cut.
+//!
+//! The fake server speaks the client protocol through `meridian-protocol` and nothing
+//! else: `LoginOk` (plus one `Entered` of a fake neighbour), then for every `Move` either
+//! its own `Moved` ack with the `client_time` echoed, a `RATE_LIMITED` error carrying it,
+//! or silence, as the test's `Behaviour` says.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use meridian_protocol::pb::{client_message, ClientMessage, ErrorCode, LoginOk, ServerMessage};
+use meridian_protocol::{encode_frame, server, FrameReader, DEFAULT_MAX_FRAME};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+
+/// A player id no bot gets, used for the fake neighbour's notifications.
+const NEIGHBOUR: u64 = 1_000_000;
+/// No run here should take anywhere near this long; past it the test fails, not hangs.
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What the fake server does with each bot.
+#[derive(Debug, Default, Clone)]
+struct Behaviour {
+    /// Leave every n-th move of a connection unanswered.
+    drop_every: Option<u64>,
+    /// Answer every n-th move (unless dropped) with `RATE_LIMITED`.
+    error_every: Option<u64>,
+    /// Answer this late.
+    reply_delay: Duration,
+    /// Refuse this bot's login with `UNAVAILABLE`.
+    reject_login: Option<String>,
+    /// Close this bot's connection on its n-th move, without answering it.
+    cut: Option<(String, u64)>,
+}
+
+/// What the fake server did, to compare with what the load test reports.
+#[derive(Debug, Default)]
+struct Counts {
+    logins: AtomicU64,
+    moves_received: AtomicU64,
+    moves_acked: AtomicU64,
+    moves_errored: AtomicU64,
+    moves_unanswered: AtomicU64,
+    notifications_sent: AtomicU64,
+    logouts: AtomicU64,
+    spawns: Mutex<Vec<(u32, u32)>>,
+    peers: Mutex<BTreeSet<std::net::IpAddr>>,
+}
+
+fn add(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+async fn start_fake_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind an ephemeral port");
+    let addr = listener.local_addr().expect("listener address");
+    let counts = Arc::new(Counts::default());
+    let behaviour = Arc::new(behaviour);
+    let server_counts = Arc::clone(&counts);
+    tokio::spawn(async move {
+        let mut next_player_id = 1;
+        while let Ok((stream, peer)) = listener.accept().await {
+            server_counts.peers.lock().unwrap().insert(peer.ip());
+            let player_id = next_player_id;
+            next_player_id += 1;
+            tokio::spawn(serve_connection(
+                stream,
+                player_id,
+                Arc::clone(&behaviour),
+                Arc::clone(&server_counts),
+            ));
+        }
+    });
+    (addr, counts)
+}
+
+/// Writes queued answers, each no earlier than its due time (the queue is in due order).
+async fn write_answers(
+    mut write_half: tokio::net::tcp::OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<(Instant, ServerMessage)>,
+) {
+    let mut encoded = Vec::new();
+    while let Some((due, message)) = queue.recv().await {
+        sleep_until(due).await;
+        encoded.clear();
+        encode_frame(&message, &mut encoded);
+        if write_half.write_all(&encoded).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    player_id: u64,
+    behaviour: Arc<Behaviour>,
+    counts: Arc<Counts>,
+) {
+    let (mut read_half, write_half) = stream.into_split();
+    let (answers, queue) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(write_answers(write_half, queue));
+    // Only move answers are held back; the login is answered at once.
+    let reply_now = |message: ServerMessage| {
+        let _ = answers.send((Instant::now(), message));
+    };
+    let reply = |message: ServerMessage| {
+        let _ = answers.send((Instant::now() + behaviour.reply_delay, message));
+    };
+    let mut frames = FrameReader::new(DEFAULT_MAX_FRAME);
+    let mut buf = vec![0u8; 4096];
+    let mut name = String::new();
+    let mut moves = 0u64;
+    'connection: loop {
+        let n = match read_half.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        frames.extend(&buf[..n]);
+        while let Some(message) = frames
+            .next_message::<ClientMessage>()
+            .expect("bots send valid frames")
+        {
+            match message.kind.expect("bots always set a kind") {
+                client_message::Kind::Login(login) => {
+                    name = login.name;
+                    if behaviour.reject_login.as_deref() == Some(name.as_str()) {
+                        reply_now(server::error(ErrorCode::Unavailable, "no shard for you", 0));
+                        continue;
+                    }
+                    add(&counts.logins);
+                    if let Some(spawn) = login.spawn {
+                        counts.spawns.lock().unwrap().push((spawn.x, spawn.y));
+                    }
+                    let ok = LoginOk {
+                        player_id,
+                        position: server::position(1, 1),
+                        ..Default::default()
+                    };
+                    reply_now(ServerMessage {
+                        kind: Some(meridian_protocol::pb::server_message::Kind::LoginOk(ok)),
+                    });
+                    reply_now(server::entered(NEIGHBOUR, 2, 2, "neighbour"));
+                    add(&counts.notifications_sent);
+                }
+                client_message::Kind::Move(mv) => {
+                    add(&counts.moves_received);
+                    moves += 1;
+                    let is_nth =
+                        |every: Option<u64>| every.is_some_and(|n| moves.checked_rem(n) == Some(0));
+                    if behaviour
+                        .cut
+                        .as_ref()
+                        .is_some_and(|(cut_name, at)| *cut_name == name && *at == moves)
+                    {
+                        add(&counts.moves_unanswered);
+                        break 'connection;
+                    } else if is_nth(behaviour.drop_every) {
+                        add(&counts.moves_unanswered);
+                    } else if is_nth(behaviour.error_every) {
+                        add(&counts.moves_errored);
+                        reply(server::error(
+                            ErrorCode::RateLimited,
+                            "slow down",
+                            mv.client_time,
+                        ));
+                    } else {
+                        add(&counts.moves_acked);
+                        reply(server::moved(player_id, 1, 1, mv.client_time));
+                        reply(server::moved(NEIGHBOUR, 2, 2, 0));
+                        add(&counts.notifications_sent);
+                    }
+                }
+                client_message::Kind::Logout(_) => {
+                    add(&counts.logouts);
+                    reply(server::left(NEIGHBOUR));
+                    break 'connection;
+                }
+                other => panic!("the load test sent an unexpected {other:?}"),
+            }
+        }
+    }
+    // Answers already queued still go out; then the write half closes with a FIN.
+    drop(answers);
+    let _ = writer.await;
+}
+
+fn json_path(test: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("loadtest-{test}-{}.json", std::process::id()))
+}
+
+async fn run_loadtest(args: &[&str]) -> Output {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(RUN_DEADLINE, run)
+        .await
+        .unwrap_or_else(|_| panic!("loadtest {args:?} did not finish within {RUN_DEADLINE:?}"))
+        .expect("loadtest binary runs")
+}
+
+/// Runs the binary, checks it succeeded and that stdout and `--json` hold the same summary.
+async fn run_ok(test: &str, args: &[&str]) -> Value {
+    let path = json_path(test);
+    let mut all_args = args.to_vec();
+    let path_arg = path.to_str().expect("temp path is UTF-8").to_owned();
+    all_args.extend(["--json", &path_arg]);
+    let output = run_loadtest(&all_args).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "loadtest {all_args:?} failed: {stderr}"
+    );
+    let from_stdout: Value = serde_json::from_slice(&output.stdout).expect("stdout is the JSON");
+    let from_file: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("--json file written"))
+            .expect("--json file is JSON");
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(from_stdout, from_file, "stdout and --json differ");
+    assert!(
+        stderr.contains("bots"),
+        "expected progress lines on stderr, got: {stderr}"
+    );
+    from_stdout
+}
+
+fn n(summary: &Value, field: &str) -> u64 {
+    summary[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} missing or not a count: {summary}"))
+}
+
+fn per_second_sum(summary: &Value, field: &str) -> u64 {
+    summary["per_second"]
+        .as_array()
+        .expect("per_second is a list")
+        .iter()
+        .map(|second| second[field].as_u64().expect("per-second counts"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
+    let behaviour = Behaviour {
+        drop_every: Some(5),
+        error_every: Some(7),
+        reply_delay: Duration::ZERO,
+        reject_login: Some("bot-3".to_owned()),
+        cut: Some(("bot-4".to_owned(), 3)),
+    };
+    let (addr, counts) = start_fake_server(behaviour).await;
+    let addr = addr.to_string();
+    let summary = run_ok(
+        "accounting",
+        &[
+            "--addr",
+            &addr,
+            "--bots",
+            "8",
+            "--duration",
+            "2s",
+            "--move-interval",
+            "50ms",
+            "--drain",
+            "1s",
+            "--seed",
+            "42",
+        ],
+    )
+    .await;
+
+    assert_eq!(n(&summary, "bots_target"), 8);
+    assert_eq!(
+        n(&summary, "bots_connected"),
+        7,
+        "bot-3's login was refused"
+    );
+    assert_eq!(n(&summary, "login_failures"), 1);
+    assert_eq!(n(&summary, "disconnects"), 1, "bot-4's connection was cut");
+    assert_eq!(n(&summary, "seed"), 42);
+    assert_eq!(n(&summary, "connect_failures"), 0);
+    assert_eq!(n(&summary, "acks_unmatched"), 0);
+
+    let (sent, acked, errored, lost) = (
+        n(&summary, "moves_sent"),
+        n(&summary, "moves_acked"),
+        n(&summary, "moves_errored"),
+        n(&summary, "moves_lost"),
+    );
+    assert_eq!(
+        sent,
+        acked + errored + lost,
+        "every move has exactly one fate: {summary}"
+    );
+    assert_eq!(acked, get(&counts.moves_acked), "acks the server sent");
+    assert_eq!(
+        errored,
+        get(&counts.moves_errored),
+        "errors the server sent"
+    );
+    // A move the cut bot wrote after the server stopped reading is lost too.
+    let never_read = sent - get(&counts.moves_received);
+    assert!(
+        never_read <= 1,
+        "{never_read} moves never reached the server"
+    );
+    assert_eq!(
+        lost,
+        get(&counts.moves_unanswered) + never_read,
+        "unanswered moves are lost"
+    );
+    assert!(
+        lost >= 6 && errored >= 6,
+        "the run was too short to test anything: {summary}"
+    );
+    // About 2 s / 50 ms = 40 moves per bot, fewer for the one that was cut.
+    assert!(sent >= 6 * 30, "expected about 40 moves per bot: {summary}");
+
+    assert_eq!(
+        summary["errors_by_code"]["RATE_LIMITED"].as_u64(),
+        Some(errored)
+    );
+    assert_eq!(summary["errors_by_code"]["UNAVAILABLE"].as_u64(), Some(1));
+    assert_eq!(
+        get(&counts.logouts),
+        6,
+        "every bot still connected logs out"
+    );
+
+    let notifications = n(&summary, "notifications");
+    assert!(notifications >= 7, "at least each bot's Entered: {summary}");
+    assert!(notifications <= get(&counts.notifications_sent));
+    let delay = &summary["delay_ms"];
+    for field in ["p50", "p90", "p99", "p999", "max", "mean"] {
+        assert!(
+            delay[field].as_f64().is_some_and(|ms| ms >= 0.0),
+            "delay_ms.{field}: {delay}"
+        );
+    }
+    assert!(delay["p50"].as_f64() <= delay["p99"].as_f64());
+    assert!(delay["p99"].as_f64() <= delay["max"].as_f64());
+
+    assert_eq!(
+        per_second_sum(&summary, "acked"),
+        acked,
+        "per_second covers every ack"
+    );
+    assert_eq!(
+        per_second_sum(&summary, "sent"),
+        sent,
+        "per_second covers every move"
+    );
+    assert!(summary["per_second"].as_array().unwrap().len() >= 2);
+    assert_eq!(summary["duration_s"].as_f64(), Some(2.0));
+    assert_eq!(summary["move_interval_ms"].as_f64(), Some(50.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_server_does_not_slow_the_send_schedule() {
+    let reply_delay = Duration::from_millis(300);
+    let (addr, counts) = start_fake_server(Behaviour {
+        reply_delay,
+        ..Behaviour::default()
+    })
+    .await;
+    let addr = addr.to_string();
+    let summary = run_ok(
+        "open-loop",
+        &[
+            "--addr",
+            &addr,
+            "--bots",
+            "4",
+            "--duration",
+            "2s",
+            "--move-interval",
+            "100ms",
+            "--drain",
+            "2s",
+            "--spawn-area",
+            "10,20,30,40",
+            "--source-ips",
+            "2",
+            "--name-prefix",
+            "slow",
+        ],
+    )
+    .await;
+
+    // Closed loop would manage 2 s / 300 ms = 7 moves per bot; the schedule asks for 20.
+    let sent = n(&summary, "moves_sent");
+    assert!(
+        sent >= 4 * 15,
+        "the send schedule waited for acks: {sent} moves sent"
+    );
+    assert_eq!(
+        n(&summary, "moves_acked"),
+        sent,
+        "all answered within the drain: {summary}"
+    );
+    assert_eq!(n(&summary, "moves_lost"), 0);
+    let p50 = summary["delay_ms"]["p50"]
+        .as_f64()
+        .expect("delays measured");
+    assert!(
+        p50 >= 300.0,
+        "every answer was held 300 ms, yet p50 is {p50} ms"
+    );
+
+    let spawns = counts.spawns.lock().unwrap().clone();
+    assert_eq!(spawns.len(), 4, "each bot asked for a spawn cell");
+    for (x, y) in spawns {
+        assert!(
+            (10..=30).contains(&x) && (20..=40).contains(&y),
+            "spawn ({x},{y}) outside"
+        );
+    }
+    let peers = counts.peers.lock().unwrap().clone();
+    let expected: BTreeSet<std::net::IpAddr> = ["127.0.0.1", "127.0.0.2"]
+        .iter()
+        .map(|ip| ip.parse().unwrap())
+        .collect();
+    assert_eq!(
+        peers, expected,
+        "bots are spread over both source addresses"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_address_fails_with_a_clear_message() {
+    // Bind and release a port, so nothing listens on it.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let output = run_loadtest(&["--addr", &addr, "--bots", "3", "--duration", "1s"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "an unreachable address fails the run: {stderr}"
+    );
+    assert!(
+        stderr.contains("cannot connect") && stderr.contains(&addr),
+        "stderr: {stderr}"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "no summary for a run that never started"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_command_line_lists_every_problem() {
+    let output =
+        run_loadtest(&["--addr", "nowhere", "--bots", "0", "--move-interval", "0ms"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a usage error exits 2: {stderr}"
+    );
+    for problem in ["--addr", "--bots", "--move-interval"] {
+        assert!(stderr.contains(problem), "{problem} not reported: {stderr}");
+    }
+}

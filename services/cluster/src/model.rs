@@ -1,0 +1,135 @@
+//! What the cluster keeps in etcd, as typed values (stored as JSON).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ShardId(pub u32);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GatewayId(pub u32);
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shard-{}", self.0)
+    }
+}
+
+impl fmt::Display for GatewayId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "gateway-{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardState {
+    /// Takes players and owns a region.
+    Serving,
+    /// Handing its players off before it exits; gets no region and no new players.
+    Draining,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub id: ShardId,
+    /// The shard's gRPC address, as gateways and other shards dial it.
+    pub grpc: String,
+    pub admin: String,
+    pub state: ShardState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayRecord {
+    pub id: GatewayId,
+    /// The client-facing TCP address.
+    pub game: String,
+    pub admin: String,
+}
+
+/// A half-open rectangle of cells `[x0, x1) x [y0, y1)` owned by one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Region {
+    pub shard: ShardId,
+    pub x0: u32,
+    pub y0: u32,
+    pub x1: u32,
+    pub y1: u32,
+}
+
+impl Region {
+    pub fn contains(&self, x: u32, y: u32) -> bool {
+        self.x0 <= x && x < self.x1 && self.y0 <= y && y < self.y1
+    }
+
+    pub fn area(&self) -> u64 {
+        u64::from(self.x1 - self.x0) * u64::from(self.y1 - self.y0)
+    }
+}
+
+/// Who owns which cells, as of one epoch. The epoch only ever grows and fences every
+/// cross-node message: a node acts on the newest map it has seen and refuses older ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionMap {
+    pub epoch: u64,
+    pub width: u32,
+    pub height: u32,
+    pub regions: Vec<Region>,
+}
+
+impl PartitionMap {
+    /// The shard that owns a cell, if the map covers it.
+    pub fn owner_of(&self, x: u32, y: u32) -> Option<ShardId> {
+        self.regions
+            .iter()
+            .find(|r| r.contains(x, y))
+            .map(|r| r.shard)
+    }
+
+    /// The regions of one shard.
+    pub fn regions_of(&self, shard: ShardId) -> impl Iterator<Item = &Region> {
+        self.regions.iter().filter(move |r| r.shard == shard)
+    }
+
+    /// Shards that own at least one region, in id order, without repeats.
+    pub fn owners(&self) -> Vec<ShardId> {
+        let mut owners: Vec<ShardId> = self.regions.iter().map(|r| r.shard).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        owners
+    }
+}
+
+/// Everything a node knows about the cluster, rebuilt from etcd on every change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    pub shards: BTreeMap<ShardId, ShardRecord>,
+    pub gateways: BTreeMap<GatewayId, GatewayRecord>,
+    pub partition: Option<PartitionMap>,
+    /// The etcd revision this view reflects.
+    pub revision: i64,
+}
+
+impl ClusterView {
+    /// Live shards that take new players.
+    pub fn serving_shards(&self) -> impl Iterator<Item = &ShardRecord> {
+        self.shards
+            .values()
+            .filter(|s| s.state == ShardState::Serving)
+    }
+}
+
+impl ShardRecord {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("invariant: a shard record serialises")
+    }
+}
+
+impl GatewayRecord {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("invariant: a gateway record serialises")
+    }
+}

@@ -1,0 +1,583 @@
+//! The part of a gateway worker that is the same for every event loop: connections,
+//! frame handling, session state, relay batching and delivery of shard output.
+//!
+//! A backend (io_uring or epoll) owns a `Core<T>`, where `T` is its per-connection I/O
+//! state. It feeds bytes in with [`Core::on_data`], reports closed sockets with
+//! [`Core::on_peer_closed`], and after each loop iteration writes out the connections
+//! listed in [`Core::take_dirty`]. The core never performs I/O itself.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::Instant;
+
+use meridian_protocol::pb::{client_message::Kind as C, ClientMessage, ErrorCode, ServerMessage};
+use meridian_protocol::{
+    decode_body, encode_frame, next_frame, server, validate_chat, validate_name,
+};
+use meridian_rpc::pb::Delivery;
+use meridian_rpc::pb::{player_input::Kind as Input, Join, Leave, PlayerInput};
+use tracing::{debug, trace};
+
+use crate::routing::ShardLink;
+use crate::worker::{session_id, session_parts, Shared};
+
+/// How long a connection being closed after an error may keep its read side open, so the
+/// client reads the error before the socket goes away.
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    /// Serving.
+    No,
+    /// Write what is queued, then close (after an error the client must read, a logout).
+    AfterFlush,
+    /// Close now, dropping queued output (peer gone, or too slow to keep up).
+    Abort,
+}
+
+pub enum Session {
+    Anonymous,
+    Playing {
+        player: u64,
+        link: Arc<ShardLink>,
+    },
+    /// The shard has let the player go (logout); nothing more is relayed.
+    Gone,
+}
+
+pub struct Conn<T> {
+    pub io: T,
+    generation: u32,
+    /// Bytes of an incomplete frame carried over to the next read.
+    inbuf: Vec<u8>,
+    /// Output not yet handed to the kernel.
+    pub out: Vec<u8>,
+    pub session: Session,
+    pub closing: Closing,
+    /// Set when `closing` left `No`; bounds the linger.
+    pub closing_since: Option<Instant>,
+    dirty: bool,
+}
+
+/// Everything but the connection slab, so frame handling can borrow a connection and the
+/// context at once.
+struct Ctx {
+    worker: usize,
+    shared: Arc<Shared>,
+    /// This iteration's inputs, one batch per shard link.
+    outgoing: Vec<(Arc<ShardLink>, Vec<PlayerInput>)>,
+    ids: Range<u64>,
+    dirty: Vec<u32>,
+}
+
+pub struct Core<T> {
+    slots: Vec<Option<Conn<T>>>,
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    ctx: Ctx,
+    mail: Receiver<Vec<Delivery>>,
+    open: usize,
+}
+
+impl<T> Core<T> {
+    pub fn new(worker: usize, shared: Arc<Shared>, mail: Receiver<Vec<Delivery>>) -> Self {
+        Core {
+            slots: Vec::new(),
+            generations: Vec::new(),
+            free: Vec::new(),
+            ctx: Ctx {
+                worker,
+                shared,
+                outgoing: Vec::new(),
+                ids: 0..0,
+                dirty: Vec::new(),
+            },
+            mail,
+            open: 0,
+        }
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.ctx.shared
+    }
+
+    pub fn open_connections(&self) -> usize {
+        self.open
+    }
+
+    /// Adds a connection; returns its slot. Slots and their buffers are recycled.
+    pub fn insert(&mut self, io: T) -> u32 {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(None);
+                self.generations.push(0);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let generation = self.generations[slot as usize];
+        self.slots[slot as usize] = Some(Conn {
+            io,
+            generation,
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            session: Session::Anonymous,
+            closing: Closing::No,
+            closing_since: None,
+            dirty: false,
+        });
+        self.open += 1;
+        self.ctx.shared.metrics.connections.add(1);
+        self.ctx.shared.metrics.accepted.inc();
+        slot
+    }
+
+    pub fn get_mut(&mut self, slot: u32) -> Option<&mut Conn<T>> {
+        self.slots.get_mut(slot as usize).and_then(Option::as_mut)
+    }
+
+    /// Frees a slot whose socket is closed. Its generation moves on, so late deliveries
+    /// and completions addressed to the old connection are recognised and dropped.
+    pub fn remove(&mut self, slot: u32) -> Option<Conn<T>> {
+        let conn = self.slots.get_mut(slot as usize)?.take()?;
+        self.generations[slot as usize] = (conn.generation + 1) & 0x00ff_ffff;
+        self.free.push(slot);
+        self.open -= 1;
+        self.ctx.shared.metrics.connections.add(-1);
+        Some(conn)
+    }
+
+    pub fn generation(&self, slot: u32) -> u32 {
+        self.generations
+            .get(slot as usize)
+            .copied()
+            .unwrap_or(u32::MAX)
+    }
+
+    /// Bytes read from a connection.
+    pub fn on_data(&mut self, slot: u32, data: &[u8]) {
+        let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        self.ctx.shared.metrics.bytes_in.add(data.len() as u64);
+        if conn.closing != Closing::No {
+            return; // Lingering before close: input is discarded.
+        }
+        let session = session_id(self.ctx.worker, slot, conn.generation);
+        if conn.inbuf.is_empty() {
+            let used = self.ctx.handle_frames(conn, slot, session, data);
+            if conn.closing == Closing::No {
+                conn.inbuf.extend_from_slice(&data[used..]);
+            }
+        } else {
+            let mut buf = std::mem::take(&mut conn.inbuf);
+            buf.extend_from_slice(data);
+            let used = self.ctx.handle_frames(conn, slot, session, &buf);
+            buf.drain(..used);
+            conn.inbuf = buf;
+        }
+    }
+
+    /// The peer closed its side, or the socket failed: the player leaves the world now.
+    pub fn on_peer_closed(&mut self, slot: u32) {
+        if let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) {
+            let session = session_id(self.ctx.worker, slot, conn.generation);
+            self.ctx.close(conn, slot, session, Closing::Abort);
+        }
+    }
+
+    /// Applies the shards' deliveries that arrived since the last call.
+    pub fn process_mail(&mut self) {
+        while let Ok(deliveries) = self.mail.try_recv() {
+            for delivery in deliveries {
+                let (_, slot, generation) = session_parts(delivery.session);
+                let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+                    continue;
+                };
+                if conn.generation != generation || conn.closing == Closing::Abort {
+                    continue;
+                }
+                conn.out.extend_from_slice(&delivery.frames);
+                if delivery.close {
+                    conn.session = Session::Gone;
+                    if conn.closing == Closing::No {
+                        conn.closing = Closing::AfterFlush;
+                        conn.closing_since = Some(Instant::now());
+                    }
+                }
+                let session = delivery.session;
+                self.ctx.after_output(conn, slot, session);
+            }
+        }
+    }
+
+    /// Hands this iteration's inputs to the relay: one batch per shard.
+    pub fn flush_inputs(&mut self) {
+        for (link, inputs) in self.ctx.outgoing.drain(..) {
+            if inputs.is_empty() {
+                continue;
+            }
+            if let Err(error) = link.inputs.try_send(inputs) {
+                // The relay queue is full or gone: these inputs cannot be delivered. The
+                // shard will not answer them; log loudly, count, and let the players'
+                // clients see UNAVAILABLE on their next inputs if the link is down.
+                let inputs = error.into_inner();
+                self.ctx
+                    .shared
+                    .metrics
+                    .relay_queue_full
+                    .add(inputs.len() as u64);
+                tracing::warn!(shard = %link.id, dropped = inputs.len(), "relay queue full");
+            }
+        }
+    }
+
+    /// Connections with new output or a new closing state since the last call.
+    pub fn take_dirty(&mut self, into: &mut Vec<u32>) {
+        into.clear();
+        std::mem::swap(into, &mut self.ctx.dirty);
+        for &slot in into.iter() {
+            if let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) {
+                conn.dirty = false;
+            }
+        }
+    }
+
+    /// Marks a connection for the backend's attention on this iteration.
+    pub fn mark_dirty(&mut self, slot: u32) {
+        if let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) {
+            if !conn.dirty {
+                conn.dirty = true;
+                self.ctx.dirty.push(slot);
+            }
+        }
+    }
+
+    /// Every open slot, for periodic checks (lingering closes) and shutdown.
+    pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_some())
+            .map(|(i, _)| i as u32)
+    }
+
+    /// Connections that have been closing for longer than [`LINGER`]: their clients never
+    /// closed their side, so the close is forced.
+    pub fn lingering_too_long(&self) -> Vec<u32> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, conn)| {
+                let conn = conn.as_ref()?;
+                let expired = conn.closing != Closing::No
+                    && conn
+                        .closing_since
+                        .is_some_and(|since| since.elapsed() > LINGER);
+                expired.then_some(slot as u32)
+            })
+            .collect()
+    }
+
+    /// Tells every client the gateway is going away and closes after flushing.
+    pub fn shut_down_all(&mut self) {
+        let message = server::error(ErrorCode::ShuttingDown, "gateway is shutting down", 0);
+        for slot in 0..self.slots.len() as u32 {
+            if let Some(conn) = self.slots[slot as usize].as_mut() {
+                if conn.closing == Closing::No {
+                    let session = session_id(self.ctx.worker, slot, conn.generation);
+                    self.ctx.reply(conn, slot, &message);
+                    self.ctx.close(conn, slot, session, Closing::AfterFlush);
+                }
+            }
+        }
+    }
+}
+
+impl Ctx {
+    /// Handles every whole frame at the front of `data`; returns the bytes consumed.
+    fn handle_frames<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        data: &[u8],
+    ) -> usize {
+        let max = self.shared.config.max_frame;
+        let mut used = 0;
+        while conn.closing == Closing::No {
+            match next_frame(&data[used..], max) {
+                Ok(None) => break,
+                Err(error) => {
+                    debug!(session, %error, "closing connection on a bad frame");
+                    self.refuse(conn, slot, error.code(), &error.to_string(), 0);
+                    self.close(conn, slot, session, Closing::AfterFlush);
+                    break;
+                }
+                Ok(Some(header)) => {
+                    let body = header.body(&data[used..]);
+                    used += header.total_len();
+                    self.shared.metrics.frames_in.inc();
+                    match decode_body::<ClientMessage>(body) {
+                        Ok(message) => self.handle_message(conn, slot, session, message),
+                        Err(error) => {
+                            debug!(session, %error, "closing connection on a malformed frame");
+                            self.refuse(conn, slot, ErrorCode::Malformed, &error.to_string(), 0);
+                            self.close(conn, slot, session, Closing::AfterFlush);
+                        }
+                    }
+                }
+            }
+        }
+        used
+    }
+
+    fn handle_message<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        message: ClientMessage,
+    ) {
+        trace!(session, ?message, "client message");
+        let Some(kind) = message.kind else {
+            return self.refuse(
+                conn,
+                slot,
+                ErrorCode::InvalidArgument,
+                "message has no kind",
+                0,
+            );
+        };
+        match kind {
+            C::Ping(ping) => self.reply(conn, slot, &server::pong(ping.client_time)),
+            C::Login(login) => self.login(conn, slot, session, login),
+            C::Move(m) => match self.route(conn, slot, m.client_time) {
+                Some((player, link)) => self.relay(&link, session, player, Input::Move(m)),
+                None => {}
+            },
+            C::Chat(chat) => {
+                if let Err(invalid) = validate_chat(&chat.text) {
+                    if matches!(conn.session, Session::Playing { .. }) {
+                        return self.refuse(conn, slot, invalid.code(), &invalid.to_string(), 0);
+                    }
+                }
+                if let Some((player, link)) = self.route(conn, slot, 0) {
+                    self.relay(&link, session, player, Input::Chat(chat));
+                }
+            }
+            C::Logout(_) => match &conn.session {
+                Session::Playing { player, link } if link.is_up() => {
+                    let (player, link) = (*player, Arc::clone(link));
+                    self.relay(&link, session, player, Input::Leave(Leave { logout: true }));
+                    // The shard answers with Left to observers and a close for this session.
+                    conn.session = Session::Gone;
+                }
+                _ => self.close(conn, slot, session, Closing::AfterFlush),
+            },
+            C::Resume(_) => self.refuse(
+                conn,
+                slot,
+                ErrorCode::InvalidToken,
+                "resume token not recognised",
+                0,
+            ),
+        }
+    }
+
+    fn login<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        login: meridian_protocol::pb::Login,
+    ) {
+        if !matches!(conn.session, Session::Anonymous) {
+            return self.refuse(
+                conn,
+                slot,
+                ErrorCode::AlreadyLoggedIn,
+                "already logged in",
+                0,
+            );
+        }
+        if let Err(invalid) = validate_name(&login.name) {
+            return self.refuse(conn, slot, invalid.code(), &invalid.to_string(), 0);
+        }
+        let dev_mode = self.shared.config.dev_mode;
+        let spawn = login.spawn.filter(|_| dev_mode);
+        let placed = self.shared.routing.read(|table| {
+            if let Some(spawn) = spawn {
+                let (width, height) = table.map_size()?;
+                if spawn.x >= width || spawn.y >= height {
+                    return Some(Err((spawn, width, height)));
+                }
+                return table
+                    .owner_link(spawn.x, spawn.y)
+                    .filter(|l| l.is_up())
+                    .cloned()
+                    .map(Ok);
+            }
+            let up: Vec<&Arc<ShardLink>> = table.links.iter().filter(|l| l.is_up()).collect();
+            if up.is_empty() {
+                return None;
+            }
+            let turn = self.shared.round_robin.fetch_add(1, Ordering::Relaxed);
+            Some(Ok(Arc::clone(up[turn % up.len()])))
+        });
+        let link = match placed {
+            None => {
+                return self.refuse(conn, slot, ErrorCode::Unavailable, "no shard available", 0)
+            }
+            Some(Err((spawn, width, height))) => {
+                let invalid = meridian_protocol::InvalidArgument::SpawnOutsideMap {
+                    x: spawn.x,
+                    y: spawn.y,
+                    width,
+                    height,
+                };
+                return self.refuse(conn, slot, invalid.code(), &invalid.to_string(), 0);
+            }
+            Some(Ok(link)) => link,
+        };
+        let Some(player) = self.next_player_id() else {
+            return self.refuse(
+                conn,
+                slot,
+                ErrorCode::Unavailable,
+                "no player ids available",
+                0,
+            );
+        };
+        self.shared.metrics.logins.inc();
+        self.relay(
+            &link,
+            session,
+            player,
+            Input::Join(Join {
+                name: login.name,
+                spawn,
+            }),
+        );
+        conn.session = Session::Playing { player, link };
+    }
+
+    fn next_player_id(&mut self) -> Option<u64> {
+        if self.ids.is_empty() {
+            self.ids = self.shared.ids.take_block()?;
+        }
+        self.ids.next()
+    }
+
+    /// The player and link to relay an in-game input to, or an error answer.
+    fn route<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        client_time: u64,
+    ) -> Option<(u64, Arc<ShardLink>)> {
+        match &conn.session {
+            Session::Playing { player, link } if link.is_up() => Some((*player, Arc::clone(link))),
+            Session::Playing { .. } => {
+                self.refuse(
+                    conn,
+                    slot,
+                    ErrorCode::Unavailable,
+                    "shard unavailable",
+                    client_time,
+                );
+                None
+            }
+            Session::Anonymous => {
+                self.refuse(
+                    conn,
+                    slot,
+                    ErrorCode::NotLoggedIn,
+                    "log in first",
+                    client_time,
+                );
+                None
+            }
+            Session::Gone => None,
+        }
+    }
+
+    fn relay(&mut self, link: &Arc<ShardLink>, session: u64, player: u64, input: Input) {
+        let input = PlayerInput {
+            session,
+            player_id: player,
+            kind: Some(input),
+        };
+        match self.outgoing.iter_mut().find(|(l, _)| Arc::ptr_eq(l, link)) {
+            Some((_, batch)) => batch.push(input),
+            None => self.outgoing.push((Arc::clone(link), vec![input])),
+        }
+    }
+
+    fn refuse<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        code: ErrorCode,
+        detail: &str,
+        client_time: u64,
+    ) {
+        self.shared.metrics.error(code);
+        self.reply(conn, slot, &server::error(code, detail, client_time));
+    }
+
+    fn reply<T>(&mut self, conn: &mut Conn<T>, slot: u32, message: &ServerMessage) {
+        encode_frame(message, &mut conn.out);
+        let session = session_id(self.worker, slot, conn.generation);
+        self.after_output(conn, slot, session);
+    }
+
+    /// Enforces the output bound and queues the connection for writing.
+    fn after_output<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) {
+        if conn.out.len() > self.shared.config.max_output_bytes && conn.closing != Closing::Abort {
+            debug!(
+                session,
+                queued = conn.out.len(),
+                "client not keeping up; cutting it off"
+            );
+            self.shared.metrics.slow_clients_cut.inc();
+            conn.out.clear();
+            self.close(conn, slot, session, Closing::Abort);
+        }
+        if !conn.dirty {
+            conn.dirty = true;
+            self.dirty.push(slot);
+        }
+    }
+
+    /// Starts closing a connection; a player still in the world leaves it now.
+    fn close<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64, how: Closing) {
+        if let Session::Playing { player, link } =
+            std::mem::replace(&mut conn.session, Session::Gone)
+        {
+            self.relay(
+                &link,
+                session,
+                player,
+                Input::Leave(Leave { logout: false }),
+            );
+        }
+        let stronger = matches!(
+            (conn.closing, how),
+            (Closing::No, _) | (Closing::AfterFlush, Closing::Abort)
+        );
+        if stronger {
+            conn.closing = how;
+            conn.closing_since.get_or_insert_with(Instant::now);
+            if how == Closing::Abort {
+                conn.out.clear();
+            }
+        }
+        if !conn.dirty {
+            conn.dirty = true;
+            self.dirty.push(slot);
+        }
+    }
+}

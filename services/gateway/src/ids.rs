@@ -1,0 +1,72 @@
+//! Player ids for logins on this gateway, claimed from etcd in blocks ahead of need, so a
+//! login never waits on etcd and the pool's lock is taken once per block, not per login.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use meridian_cluster::{ClusterError, ClusterKeys, IdAllocator};
+use tokio::sync::Notify;
+use tracing::warn;
+
+const BLOCK: u64 = 4096;
+const BLOCKS_AHEAD: usize = 2;
+
+pub struct IdPool {
+    blocks: Mutex<VecDeque<Range<u64>>>,
+    refill: Notify,
+}
+
+impl IdPool {
+    /// Claims the first blocks (so the gateway can place logins as soon as it serves) and
+    /// keeps claiming in the background as blocks are taken.
+    pub async fn start(
+        client: meridian_cluster::EtcdClient,
+        keys: &ClusterKeys,
+    ) -> Result<Arc<IdPool>, ClusterError> {
+        let mut allocator = IdAllocator::new(client, keys, BLOCK);
+        let mut blocks = VecDeque::new();
+        for _ in 0..BLOCKS_AHEAD {
+            blocks.push_back(allocator.claim_block().await?);
+        }
+        let pool = Arc::new(IdPool {
+            blocks: Mutex::new(blocks),
+            refill: Notify::new(),
+        });
+        let background = Arc::clone(&pool);
+        tokio::spawn(async move {
+            loop {
+                background.refill.notified().await;
+                while background.len() < BLOCKS_AHEAD {
+                    match allocator.claim_block().await {
+                        Ok(block) => background.lock().push_back(block),
+                        Err(error) => {
+                            warn!(%error, "cannot claim player ids; retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(pool)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Range<u64>>> {
+        self.blocks
+            .lock()
+            .expect("invariant: id pool lock is never poisoned")
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A fresh block for a worker, or `None` if etcd has been unreachable for long enough
+    /// that the pool ran dry (the login is then refused with UNAVAILABLE).
+    pub fn take_block(&self) -> Option<Range<u64>> {
+        let block = self.lock().pop_front();
+        self.refill.notify_one();
+        block
+    }
+}

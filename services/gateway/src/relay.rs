@@ -1,0 +1,199 @@
+//! The gateway's side of the relay: one task per shard holding one bidirectional gRPC
+//! stream, plus the task that opens and closes links as the cluster view changes.
+//!
+//! Upstream, each worker hands over one batch per loop iteration; the link task merges
+//! what has queued into one `GatewayBatch`. Downstream, each `ShardBatch` is split by the
+//! worker that owns each connection and handed over as one mail per worker per batch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_cluster::{ClusterView, GatewayId, ShardId};
+use meridian_rpc::pb::{shard_client::ShardClient, Delivery, GatewayBatch, PlayerInput};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{info, warn};
+
+use crate::routing::{Routing, RoutingTable, ShardLink, RELAY_QUEUE};
+use crate::worker::{session_worker, Mailbox};
+use crate::GatewayMetrics;
+
+/// Queued batches merged into one gRPC message at most.
+const MERGE: usize = 64;
+
+struct LinkTask {
+    link: Arc<ShardLink>,
+    addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Keeps one link per region-owning shard, rebuilding the routing table on every change.
+pub async fn maintain_links(
+    gateway: GatewayId,
+    mut changes: watch::Receiver<ClusterView>,
+    routing: Routing,
+    mailboxes: Arc<Vec<Mailbox>>,
+    metrics: Arc<GatewayMetrics>,
+) {
+    let mut tasks: HashMap<ShardId, LinkTask> = HashMap::new();
+    loop {
+        let view = changes.borrow_and_update().clone();
+        let owners = view
+            .partition
+            .as_ref()
+            .map(|p| p.owners())
+            .unwrap_or_default();
+        let wanted: HashMap<ShardId, String> = owners
+            .iter()
+            .filter_map(|id| view.shards.get(id).map(|record| (*id, record.grpc.clone())))
+            .collect();
+        tasks.retain(|id, task| {
+            let keep = wanted.get(id) == Some(&task.addr);
+            if !keep {
+                info!(shard = %id, "closing relay link");
+                task.link.set_up(false);
+                task.task.abort();
+            }
+            keep
+        });
+        for (id, addr) in &wanted {
+            if tasks.contains_key(id) {
+                continue;
+            }
+            let (sender, receiver) = mpsc::channel(RELAY_QUEUE);
+            let link = Arc::new(ShardLink::new(*id, sender));
+            let task = tokio::spawn(run_link(
+                gateway,
+                addr.clone(),
+                Arc::clone(&link),
+                receiver,
+                Arc::clone(&mailboxes),
+                Arc::clone(&metrics),
+            ));
+            tasks.insert(
+                *id,
+                LinkTask {
+                    link,
+                    addr: addr.clone(),
+                    task,
+                },
+            );
+        }
+        let mut links: Vec<Arc<ShardLink>> = tasks.values().map(|t| Arc::clone(&t.link)).collect();
+        links.sort_by_key(|l| l.id);
+        routing.table.store(RoutingTable {
+            links,
+            partition: view.partition.clone(),
+        });
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn run_link(
+    gateway: GatewayId,
+    addr: String,
+    link: Arc<ShardLink>,
+    mut inputs: mpsc::Receiver<Vec<PlayerInput>>,
+    mailboxes: Arc<Vec<Mailbox>>,
+    metrics: Arc<GatewayMetrics>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match relay_once(gateway, &addr, &link, &mut inputs, &mailboxes, &metrics).await {
+            Ok(()) => info!(shard = %link.id, "relay stream ended"),
+            Err(error) => warn!(shard = %link.id, %addr, %error, "relay stream failed"),
+        }
+        if link.is_up() {
+            backoff = Duration::from_millis(50);
+        }
+        link.set_up(false);
+        // Inputs queued for a dead stream cannot be delivered; the workers stopped
+        // queueing when the link went down and answer new inputs with UNAVAILABLE.
+        while inputs.try_recv().is_ok() {}
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error("connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("stream: {0}")]
+    Stream(#[from] tonic::Status),
+}
+
+async fn relay_once(
+    gateway: GatewayId,
+    addr: &str,
+    link: &ShardLink,
+    inputs: &mut mpsc::Receiver<Vec<PlayerInput>>,
+    mailboxes: &[Mailbox],
+    metrics: &GatewayMetrics,
+) -> Result<(), RelayError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(Duration::from_secs(2));
+    let channel = endpoint.connect().await?;
+    let mut client = ShardClient::new(channel)
+        .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
+        .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
+    let (upstream, upstream_rx) = mpsc::channel::<GatewayBatch>(64);
+    let hello = GatewayBatch {
+        gateway_id: gateway.0,
+        inputs: Vec::new(),
+    };
+    // The receiver is alive (held just below), so this cannot fail.
+    let _ = upstream.send(hello).await;
+    let mut downstream = client
+        .relay(ReceiverStream::new(upstream_rx))
+        .await?
+        .into_inner();
+    link.set_up(true);
+    info!(shard = %link.id, %addr, "relay stream open");
+    let mut queued: Vec<Vec<PlayerInput>> = Vec::with_capacity(MERGE);
+    let mut per_worker: Vec<Vec<Delivery>> = mailboxes.iter().map(|_| Vec::new()).collect();
+    loop {
+        tokio::select! {
+            n = inputs.recv_many(&mut queued, MERGE) => {
+                if n == 0 {
+                    return Ok(());
+                }
+                let mut batch = GatewayBatch { gateway_id: 0, inputs: Vec::new() };
+                if queued.len() == 1 {
+                    batch.inputs = queued.pop().expect("invariant: one queued batch");
+                } else {
+                    batch.inputs.reserve(queued.iter().map(Vec::len).sum());
+                    for part in queued.drain(..) {
+                        batch.inputs.extend(part);
+                    }
+                }
+                metrics.inputs_relayed.add(batch.inputs.len() as u64);
+                metrics.batches_to_shards.inc();
+                if upstream.send(batch).await.is_err() {
+                    return Ok(());
+                }
+            }
+            message = downstream.message() => {
+                let Some(batch) = message? else { return Ok(()) };
+                metrics.batches_from_shards.inc();
+                for delivery in batch.deliveries {
+                    let worker = session_worker(delivery.session);
+                    if let Some(slot) = per_worker.get_mut(worker) {
+                        slot.push(delivery);
+                    }
+                }
+                for (worker, deliveries) in per_worker.iter_mut().enumerate() {
+                    if !deliveries.is_empty() {
+                        mailboxes[worker].deliver(std::mem::take(deliveries)).await;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! The io_uring event loop: the gateway's default.
+//!
+//! Per worker: one ring, one multishot accept on the worker's listener, one multishot
+//! recv per connection drawing from a provided buffer ring (no buffer is tied up by an idle
+//! connection), sends straight from the connection's reusable output buffer, and one
+//! `io_uring_enter` per loop iteration that both submits everything queued and waits.
+//! Relay mail wakes the loop through an eventfd read that is always armed.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use io_uring::types::BufRingEntry;
+use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
+use tracing::{debug, info, warn};
+
+use crate::core::{Closing, Core, LINGER};
+use crate::worker::{report_exit, WorkerStart};
+
+const RING_ENTRIES: u32 = 4096;
+const BUFFER_GROUP: u16 = 0;
+const BUFFER_COUNT: u16 = 2048;
+const BUFFER_SIZE: usize = 4096;
+const TICK: Duration = Duration::from_millis(250);
+
+const OP_ACCEPT: u64 = 1;
+const OP_RECV: u64 = 2;
+const OP_SEND: u64 = 3;
+const OP_WAKE: u64 = 4;
+const OP_TICK: u64 = 5;
+
+fn user_data(op: u64, slot: u32, generation: u32) -> u64 {
+    (op << 56) | (u64::from(slot & 0x00ff_ffff) << 32) | u64::from(generation)
+}
+
+fn parse_user_data(data: u64) -> (u64, u32, u32) {
+    (data >> 56, ((data >> 32) & 0x00ff_ffff) as u32, data as u32)
+}
+
+/// Checks that this kernel (and sandbox) lets us create a ring with what we use.
+pub fn probe() -> io::Result<()> {
+    let ring = IoUring::new(8)?;
+    let mut probe = Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    for (code, name) in [
+        (opcode::RecvMulti::CODE, "recv"),
+        (opcode::AcceptMulti::CODE, "accept"),
+    ] {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("no io_uring {name}"),
+            ));
+        }
+    }
+    let buffers = BufRing::new(&ring, 8, 64)?;
+    drop(ring);
+    drop(buffers);
+    Ok(())
+}
+
+pub struct UringConn {
+    fd: RawFd,
+    /// The buffer owned by an in-flight send; swapped with the core's `out` when idle.
+    sending: Vec<u8>,
+    sent: usize,
+    send_in_flight: bool,
+    recv_armed: bool,
+    write_shut: bool,
+    read_shut: bool,
+}
+
+type WakeFn = Arc<dyn Fn() + Send + Sync>;
+
+pub fn spawn(start: WorkerStart) -> io::Result<(WakeFn, JoinHandle<()>)> {
+    // SAFETY: plain syscall; the returned fd is owned by the OwnedFd below.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh, valid fd that nothing else owns.
+    let eventfd =
+        Arc::new(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) });
+    let index = start.index;
+    let loop_fd = Arc::clone(&eventfd);
+    let thread = std::thread::Builder::new()
+        .name(format!("gw-uring-{index}"))
+        .spawn(move || report_exit(index, run(start, loop_fd.as_raw_fd())))?;
+    let waker: WakeFn = Arc::new(move || {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd we keep open via the Arc.
+        unsafe { libc::write(eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    });
+    Ok((waker, thread))
+}
+
+/// A provided-buffer ring: the kernel picks a free buffer for each multishot recv
+/// completion, and we hand it back once the bytes are consumed.
+struct BufRing {
+    entries: *mut BufRingEntry,
+    ring_bytes: usize,
+    buffers: Vec<u8>,
+    count: u16,
+    size: usize,
+    tail: u16,
+}
+
+impl BufRing {
+    fn new(ring: &IoUring, count: u16, size: usize) -> io::Result<BufRing> {
+        let ring_bytes = usize::from(count) * std::mem::size_of::<BufRingEntry>();
+        // SAFETY: anonymous private mapping; checked for failure below. Page alignment, which
+        // the kernel requires of a buffer ring, comes with mmap.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ring_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_ANONYMOUS | libc::MAP_PRIVATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buffers = BufRing {
+            entries: ptr.cast(),
+            ring_bytes,
+            buffers: vec![0; usize::from(count) * size],
+            count,
+            size,
+            tail: 0,
+        };
+        // SAFETY: the mapping lives until `buffers` is dropped, which happens after the ring
+        // is dropped (the caller keeps that order) so the kernel never sees freed memory.
+        unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(ptr as u64, count, BUFFER_GROUP, 0)?;
+        }
+        for bid in 0..count {
+            buffers.give_back(bid);
+        }
+        buffers.publish();
+        Ok(buffers)
+    }
+
+    fn bytes(&self, bid: u16, len: usize) -> &[u8] {
+        let start = usize::from(bid) * self.size;
+        &self.buffers[start..start + len.min(self.size)]
+    }
+
+    /// Queues a buffer for reuse; visible to the kernel at the next `publish`.
+    fn give_back(&mut self, bid: u16) {
+        if bid >= self.count {
+            return;
+        }
+        let index = usize::from(self.tail & (self.count - 1));
+        // SAFETY: `index < count` entries fit in the mapping; the entry at the tail is not
+        // visible to the kernel until the tail moves past it in `publish`.
+        let entry = unsafe { &mut *self.entries.add(index) };
+        entry.set_addr(self.buffers[usize::from(bid) * self.size..].as_ptr() as u64);
+        entry.set_len(self.size as u32);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish(&self) {
+        // SAFETY: the tail field lives inside the first entry of our mapping and the kernel
+        // reads it atomically; a release store orders the entries written before it.
+        unsafe {
+            let tail = BufRingEntry::tail(self.entries) as *const AtomicU16;
+            (*tail).store(self.tail, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `new`.
+        unsafe { libc::munmap(self.entries.cast(), self.ring_bytes) };
+    }
+}
+
+struct Loop {
+    ring: IoUring,
+    core: Core<UringConn>,
+    listener_fd: RawFd,
+    eventfd: RawFd,
+    wake_buf: Box<u64>,
+    tick: Box<types::Timespec>,
+    stopping_since: Option<Instant>,
+}
+
+impl Loop {
+    /// Queues a submission, flushing the queue to the kernel first if it is full.
+    fn push(&mut self, entry: squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every buffer an entry points to is owned by `self` (wake_buf, tick,
+            // a connection's `sending`) or by the buffer ring, and outlives the operation.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    fn arm_accept(&mut self) -> io::Result<()> {
+        let entry = opcode::AcceptMulti::new(types::Fd(self.listener_fd))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(user_data(OP_ACCEPT, 0, 0));
+        self.push(entry)
+    }
+
+    fn arm_wake(&mut self) -> io::Result<()> {
+        let buf: *mut u64 = &mut *self.wake_buf;
+        let entry = opcode::Read::new(types::Fd(self.eventfd), buf.cast(), 8)
+            .build()
+            .user_data(user_data(OP_WAKE, 0, 0));
+        self.push(entry)
+    }
+
+    fn arm_tick(&mut self) -> io::Result<()> {
+        let entry = opcode::Timeout::new(&*self.tick)
+            .build()
+            .user_data(user_data(OP_TICK, 0, 0));
+        self.push(entry)
+    }
+
+    fn arm_recv(&mut self, slot: u32) -> io::Result<()> {
+        let generation = self.core.generation(slot);
+        let Some(conn) = self.core.get_mut(slot) else {
+            return Ok(());
+        };
+        conn.io.recv_armed = true;
+        let entry = opcode::RecvMulti::new(types::Fd(conn.io.fd), BUFFER_GROUP)
+            .build()
+            .user_data(user_data(OP_RECV, slot, generation));
+        self.push(entry)
+    }
+
+    fn on_accept(&mut self, result: i32, flags: u32) -> io::Result<()> {
+        if !cqueue::more(flags) && self.stopping_since.is_none() {
+            self.arm_accept()?;
+        }
+        if result < 0 {
+            debug!(error = %io::Error::from_raw_os_error(-result), "accept failed");
+            return Ok(());
+        }
+        let fd = result;
+        if self.stopping_since.is_some() {
+            // SAFETY: closing the fd the kernel just gave us and nobody else has.
+            unsafe { libc::close(fd) };
+            return Ok(());
+        }
+        set_nodelay(fd);
+        let slot = self.core.insert(UringConn {
+            fd,
+            sending: Vec::new(),
+            sent: 0,
+            send_in_flight: false,
+            recv_armed: false,
+            write_shut: false,
+            read_shut: false,
+        });
+        self.arm_recv(slot)
+    }
+
+    fn on_recv(
+        &mut self,
+        slot: u32,
+        generation: u32,
+        result: i32,
+        flags: u32,
+        buffers: &mut BufRing,
+    ) -> io::Result<()> {
+        let buffer = cqueue::buffer_select(flags);
+        let current = self.core.generation(slot) == generation;
+        if current && result > 0 {
+            if let Some(bid) = buffer {
+                let data = buffers.bytes(bid, result as usize);
+                self.core.on_data(slot, data);
+            }
+        }
+        if let Some(bid) = buffer {
+            buffers.give_back(bid);
+        }
+        if !current {
+            return Ok(());
+        }
+        let more = cqueue::more(flags);
+        let Some(conn) = self.core.get_mut(slot) else {
+            return Ok(());
+        };
+        if !more {
+            conn.io.recv_armed = false;
+        }
+        match result {
+            n if n > 0 || n == -libc::ENOBUFS => {
+                // Out of buffers (or the kernel ended the multishot): arm again unless closing.
+                if !more && conn.closing != Closing::Abort && !conn.io.read_shut {
+                    self.arm_recv(slot)?;
+                }
+            }
+            _ => {
+                // EOF or error: the peer is gone, or it has read our close and closed too.
+                if conn.closing == Closing::No {
+                    self.core.on_peer_closed(slot);
+                } else {
+                    conn.closing = Closing::Abort;
+                    self.core.mark_dirty(slot);
+                }
+            }
+        }
+        self.core.mark_dirty(slot);
+        Ok(())
+    }
+
+    fn on_send(&mut self, slot: u32, generation: u32, result: i32) {
+        if self.core.generation(slot) != generation {
+            return;
+        }
+        let metrics = Arc::clone(&self.core.shared().metrics);
+        let Some(conn) = self.core.get_mut(slot) else {
+            return;
+        };
+        conn.io.send_in_flight = false;
+        if result < 0 {
+            self.core.on_peer_closed(slot);
+        } else {
+            metrics.bytes_out.add(result as u64);
+            conn.io.sent += result as usize;
+            if conn.io.sent >= conn.io.sending.len() {
+                conn.io.sending.clear();
+                conn.io.sent = 0;
+            }
+        }
+        self.core.mark_dirty(slot);
+    }
+
+    /// Moves a connection forward: start a send if idle, or take the next closing step.
+    fn drive(&mut self, slot: u32) -> io::Result<()> {
+        let generation = self.core.generation(slot);
+        let Some(conn) = self.core.get_mut(slot) else {
+            return Ok(());
+        };
+        let io = &mut conn.io;
+        if conn.closing == Closing::Abort {
+            if !io.read_shut {
+                io.read_shut = true;
+                // SAFETY: shutdown on our own open fd; this ends the multishot recv.
+                unsafe { libc::shutdown(io.fd, libc::SHUT_RDWR) };
+            }
+            if !io.recv_armed && !io.send_in_flight {
+                let fd = io.fd;
+                self.core.remove(slot);
+                // SAFETY: no operation on `fd` is in flight any more, and the slot is gone.
+                unsafe { libc::close(fd) };
+            }
+            return Ok(());
+        }
+        if !io.send_in_flight {
+            if io.sending.is_empty() && !conn.out.is_empty() {
+                std::mem::swap(&mut io.sending, &mut conn.out);
+                io.sent = 0;
+            }
+            if io.sent < io.sending.len() {
+                let pending = &io.sending[io.sent..];
+                let entry =
+                    opcode::Send::new(types::Fd(io.fd), pending.as_ptr(), pending.len() as u32)
+                        .flags(libc::MSG_NOSIGNAL)
+                        .build()
+                        .user_data(user_data(OP_SEND, slot, generation));
+                io.send_in_flight = true;
+                return self.push(entry);
+            }
+        }
+        if conn.closing == Closing::AfterFlush
+            && !io.send_in_flight
+            && io.sending.is_empty()
+            && conn.out.is_empty()
+            && !io.write_shut
+        {
+            io.write_shut = true;
+            // SAFETY: shutdown on our own open fd. The client reads what we sent, then EOF;
+            // its own close ends our recv and the connection.
+            unsafe { libc::shutdown(io.fd, libc::SHUT_WR) };
+        }
+        Ok(())
+    }
+
+    fn on_tick(&mut self) -> io::Result<()> {
+        for slot in self.core.lingering_too_long() {
+            if let Some(conn) = self.core.get_mut(slot) {
+                conn.closing = Closing::Abort;
+            }
+            self.core.mark_dirty(slot);
+        }
+        self.arm_tick()
+    }
+}
+
+fn set_nodelay(fd: RawFd) {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a valid pointer to a c_int and its size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
+    let WorkerStart {
+        index,
+        listener,
+        shared,
+        mail,
+    } = start;
+    let ring = IoUring::builder()
+        .setup_coop_taskrun()
+        .setup_single_issuer()
+        .build(RING_ENTRIES)?;
+    let mut buffers = BufRing::new(&ring, BUFFER_COUNT, BUFFER_SIZE)?;
+    let mut this = Loop {
+        ring,
+        core: Core::new(index, Arc::clone(&shared), mail),
+        listener_fd: listener.as_raw_fd(),
+        eventfd,
+        wake_buf: Box::new(0),
+        tick: Box::new(types::Timespec::new().nsec(TICK.as_nanos() as u32)),
+        stopping_since: None,
+    };
+    this.arm_accept()?;
+    this.arm_wake()?;
+    this.arm_tick()?;
+    info!(worker = index, "io_uring worker started");
+    let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(RING_ENTRIES as usize);
+    let mut dirty = Vec::new();
+    let result = loop {
+        // The one system call of an iteration: submit all queued work, wait for one event.
+        match this.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
+            Err(error) if error.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(error) => break Err(error),
+        }
+        completions.clear();
+        completions.extend(
+            this.ring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags())),
+        );
+        let mut step = Ok(());
+        for &(data, result, flags) in &completions {
+            let (op, slot, generation) = parse_user_data(data);
+            step = match op {
+                OP_ACCEPT => this.on_accept(result, flags),
+                OP_RECV => this.on_recv(slot, generation, result, flags, &mut buffers),
+                OP_SEND => {
+                    this.on_send(slot, generation, result);
+                    Ok(())
+                }
+                OP_WAKE => this.arm_wake(),
+                OP_TICK => this.on_tick(),
+                _ => Ok(()),
+            };
+            if step.is_err() {
+                break;
+            }
+        }
+        if let Err(error) = step {
+            break Err(error);
+        }
+        buffers.publish();
+        this.core.process_mail();
+        this.core.flush_inputs();
+        if shared.stopping.load(Ordering::Relaxed) && this.stopping_since.is_none() {
+            this.stopping_since = Some(Instant::now());
+            this.core.shut_down_all();
+        }
+        this.core.take_dirty(&mut dirty);
+        let mut step = Ok(());
+        for &slot in &dirty {
+            step = this.drive(slot);
+            if step.is_err() {
+                break;
+            }
+        }
+        if let Err(error) = step {
+            break Err(error);
+        }
+        if let Some(since) = this.stopping_since {
+            if this.core.open_connections() == 0 || since.elapsed() > LINGER {
+                break Ok(());
+            }
+        }
+    };
+    if let Err(error) = &result {
+        warn!(worker = index, %error, "io_uring worker failed");
+    }
+    let open: Vec<u32> = this.core.slots().collect();
+    let fds: Vec<RawFd> = open
+        .iter()
+        .filter_map(|&s| this.core.get_mut(s).map(|c| c.io.fd))
+        .collect();
+    // The ring goes first: no operation may outlive the buffers it points into.
+    drop(this);
+    drop(buffers);
+    for fd in fds {
+        // SAFETY: the ring is gone, so nothing else uses these fds.
+        unsafe { libc::close(fd) };
+    }
+    drop(listener);
+    info!(worker = index, "io_uring worker stopped");
+    result
+}

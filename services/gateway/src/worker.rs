@@ -1,0 +1,189 @@
+//! Worker threads: one per core, each with its own listener and event loop, and the mail
+//! path from the relay tasks to them.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use meridian_cluster::EpochCell;
+use meridian_rpc::pb::Delivery;
+use socket2::{Domain, Protocol, Socket, Type};
+use tracing::error;
+
+use crate::ids::IdPool;
+use crate::routing::RoutingTable;
+use crate::{GatewayConfig, GatewayError, GatewayMetrics, IoBackend};
+
+/// Delivery batches a worker may have waiting before relay tasks wait for it.
+const MAILBOX: usize = 1024;
+
+/// What every worker shares: read-mostly, nothing locked per message.
+pub struct Shared {
+    pub config: GatewayConfig,
+    pub routing: Arc<EpochCell<RoutingTable>>,
+    pub ids: Arc<IdPool>,
+    pub metrics: Arc<GatewayMetrics>,
+    pub stopping: Arc<AtomicBool>,
+    /// Turn counter of the round-robin placement policy.
+    pub round_robin: AtomicUsize,
+}
+
+/// A session id names one connection on one worker for its whole life:
+/// `worker (16 bits) | slot (24 bits) | generation (24 bits)`.
+pub fn session_id(worker: usize, slot: u32, generation: u32) -> u64 {
+    ((worker as u64) << 48)
+        | (u64::from(slot & 0x00ff_ffff) << 24)
+        | u64::from(generation & 0x00ff_ffff)
+}
+
+pub fn session_parts(session: u64) -> (usize, u32, u32) {
+    (
+        (session >> 48) as usize,
+        ((session >> 24) & 0x00ff_ffff) as u32,
+        (session & 0x00ff_ffff) as u32,
+    )
+}
+
+pub fn session_worker(session: u64) -> usize {
+    session_parts(session).0
+}
+
+/// A worker's inbox for shard output, and the way to wake its event loop.
+pub struct Mailbox {
+    sender: SyncSender<Vec<Delivery>>,
+    waker: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Mailbox {
+    pub fn wake(&self) {
+        (self.waker)();
+    }
+
+    /// Hands deliveries to the worker. If its mailbox is full the relay task waits (and
+    /// with it the gRPC stream: backpressure reaches the shard, which cuts a link that
+    /// stays stuck) rather than dropping output that was already acknowledged.
+    pub async fn deliver(&self, mut deliveries: Vec<Delivery>) {
+        loop {
+            match self.sender.try_send(deliveries) {
+                Ok(()) => return self.wake(),
+                Err(TrySendError::Full(back)) => {
+                    deliveries = back;
+                    self.wake();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(TrySendError::Disconnected(_)) => return,
+            }
+        }
+    }
+}
+
+pub struct Workers {
+    threads: Vec<JoinHandle<()>>,
+    mailboxes: Vec<Mailbox>,
+}
+
+impl Workers {
+    pub fn mailboxes(&self) -> Vec<Mailbox> {
+        self.mailboxes
+            .iter()
+            .map(|m| Mailbox {
+                sender: m.sender.clone(),
+                waker: Arc::clone(&m.waker),
+            })
+            .collect()
+    }
+
+    pub fn join(self) {
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What a backend needs to start one worker.
+pub struct WorkerStart {
+    pub index: usize,
+    pub listener: std::net::TcpListener,
+    pub shared: Arc<Shared>,
+    pub mail: Receiver<Vec<Delivery>>,
+}
+
+pub fn spawn_workers(
+    io: IoBackend,
+    listeners: Vec<std::net::TcpListener>,
+    shared: Arc<Shared>,
+) -> Result<Workers, GatewayError> {
+    let mut threads = Vec::new();
+    let mut mailboxes = Vec::new();
+    for (index, listener) in listeners.into_iter().enumerate() {
+        let (sender, mail) = sync_channel(MAILBOX);
+        let start = WorkerStart {
+            index,
+            listener,
+            shared: Arc::clone(&shared),
+            mail,
+        };
+        let (waker, thread) = match io {
+            IoBackend::Uring => crate::uring::spawn(start),
+            IoBackend::Epoll => crate::epoll::spawn(start),
+        }
+        .map_err(|source| GatewayError::Worker { index, source })?;
+        threads.push(thread);
+        mailboxes.push(Mailbox { sender, waker });
+    }
+    Ok(Workers { threads, mailboxes })
+}
+
+/// One listener per worker on the same address (SO_REUSEPORT lets the kernel spread new
+/// connections across them). The first is the one the caller bound; it must have been
+/// bound with SO_REUSEPORT (see [`bind_game_listener`]).
+pub fn reuseport_listeners(
+    first: std::net::TcpListener,
+    workers: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let addr = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..workers.max(1) {
+        listeners.push(bind_game_listener(addr)?);
+    }
+    for listener in &listeners {
+        listener.set_nonblocking(true)?;
+    }
+    Ok(listeners)
+}
+
+/// Binds a game listener with SO_REUSEPORT and a deep accept queue.
+pub fn bind_game_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Logs a worker's death; the process keeps its other workers.
+pub fn report_exit(index: usize, result: std::io::Result<()>) {
+    if let Err(err) = result {
+        error!(worker = index, error = %err, "worker stopped on an I/O error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids_round_trip() {
+        let id = session_id(3, 0x00ab_cdef, 0x0012_3456);
+        assert_eq!(session_parts(id), (3, 0x00ab_cdef, 0x0012_3456));
+        assert_ne!(
+            session_id(0, 1, 0),
+            0,
+            "session ids are never zero for slot > 0"
+        );
+    }
+}

@@ -1,0 +1,326 @@
+//! The command line: every flag, its `MERIDIAN_*` fallback, and whole-config validation
+//! that lists every problem at once.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use meridian_cluster::{GatewayId, ShardId};
+use meridian_gateway::{GatewayConfig, IoBackend};
+use meridian_shard::ShardConfig;
+use meridian_world::WorldConfig;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "meridian",
+    version,
+    about = "A seamless sharded MMO server cluster"
+)]
+pub struct Cli {
+    /// Log JSON lines instead of human-readable text.
+    #[arg(long, global = true, env = "MERIDIAN_LOG_JSON")]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a whole local cluster: etcd, shards and gateways as child processes, dev mode on.
+    Up(UpArgs),
+    /// Run one gateway node.
+    Gateway(GatewayArgs),
+    /// Run one zone shard node.
+    Shard(ShardArgs),
+    /// Print members, health and the partition map from etcd.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Io {
+    Uring,
+    Epoll,
+}
+
+impl From<Io> for IoBackend {
+    fn from(io: Io) -> Self {
+        match io {
+            Io::Uring => IoBackend::Uring,
+            Io::Epoll => IoBackend::Epoll,
+        }
+    }
+}
+
+/// Flags every node shares.
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Cluster name: the etcd key prefix is /meridian/<cluster>/.
+    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian")]
+    pub cluster: String,
+    /// etcd endpoints, comma-separated.
+    #[arg(
+        long,
+        env = "MERIDIAN_ETCD",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd: Vec<String>,
+    /// Admin HTTP address (/healthz, /readyz, /metrics).
+    #[arg(long, env = "MERIDIAN_ADMIN", default_value = "127.0.0.1:0")]
+    pub admin: SocketAddr,
+    /// Seconds a member's etcd lease lives without keep-alives (how fast a death is seen).
+    #[arg(long, env = "MERIDIAN_LEASE_TTL", default_value_t = 3)]
+    pub lease_ttl: u64,
+    /// Dev mode: Login.spawn is honoured.
+    #[arg(long, env = "MERIDIAN_DEV")]
+    pub dev: bool,
+    /// Write {"id","pid",addresses} to this file once listening (for scripts and tests).
+    #[arg(long, env = "MERIDIAN_READY_FILE")]
+    pub ready_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ShardArgs {
+    /// This shard's id (unique in the cluster, > 0).
+    #[arg(long, env = "MERIDIAN_SHARD_ID")]
+    pub id: u32,
+    /// gRPC listen address.
+    #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// gRPC address to advertise in etcd (default: the listener's address).
+    #[arg(long, env = "MERIDIAN_ADVERTISE")]
+    pub advertise: Option<String>,
+    #[arg(long, env = "MERIDIAN_MAP_WIDTH", default_value_t = 400)]
+    pub map_width: u32,
+    #[arg(long, env = "MERIDIAN_MAP_HEIGHT", default_value_t = 400)]
+    pub map_height: u32,
+    #[arg(long, env = "MERIDIAN_VIEW_RANGE", default_value_t = 20)]
+    pub view_range: u32,
+    /// Moves per second per player before RATE_LIMITED.
+    #[arg(long, env = "MERIDIAN_MOVE_RATE", default_value_t = 20)]
+    pub move_rate: u32,
+    /// Seed for random spawns.
+    #[arg(long, env = "MERIDIAN_SEED", default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GatewayArgs {
+    /// This gateway's id (unique in the cluster, > 0).
+    #[arg(long, env = "MERIDIAN_GATEWAY_ID")]
+    pub id: u32,
+    /// Client TCP listen address.
+    #[arg(long, env = "MERIDIAN_LISTEN", default_value = "0.0.0.0:7777")]
+    pub listen: SocketAddr,
+    /// Game address to advertise in etcd (default: the listener's address).
+    #[arg(long, env = "MERIDIAN_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Event loop: io_uring (falls back to epoll if unavailable) or epoll.
+    #[arg(long, env = "MERIDIAN_IO", value_enum, default_value = "uring")]
+    pub io: Io,
+    /// Worker threads (default: one per core).
+    #[arg(long, env = "MERIDIAN_WORKERS")]
+    pub workers: Option<usize>,
+    /// Largest client frame body in bytes.
+    #[arg(long, env = "MERIDIAN_MAX_FRAME", default_value_t = meridian_protocol::DEFAULT_MAX_FRAME)]
+    pub max_frame: usize,
+    /// Bytes of unsent output per client before it is disconnected as too slow.
+    #[arg(long, env = "MERIDIAN_MAX_OUTPUT", default_value_t = 1 << 20)]
+    pub max_output: usize,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct UpArgs {
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
+    #[arg(long, default_value_t = 1)]
+    pub gateways: u32,
+    #[arg(long, value_enum, default_value = "uring")]
+    pub io: Io,
+    /// Game port of the first gateway (0: any free port).
+    #[arg(long, default_value_t = 7777)]
+    pub port: u16,
+    #[arg(long, default_value = "local")]
+    pub cluster: String,
+    #[arg(long, default_value_t = 3)]
+    pub lease_ttl: u64,
+    /// The etcd binary to start.
+    #[arg(long, default_value = "etcd")]
+    pub etcd_bin: String,
+    /// Write the cluster's addresses and pids as JSON here once everything is ready.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian")]
+    pub cluster: String,
+    #[arg(
+        long,
+        env = "MERIDIAN_ETCD",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
+    if common.cluster.is_empty() || common.cluster.contains('/') {
+        problems.push(format!(
+            "--cluster {:?} must be non-empty and contain no '/'",
+            common.cluster
+        ));
+    }
+    if common.etcd.is_empty() || common.etcd.iter().any(|e| e.is_empty()) {
+        problems.push("--etcd needs at least one endpoint".into());
+    }
+    if common.lease_ttl == 0 || common.lease_ttl > 60 {
+        problems.push(format!(
+            "--lease-ttl {} must be between 1 and 60 seconds",
+            common.lease_ttl
+        ));
+    }
+}
+
+fn finish<T>(value: T, problems: Vec<String>) -> anyhow::Result<T> {
+    if problems.is_empty() {
+        Ok(value)
+    } else {
+        bail!("invalid configuration:\n  - {}", problems.join("\n  - "))
+    }
+}
+
+/// A validated shard configuration plus what only the binary needs.
+pub struct ShardNode {
+    pub config: ShardConfig,
+    pub listen: SocketAddr,
+    pub common: CommonArgs,
+}
+
+pub struct GatewayNode {
+    pub config: GatewayConfig,
+    pub listen: SocketAddr,
+    pub common: CommonArgs,
+}
+
+impl ShardArgs {
+    pub fn validate(self) -> anyhow::Result<ShardNode> {
+        let mut problems = Vec::new();
+        check_common(&self.common, &mut problems);
+        if self.id == 0 {
+            problems.push("--id must be greater than 0".into());
+        }
+        let world = WorldConfig {
+            width: self.map_width,
+            height: self.map_height,
+            view_range: self.view_range,
+            move_rate: self.move_rate,
+        };
+        if let Err(error) = world.validate() {
+            problems.push(error.to_string());
+        }
+        if self.listen.ip().is_unspecified() && self.advertise.is_none() {
+            problems.push("--listen on an unspecified address needs --advertise".into());
+        }
+        let config = ShardConfig {
+            id: ShardId(self.id),
+            cluster: self.common.cluster.clone(),
+            etcd: self.common.etcd.clone(),
+            world,
+            dev_mode: self.common.dev,
+            lease_ttl: Duration::from_secs(self.common.lease_ttl),
+            seed: self.seed,
+            advertise: self.advertise,
+        };
+        finish(
+            ShardNode {
+                config,
+                listen: self.listen,
+                common: self.common,
+            },
+            problems,
+        )
+    }
+}
+
+impl GatewayArgs {
+    pub fn validate(self) -> anyhow::Result<GatewayNode> {
+        let mut problems = Vec::new();
+        check_common(&self.common, &mut problems);
+        if self.id == 0 {
+            problems.push("--id must be greater than 0".into());
+        }
+        let workers = self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        if workers == 0 || workers > 256 {
+            problems.push(format!("--workers {workers} must be between 1 and 256"));
+        }
+        if self.max_frame < 64 || self.max_frame > 1 << 20 {
+            problems.push(format!(
+                "--max-frame {} must be between 64 and 1048576",
+                self.max_frame
+            ));
+        }
+        if self.max_output < 4 * self.max_frame {
+            problems.push(format!(
+                "--max-output {} must be at least 4 frames",
+                self.max_output
+            ));
+        }
+        let config = GatewayConfig {
+            id: GatewayId(self.id),
+            cluster: self.common.cluster.clone(),
+            etcd: self.common.etcd.clone(),
+            io: self.io.into(),
+            workers,
+            max_frame: self.max_frame,
+            max_output_bytes: self.max_output,
+            dev_mode: self.common.dev,
+            lease_ttl: Duration::from_secs(self.common.lease_ttl),
+            advertise: self.advertise,
+        };
+        finish(
+            GatewayNode {
+                config,
+                listen: self.listen,
+                common: self.common,
+            },
+            problems,
+        )
+    }
+}
+
+impl UpArgs {
+    pub fn validate(self) -> anyhow::Result<UpArgs> {
+        let mut problems = Vec::new();
+        if self.shards == 0 || self.shards > 64 {
+            problems.push(format!("--shards {} must be between 1 and 64", self.shards));
+        }
+        if self.gateways == 0 || self.gateways > 16 {
+            problems.push(format!(
+                "--gateways {} must be between 1 and 16",
+                self.gateways
+            ));
+        }
+        if self.lease_ttl == 0 || self.lease_ttl > 60 {
+            problems.push(format!(
+                "--lease-ttl {} must be between 1 and 60 seconds",
+                self.lease_ttl
+            ));
+        }
+        finish(self, problems)
+    }
+}

@@ -1,0 +1,79 @@
+//! Running a single node (`meridian shard`, `meridian gateway`): bind, announce, serve
+//! until SIGTERM or SIGINT.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::json;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::info;
+
+use crate::cli::{GatewayNode, ShardNode};
+
+/// Resolves on SIGTERM (Kubernetes, `meridian up`) or SIGINT (Ctrl-C).
+async fn terminated() {
+    let mut term = signal(SignalKind::terminate()).expect("invariant: SIGTERM handler installs");
+    let mut int = signal(SignalKind::interrupt()).expect("invariant: SIGINT handler installs");
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+}
+
+/// Writes `value` to `path` atomically (write to a temporary file, then rename).
+pub fn write_json_atomically(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+pub fn run_shard(node: ShardNode) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let grpc = tokio::net::TcpListener::bind(node.listen)
+            .await
+            .with_context(|| format!("binding gRPC listener {}", node.listen))?;
+        let admin = tokio::net::TcpListener::bind(node.common.admin)
+            .await
+            .with_context(|| format!("binding admin listener {}", node.common.admin))?;
+        if let Some(path) = &node.common.ready_file {
+            let ready = json!({
+                "id": node.config.id.0,
+                "pid": std::process::id(),
+                "grpc": grpc.local_addr()?.to_string(),
+                "admin": admin.local_addr()?.to_string(),
+            });
+            write_json_atomically(path, &ready)?;
+        }
+        meridian_shard::run(node.config, grpc, admin, terminated()).await?;
+        Ok(())
+    })
+}
+
+pub fn run_gateway(node: GatewayNode) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let game = meridian_gateway::bind_game_listener(node.listen)
+            .with_context(|| format!("binding game listener {}", node.listen))?;
+        let admin = tokio::net::TcpListener::bind(node.common.admin)
+            .await
+            .with_context(|| format!("binding admin listener {}", node.common.admin))?;
+        if let Some(path) = &node.common.ready_file {
+            let ready = json!({
+                "id": node.config.id.0,
+                "pid": std::process::id(),
+                "game": game.local_addr()?.to_string(),
+                "admin": admin.local_addr()?.to_string(),
+            });
+            write_json_atomically(path, &ready)?;
+        }
+        meridian_gateway::run(node.config, game, admin, terminated()).await?;
+        Ok(())
+    })
+}

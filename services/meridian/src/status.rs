@@ -1,0 +1,61 @@
+//! `meridian status`: the cluster as etcd sees it.
+
+use anyhow::Context;
+use meridian_cluster::{ClusterKeys, ClusterWatch};
+use serde_json::json;
+
+use crate::cli::StatusArgs;
+
+pub fn run(args: StatusArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let view = runtime.block_on(async {
+        let client = meridian_cluster::connect(&args.etcd)
+            .await
+            .with_context(|| format!("connecting to etcd at {}", args.etcd.join(",")))?;
+        let watch = ClusterWatch::start(client, ClusterKeys::new(&args.cluster)).await?;
+        anyhow::Ok(watch.current())
+    })?;
+    if args.json {
+        let value = json!({
+            "cluster": args.cluster,
+            "shards": view.shards.values().collect::<Vec<_>>(),
+            "gateways": view.gateways.values().collect::<Vec<_>>(),
+            "partition": view.partition,
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!("cluster {}", args.cluster);
+    println!("shards ({}):", view.shards.len());
+    for shard in view.shards.values() {
+        println!(
+            "  {:<10} {:?}  grpc {}  admin {}",
+            shard.id, shard.state, shard.grpc, shard.admin
+        );
+    }
+    println!("gateways ({}):", view.gateways.len());
+    for gateway in view.gateways.values() {
+        println!(
+            "  {:<10} game {}  admin {}",
+            gateway.id, gateway.game, gateway.admin
+        );
+    }
+    match &view.partition {
+        None => println!("partition: none published yet"),
+        Some(map) => {
+            println!(
+                "partition: epoch {} ({}x{})",
+                map.epoch, map.width, map.height
+            );
+            for region in &map.regions {
+                println!(
+                    "  {:<10} x {}..{}  y {}..{}",
+                    region.shard, region.x0, region.x1, region.y0, region.y1
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,306 @@
+//! `meridian up`: a whole cluster on this machine, every node its own child process.
+//!
+//! Starts etcd (temporary data dir), the shards, then the gateways, waits until every node
+//! answers `/readyz`, prints the addresses (and writes them as JSON with `--ready-file`),
+//! and on SIGINT/SIGTERM stops gateways, shards and etcd in that order. Children get
+//! SIGKILL if `up` itself dies, so nothing is left behind.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::UpArgs;
+use crate::node::write_json_atomically;
+
+const START_DEADLINE: Duration = Duration::from_secs(30);
+const STOP_DEADLINE: Duration = Duration::from_secs(5);
+
+struct Node {
+    name: String,
+    child: Child,
+    ready_file: PathBuf,
+}
+
+/// Children of `up`, stopped in reverse start order whatever way `run` ends.
+struct Nodes {
+    list: Vec<Node>,
+    data_dir: PathBuf,
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for node in self.list.iter_mut().rev() {
+            // SAFETY: signalling our own child by the pid we spawned it with.
+            unsafe { libc::kill(node.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + STOP_DEADLINE;
+            loop {
+                match node.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        eprintln!(
+                            "meridian up: {} did not stop in time; killing it",
+                            node.name
+                        );
+                        let _ = node.child.kill();
+                        let _ = node.child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    // etcd cannot take an inherited listener, so it gets a port the kernel just handed out.
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn spawn(command: &mut Command, name: &str, ready_file: PathBuf) -> anyhow::Result<Node> {
+    // SAFETY: prctl in the child between fork and exec touches no shared state.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = command
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    Ok(Node {
+        name: name.to_string(),
+        child,
+        ready_file,
+    })
+}
+
+pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos();
+    let data_dir = std::env::temp_dir().join(format!("meridian-up-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&data_dir)?;
+    let mut nodes = Nodes {
+        list: Vec::new(),
+        data_dir: data_dir.clone(),
+    };
+    let me = std::env::current_exe().context("locating the meridian binary")?;
+
+    let (client_port, peer_port) = (free_port()?, free_port()?);
+    let etcd_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let mut etcd = Command::new(&args.etcd_bin);
+    etcd.args(["--name", "up", "--data-dir"])
+        .arg(data_dir.join("etcd"))
+        .args([
+            "--listen-client-urls",
+            &etcd_url,
+            "--advertise-client-urls",
+            &etcd_url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ])
+        .args(["--initial-cluster", &format!("up={peer_url}")])
+        .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
+        .args(["--logger", "zap", "--log-level", "warn"]);
+    nodes
+        .list
+        .push(spawn(&mut etcd, "etcd", PathBuf::new()).with_context(|| {
+            format!(
+                "is etcd installed? (apt-get install etcd-server; tried {:?})",
+                args.etcd_bin
+            )
+        })?);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(wait_for_etcd(&etcd_url, &mut nodes))?;
+
+    let common = |command: &mut Command, ready: &Path| {
+        command
+            .args(["--cluster", &args.cluster, "--etcd", &etcd_url, "--dev"])
+            .args([
+                "--lease-ttl",
+                &args.lease_ttl.to_string(),
+                "--admin",
+                "127.0.0.1:0",
+            ])
+            .arg("--ready-file")
+            .arg(ready);
+    };
+    for id in 1..=args.shards {
+        let ready = data_dir.join(format!("shard-{id}.json"));
+        let mut command = Command::new(&me);
+        command.args(["shard", "--id", &id.to_string(), "--listen", "127.0.0.1:0"]);
+        common(&mut command, &ready);
+        nodes
+            .list
+            .push(spawn(&mut command, &format!("shard-{id}"), ready)?);
+    }
+    let io = match args.io {
+        crate::cli::Io::Uring => "uring",
+        crate::cli::Io::Epoll => "epoll",
+    };
+    for id in 1..=args.gateways {
+        let ready = data_dir.join(format!("gateway-{id}.json"));
+        let port = if id == 1 { args.port } else { 0 };
+        let mut command = Command::new(&me);
+        command
+            .args(["gateway", "--id", &id.to_string(), "--io", io])
+            .args(["--listen", &format!("127.0.0.1:{port}")]);
+        common(&mut command, &ready);
+        nodes
+            .list
+            .push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
+    }
+
+    let summary = runtime.block_on(wait_until_ready(&mut nodes, &args, &etcd_url))?;
+    println!("meridian up: cluster {:?} is ready", args.cluster);
+    println!("  etcd      {etcd_url}");
+    for shard in summary["shards"].as_array().into_iter().flatten() {
+        println!(
+            "  shard-{}   grpc {}  admin {}",
+            shard["id"],
+            shard["grpc"].as_str().unwrap_or("?"),
+            shard["admin"].as_str().unwrap_or("?")
+        );
+    }
+    for gateway in summary["gateways"].as_array().into_iter().flatten() {
+        println!(
+            "  gateway-{} game {}  admin {}",
+            gateway["id"],
+            gateway["game"].as_str().unwrap_or("?"),
+            gateway["admin"].as_str().unwrap_or("?")
+        );
+    }
+    println!(
+        "  status:   meridian status --cluster {} --etcd {etcd_url}",
+        args.cluster
+    );
+    println!("Ctrl-C stops the cluster.");
+    if let Some(path) = &args.ready_file {
+        write_json_atomically(path, &summary)?;
+    }
+
+    runtime.block_on(async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        anyhow::Ok(())
+    })?;
+    println!("meridian up: stopping");
+    drop(nodes);
+    Ok(())
+}
+
+fn check_alive(nodes: &mut Nodes) -> anyhow::Result<()> {
+    for node in &mut nodes.list {
+        if let Some(status) = node.child.try_wait()? {
+            bail!("{} exited during start-up ({status})", node.name);
+        }
+    }
+    Ok(())
+}
+
+async fn wait_for_etcd(url: &str, nodes: &mut Nodes) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START_DEADLINE;
+    loop {
+        check_alive(nodes)?;
+        if let Ok(Ok(mut client)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            meridian_cluster::connect(&[url.to_string()]),
+        )
+        .await
+        {
+            if client.get("/meridian/", None).await.is_ok() {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("etcd at {url} did not become healthy within {START_DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// GET `path` on an admin port; the status code, if the node answered.
+async fn http_status(addr: &str, path: &str) -> Option<u16> {
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
+            .await
+            .ok()?
+            .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let line = String::from_utf8_lossy(&response);
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+async fn wait_until_ready(
+    nodes: &mut Nodes,
+    args: &UpArgs,
+    etcd_url: &str,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + START_DEADLINE;
+    let mut shards = Vec::new();
+    let mut gateways = Vec::new();
+    for index in 1..nodes.list.len() {
+        loop {
+            check_alive(nodes)?;
+            let node = &nodes.list[index];
+            let ready = std::fs::read(&node.ready_file)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
+            if let Some(ready) = ready {
+                let admin = ready["admin"].as_str().unwrap_or_default().to_string();
+                if http_status(&admin, "/readyz").await == Some(200) {
+                    if node.name.starts_with("shard") {
+                        shards.push(ready);
+                    } else {
+                        gateways.push(ready);
+                    }
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} was not ready within {START_DEADLINE:?}",
+                    nodes.list[index].name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    Ok(json!({
+        "cluster": args.cluster,
+        "etcd": etcd_url,
+        "pid": std::process::id(),
+        "data_dir": nodes.data_dir,
+        "shards": shards,
+        "gateways": gateways,
+    }))
+}

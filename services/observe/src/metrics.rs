@@ -1,0 +1,209 @@
+//! A minimal Prometheus registry: counters, gauges and fixed-bucket histograms.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that goes up and down.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    pub fn set(&self, v: i64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+    pub fn add(&self, v: i64) {
+        self.0.fetch_add(v, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A histogram over fixed upper bounds (seconds, bytes, ...).
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: Vec<f64>,
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// Sum in millionths of the unit, so it can live in an atomic integer.
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &[f64]) -> Self {
+        Histogram {
+            bounds: bounds.to_vec(),
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: f64) {
+        if let Some(i) = self.bounds.iter().position(|&b| value <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+    }
+}
+
+enum Metric {
+    Counter(Arc<Counter>),
+    Gauge(Arc<Gauge>),
+    Histogram(Arc<Histogram>),
+}
+
+struct Entry {
+    name: String,
+    help: String,
+    labels: String,
+    metric: Metric,
+}
+
+/// Where a node's metrics are registered at start and rendered on scrape. The mutex is
+/// taken only at registration and scrape time, never on an update.
+#[derive(Clone, Default)]
+pub struct Registry {
+    entries: Arc<Mutex<Vec<Entry>>>,
+}
+
+impl Registry {
+    fn push(&self, name: &str, help: &str, labels: &[(&str, &str)], metric: Metric) {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+            .collect::<Vec<_>>()
+            .join(",");
+        let entry = Entry {
+            name: name.to_string(),
+            help: help.to_string(),
+            labels,
+            metric,
+        };
+        self.entries
+            .lock()
+            .expect("invariant: metrics lock is never poisoned")
+            .push(entry);
+    }
+
+    pub fn counter(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Arc<Counter> {
+        let counter = Arc::new(Counter::default());
+        self.push(name, help, labels, Metric::Counter(Arc::clone(&counter)));
+        counter
+    }
+
+    pub fn gauge(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Arc<Gauge> {
+        let gauge = Arc::new(Gauge::default());
+        self.push(name, help, labels, Metric::Gauge(Arc::clone(&gauge)));
+        gauge
+    }
+
+    pub fn histogram(&self, name: &str, help: &str, bounds: &[f64]) -> Arc<Histogram> {
+        let histogram = Arc::new(Histogram::new(bounds));
+        self.push(name, help, &[], Metric::Histogram(Arc::clone(&histogram)));
+        histogram
+    }
+
+    /// Prometheus text exposition format, version 0.0.4.
+    pub fn render(&self) -> String {
+        let entries = self
+            .entries
+            .lock()
+            .expect("invariant: metrics lock is never poisoned");
+        let mut out = String::with_capacity(entries.len() * 96);
+        let mut last_name = "";
+        for entry in entries.iter() {
+            let kind = match entry.metric {
+                Metric::Counter(_) => "counter",
+                Metric::Gauge(_) => "gauge",
+                Metric::Histogram(_) => "histogram",
+            };
+            if entry.name != last_name {
+                let _ = writeln!(out, "# HELP {} {}", entry.name, entry.help);
+                let _ = writeln!(out, "# TYPE {} {kind}", entry.name);
+                last_name = &entry.name;
+            }
+            let braces = |extra: &str| {
+                let all = [entry.labels.as_str(), extra]
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(",");
+                if all.is_empty() {
+                    String::new()
+                } else {
+                    format!("{{{all}}}")
+                }
+            };
+            match &entry.metric {
+                Metric::Counter(c) => {
+                    let _ = writeln!(out, "{}{} {}", entry.name, braces(""), c.get());
+                }
+                Metric::Gauge(g) => {
+                    let _ = writeln!(out, "{}{} {}", entry.name, braces(""), g.get());
+                }
+                Metric::Histogram(h) => {
+                    let mut cumulative = 0;
+                    for (bound, bucket) in h.bounds.iter().zip(&h.buckets) {
+                        cumulative += bucket.load(Ordering::Relaxed);
+                        let le = format!("le=\"{bound}\"");
+                        let _ = writeln!(out, "{}_bucket{} {cumulative}", entry.name, braces(&le));
+                    }
+                    let count = h.count.load(Ordering::Relaxed);
+                    let _ = writeln!(
+                        out,
+                        "{}_bucket{} {count}",
+                        entry.name,
+                        braces("le=\"+Inf\"")
+                    );
+                    let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+                    let _ = writeln!(out, "{}_sum{} {sum}", entry.name, braces(""));
+                    let _ = writeln!(out, "{}_count{} {count}", entry.name, braces(""));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let registry = Registry::default();
+        let logins = registry.counter("meridian_logins_total", "Logins accepted.", &[]);
+        let errors = registry.counter("meridian_errors_total", "Errors.", &[("code", "MALFORMED")]);
+        let latency = registry.histogram("meridian_delay_seconds", "Delay.", &[0.001, 0.01]);
+        logins.add(3);
+        errors.inc();
+        latency.observe(0.005);
+        let text = registry.render();
+        assert!(text.contains("# TYPE meridian_logins_total counter\nmeridian_logins_total 3\n"));
+        assert!(text.contains("meridian_errors_total{code=\"MALFORMED\"} 1\n"));
+        assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.001\"} 0\n"));
+        assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.01\"} 1\n"));
+        assert!(text.contains("meridian_delay_seconds_count 1\n"));
+    }
+}

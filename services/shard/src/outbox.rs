@@ -1,0 +1,75 @@
+//! Assembles one round's output: per gateway link, one `Delivery` per connection holding
+//! all of that connection's frames back to back, encoded once and never touched again.
+
+use std::collections::HashMap;
+
+use meridian_protocol::{encode_frame, pb::ServerMessage};
+use meridian_rpc::pb::{Delivery, ShardBatch};
+
+use crate::actor::LinkId;
+
+#[derive(Default)]
+struct LinkOut {
+    deliveries: Vec<Delivery>,
+    frames: Vec<Vec<u8>>,
+    by_session: HashMap<u64, usize>,
+}
+
+/// Output of one round of the world task. Reused across rounds: the maps keep their
+/// capacity; only the frame buffers handed to gRPC are new.
+#[derive(Default)]
+pub struct Outbox {
+    links: HashMap<LinkId, LinkOut>,
+    pub n_messages: u64,
+}
+
+impl Outbox {
+    fn slot(&mut self, link: LinkId, session: u64) -> (&mut LinkOut, usize) {
+        let out = self.links.entry(link).or_default();
+        let index = *out.by_session.entry(session).or_insert_with(|| {
+            out.deliveries.push(Delivery {
+                session,
+                frames: Default::default(),
+                close: false,
+            });
+            out.frames.push(Vec::new());
+            out.deliveries.len() - 1
+        });
+        (out, index)
+    }
+
+    /// Appends one framed message for a connection.
+    pub fn push(&mut self, link: LinkId, session: u64, message: &ServerMessage) {
+        let (out, index) = self.slot(link, session);
+        encode_frame(message, &mut out.frames[index]);
+        self.n_messages += 1;
+    }
+
+    /// Asks the gateway to close the connection after its frames.
+    pub fn close(&mut self, link: LinkId, session: u64) {
+        let (out, index) = self.slot(link, session);
+        out.deliveries[index].close = true;
+    }
+
+    /// Takes the batches to send, one per link with output; leaves the outbox empty.
+    pub fn drain(&mut self) -> impl Iterator<Item = (LinkId, ShardBatch, u64)> + '_ {
+        self.n_messages = 0;
+        self.links
+            .iter_mut()
+            .filter(|(_, out)| !out.deliveries.is_empty())
+            .map(|(link, out)| {
+                out.by_session.clear();
+                let mut bytes = 0;
+                for (delivery, frames) in out.deliveries.iter_mut().zip(out.frames.drain(..)) {
+                    bytes += frames.len() as u64;
+                    delivery.frames = frames.into();
+                }
+                let deliveries = std::mem::take(&mut out.deliveries);
+                (*link, ShardBatch { deliveries }, bytes)
+            })
+    }
+
+    pub fn forget_link(&mut self, link: LinkId) {
+        self.links.remove(&link);
+    }
+}
