@@ -6,6 +6,7 @@
 //! [`Core::on_peer_closed`], and after each loop iteration writes out the connections
 //! listed in [`Core::take_dirty`]. The core never performs I/O itself.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
@@ -16,16 +17,19 @@ use meridian_protocol::pb::{client_message::Kind as C, ClientMessage, ErrorCode,
 use meridian_protocol::{
     decode_body, encode_frame, next_frame, server, validate_chat, validate_name,
 };
-use meridian_rpc::pb::Delivery;
 use meridian_rpc::pb::{player_input::Kind as Input, Join, Leave, PlayerInput};
 use tracing::{debug, trace};
 
 use crate::routing::ShardLink;
-use crate::worker::{session_id, session_parts, Shared};
+use crate::worker::{session_id, session_parts, Mail, Shared};
 
 /// How long a connection being closed after an error may keep its read side open, so the
 /// client reads the error before the socket goes away.
 pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Moves a client may have in flight to its shard. Beyond this the client is flooding far
+/// past any rate limit, and further moves are refused at once with RATE_LIMITED.
+const MAX_MOVES_IN_FLIGHT: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closing {
@@ -55,6 +59,8 @@ pub struct Conn<T> {
     /// Output not yet handed to the kernel.
     pub out: Vec<u8>,
     pub session: Session,
+    /// client_time of every move relayed and not yet answered, oldest first.
+    inflight: VecDeque<u64>,
     pub closing: Closing,
     /// Set when `closing` left `No`; bounds the linger.
     pub closing_since: Option<Instant>,
@@ -77,12 +83,12 @@ pub struct Core<T> {
     generations: Vec<u32>,
     free: Vec<u32>,
     ctx: Ctx,
-    mail: Receiver<Vec<Delivery>>,
+    mail: Receiver<Mail>,
     open: usize,
 }
 
 impl<T> Core<T> {
-    pub fn new(worker: usize, shared: Arc<Shared>, mail: Receiver<Vec<Delivery>>) -> Self {
+    pub fn new(worker: usize, shared: Arc<Shared>, mail: Receiver<Mail>) -> Self {
         Core {
             slots: Vec::new(),
             generations: Vec::new(),
@@ -124,6 +130,7 @@ impl<T> Core<T> {
             inbuf: Vec::new(),
             out: Vec::new(),
             session: Session::Anonymous,
+            inflight: VecDeque::new(),
             closing: Closing::No,
             closing_since: None,
             dirty: false,
@@ -190,7 +197,15 @@ impl<T> Core<T> {
 
     /// Applies the shards' deliveries that arrived since the last call.
     pub fn process_mail(&mut self) {
-        while let Ok(deliveries) = self.mail.try_recv() {
+        while let Ok(mail) = self.mail.try_recv() {
+            let deliveries = match mail {
+                Mail::Deliveries(deliveries) => deliveries,
+                Mail::LinkDown { link, done } => {
+                    self.link_down(&link);
+                    let _ = done.send(());
+                    continue;
+                }
+            };
             for delivery in deliveries {
                 let (_, slot, generation) = session_parts(delivery.session);
                 let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
@@ -200,6 +215,9 @@ impl<T> Core<T> {
                     continue;
                 }
                 conn.out.extend_from_slice(&delivery.frames);
+                for _ in 0..delivery.move_answers {
+                    conn.inflight.pop_front();
+                }
                 if delivery.close {
                     conn.session = Session::Gone;
                     if conn.closing == Closing::No {
@@ -209,6 +227,34 @@ impl<T> Core<T> {
                 }
                 let session = delivery.session;
                 self.ctx.after_output(conn, slot, session);
+            }
+        }
+    }
+
+    /// Answers every move in flight on a failed link with UNAVAILABLE, in order, and drops
+    /// this iteration's inputs for it.
+    fn link_down(&mut self, link: &Arc<ShardLink>) {
+        self.ctx
+            .outgoing
+            .retain(|(queued, _)| !Arc::ptr_eq(queued, link));
+        for slot in 0..self.slots.len() as u32 {
+            let Some(conn) = self.slots[slot as usize].as_mut() else {
+                continue;
+            };
+            let on_link =
+                matches!(&conn.session, Session::Playing { link: l, .. } if Arc::ptr_eq(l, link));
+            if !on_link || conn.inflight.is_empty() {
+                continue;
+            }
+            let unanswered = std::mem::take(&mut conn.inflight);
+            for client_time in unanswered {
+                self.ctx.refuse(
+                    conn,
+                    slot,
+                    ErrorCode::Unavailable,
+                    "shard unavailable",
+                    client_time,
+                );
             }
         }
     }
@@ -352,12 +398,25 @@ impl Ctx {
             );
         };
         match kind {
-            C::Ping(ping) => self.reply(conn, slot, &server::pong(ping.client_time)),
-            C::Login(login) => self.login(conn, slot, session, login),
-            C::Move(m) => match self.route(conn, slot, m.client_time) {
-                Some((player, link)) => self.relay(&link, session, player, Input::Move(m)),
-                None => {}
+            C::Ping(ping) => match &conn.session {
+                // Through the shard, so the Pong follows everything the shard sent before.
+                Session::Playing { player, link } if link.is_up() => {
+                    let (player, link) = (*player, Arc::clone(link));
+                    self.relay(&link, session, player, Input::Ping(ping));
+                }
+                _ => self.reply(conn, slot, &server::pong(ping.client_time)),
             },
+            C::Login(login) => self.login(conn, slot, session, login),
+            C::Move(m) => {
+                if conn.inflight.len() >= MAX_MOVES_IN_FLIGHT {
+                    let detail = "too many moves in flight";
+                    return self.refuse(conn, slot, ErrorCode::RateLimited, detail, m.client_time);
+                }
+                if let Some((player, link)) = self.route(conn, slot, m.client_time) {
+                    conn.inflight.push_back(m.client_time);
+                    self.relay(&link, session, player, Input::Move(m));
+                }
+            }
             C::Chat(chat) => {
                 if let Err(invalid) = validate_chat(&chat.text) {
                     if matches!(conn.session, Session::Playing { .. }) {

@@ -63,6 +63,8 @@ pub struct GatewayConfig {
     pub max_output_bytes: usize,
     pub dev_mode: bool,
     pub lease_ttl: Duration,
+    /// Checks the resume tokens clients present.
+    pub resume_key: meridian_protocol::TokenKey,
     /// The game address clients are told about, if not the listener's own.
     pub advertise: Option<String>,
 }
@@ -150,11 +152,20 @@ pub async fn run(
         if !status.is_registered() {
             return Err("not registered in etcd".into());
         }
-        if table.read(|t| t.links.iter().any(|l| l.is_up())) {
-            Ok(())
-        } else {
-            Err("no shard reachable".into())
-        }
+        // Able to route: a partition is known and every shard owning a region is linked.
+        table.read(|t| {
+            let owners = t.partition.as_ref().map(|p| p.owners()).unwrap_or_default();
+            if owners.is_empty() {
+                return Err("no partition map yet".to_string());
+            }
+            match owners
+                .iter()
+                .find(|id| !t.link(**id).is_some_and(|l| l.is_up()))
+            {
+                Some(id) => Err(format!("{id} not reachable")),
+                None => Ok(()),
+            }
+        })
     });
     tokio::spawn(serve_admin(admin, registry, readiness));
     info!(gateway = %config.id, %game_addr, %admin_addr, %io, workers = config.workers, "gateway serving");

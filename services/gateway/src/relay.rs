@@ -110,8 +110,18 @@ async fn run_link(
             backoff = Duration::from_millis(50);
         }
         link.set_up(false);
-        // Inputs queued for a dead stream cannot be delivered; the workers stopped
-        // queueing when the link went down and answer new inputs with UNAVAILABLE.
+        // Workers answer the moves the dead stream took with it; once all have confirmed,
+        // nothing queued before the failure can still arrive, and the queue is emptied so
+        // none of it reaches the next stream (it was answered already).
+        let confirmations = mailboxes
+            .iter()
+            .map(|mailbox| mailbox.link_down(Arc::clone(&link)));
+        if tokio::time::timeout(Duration::from_secs(2), futures_join_all(confirmations))
+            .await
+            .is_err()
+        {
+            warn!(shard = %link.id, "a worker did not confirm the link failure in time");
+        }
         while inputs.try_recv().is_ok() {}
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -195,5 +205,12 @@ async fn relay_once(
                 }
             }
         }
+    }
+}
+
+/// Awaits every future, in any order (a few per link failure; no extra crate needed).
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
+    for future in futures {
+        future.await;
     }
 }

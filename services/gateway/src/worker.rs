@@ -14,7 +14,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tracing::error;
 
 use crate::ids::IdPool;
-use crate::routing::RoutingTable;
+use crate::routing::{RoutingTable, ShardLink};
 use crate::{GatewayConfig, GatewayError, GatewayMetrics, IoBackend};
 
 /// Delivery batches a worker may have waiting before relay tasks wait for it.
@@ -51,9 +51,23 @@ pub fn session_worker(session: u64) -> usize {
     session_parts(session).0
 }
 
+/// What relay tasks tell a worker.
+pub enum Mail {
+    /// Shard output for connections of this worker, in stream order.
+    Deliveries(Vec<Delivery>),
+    /// The stream to this shard failed: moves still in flight on it will never be answered
+    /// by the shard, so the worker answers them (UNAVAILABLE) and confirms on `done`; the
+    /// relay task reconnects only after every worker has confirmed, so no input queued
+    /// before the failure can reach the next stream.
+    LinkDown {
+        link: Arc<ShardLink>,
+        done: tokio::sync::oneshot::Sender<()>,
+    },
+}
+
 /// A worker's inbox for shard output, and the way to wake its event loop.
 pub struct Mailbox {
-    sender: SyncSender<Vec<Delivery>>,
+    sender: SyncSender<Mail>,
     waker: Arc<dyn Fn() + Send + Sync>,
 }
 
@@ -65,12 +79,23 @@ impl Mailbox {
     /// Hands deliveries to the worker. If its mailbox is full the relay task waits (and
     /// with it the gRPC stream: backpressure reaches the shard, which cuts a link that
     /// stays stuck) rather than dropping output that was already acknowledged.
-    pub async fn deliver(&self, mut deliveries: Vec<Delivery>) {
+    pub async fn deliver(&self, deliveries: Vec<Delivery>) {
+        self.send(Mail::Deliveries(deliveries)).await;
+    }
+
+    /// Tells the worker a link failed; resolves once the worker has answered for it.
+    pub async fn link_down(&self, link: Arc<ShardLink>) {
+        let (done, confirmed) = tokio::sync::oneshot::channel();
+        self.send(Mail::LinkDown { link, done }).await;
+        let _ = confirmed.await;
+    }
+
+    async fn send(&self, mut mail: Mail) {
         loop {
-            match self.sender.try_send(deliveries) {
+            match self.sender.try_send(mail) {
                 Ok(()) => return self.wake(),
                 Err(TrySendError::Full(back)) => {
-                    deliveries = back;
+                    mail = back;
                     self.wake();
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
@@ -108,7 +133,7 @@ pub struct WorkerStart {
     pub index: usize,
     pub listener: std::net::TcpListener,
     pub shared: Arc<Shared>,
-    pub mail: Receiver<Vec<Delivery>>,
+    pub mail: Receiver<Mail>,
 }
 
 pub fn spawn_workers(

@@ -9,6 +9,7 @@ use anyhow::bail;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use meridian_cluster::{GatewayId, ShardId};
 use meridian_gateway::{GatewayConfig, IoBackend};
+use meridian_protocol::TokenKey;
 use meridian_shard::ShardConfig;
 use meridian_world::WorldConfig;
 
@@ -76,6 +77,10 @@ pub struct CommonArgs {
     /// Dev mode: Login.spawn is honoured.
     #[arg(long, env = "MERIDIAN_DEV")]
     pub dev: bool,
+    /// Secret that signs resume tokens, hex (at least 32 hex digits), shared by every node
+    /// of the cluster. Required unless --dev, where a fixed insecure key is the default.
+    #[arg(long, env = "MERIDIAN_RESUME_KEY", hide_env_values = true)]
+    pub resume_key: Option<String>,
     /// Write {"id","pid",addresses} to this file once listening (for scripts and tests).
     #[arg(long, env = "MERIDIAN_READY_FILE")]
     pub ready_file: Option<PathBuf>,
@@ -192,6 +197,35 @@ fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
     }
 }
 
+/// The key used in dev mode when none is given. Never use it in production: it is public.
+const DEV_RESUME_KEY: &[u8] = b"meridian-dev-mode-insecure-resume-key";
+
+fn resume_key(common: &CommonArgs, problems: &mut Vec<String>) -> TokenKey {
+    let fallback =
+        || TokenKey::new(DEV_RESUME_KEY.to_vec()).expect("invariant: dev key is long enough");
+    let Some(hex) = &common.resume_key else {
+        if !common.dev {
+            problems.push("--resume-key (MERIDIAN_RESUME_KEY) is required outside --dev".into());
+        }
+        return fallback();
+    };
+    let bytes: Option<Vec<u8>> = (hex.len() % 2 == 0)
+        .then(|| {
+            (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+                .collect()
+        })
+        .flatten();
+    match bytes.and_then(TokenKey::new) {
+        Some(key) => key,
+        None => {
+            problems.push("--resume-key must be at least 32 hex digits".into());
+            fallback()
+        }
+    }
+}
+
 fn finish<T>(value: T, problems: Vec<String>) -> anyhow::Result<T> {
     if problems.is_empty() {
         Ok(value)
@@ -232,7 +266,9 @@ impl ShardArgs {
         if self.listen.ip().is_unspecified() && self.advertise.is_none() {
             problems.push("--listen on an unspecified address needs --advertise".into());
         }
+        let resume_key = resume_key(&self.common, &mut problems);
         let config = ShardConfig {
+            resume_key,
             id: ShardId(self.id),
             cluster: self.common.cluster.clone(),
             etcd: self.common.etcd.clone(),
@@ -280,7 +316,9 @@ impl GatewayArgs {
                 self.max_output
             ));
         }
+        let resume_key = resume_key(&self.common, &mut problems);
         let config = GatewayConfig {
+            resume_key,
             id: GatewayId(self.id),
             cluster: self.common.cluster.clone(),
             etcd: self.common.etcd.clone(),

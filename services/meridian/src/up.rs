@@ -130,8 +130,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(wait_for_etcd(&etcd_url, &mut nodes))?;
 
+    // One random resume-token key for the whole local cluster, passed in the environment
+    // (not on the command line, where `ps` would show it).
+    let resume_key = random_hex_key()?;
     let common = |command: &mut Command, ready: &Path| {
         command
+            .env("MERIDIAN_RESUME_KEY", &resume_key)
             .args(["--cluster", &args.cluster, "--etcd", &etcd_url, "--dev"])
             .args([
                 "--lease-ttl",
@@ -303,4 +307,12 @@ async fn wait_until_ready(
         "shards": shards,
         "gateways": gateways,
     }))
+}
+
+fn random_hex_key() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("reading /dev/urandom")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

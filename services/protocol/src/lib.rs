@@ -10,6 +10,7 @@
 
 mod frame;
 mod messages;
+mod token;
 mod validate;
 
 /// Types generated from `proto/client.proto` (package `meridian.client.v1`).
@@ -23,6 +24,7 @@ pub use frame::{
     MAX_PREFIX_BYTES,
 };
 pub use messages::server;
+pub use token::{TokenError, TokenKey, TOKEN_LEN};
 pub use validate::{
     validate_chat, validate_direction, validate_name, InvalidArgument, MAX_CHAT_BYTES,
     MAX_NAME_BYTES,

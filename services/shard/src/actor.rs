@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use meridian_cluster::{ClusterView, EpochCell, ShardId};
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
-use meridian_protocol::{server, validate_direction};
+use meridian_protocol::{server, InvalidArgument};
 use meridian_rpc::pb::{player_input::Kind, PlayerInput, ShardBatch};
 use meridian_world::{Direction, Envelope, Notification, PlayerId, Position, World};
 use rand::rngs::SmallRng;
@@ -67,6 +67,18 @@ pub struct WorldActor {
     envelopes: Vec<Envelope>,
     rng: SmallRng,
     started: Instant,
+    resume_key: meridian_protocol::TokenKey,
+}
+
+/// How long a resume token stays valid; the resume window after a drop is shorter and is
+/// enforced by the server separately.
+const TOKEN_LIFETIME_SECS: u64 = 24 * 3600;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl WorldActor {
@@ -89,6 +101,7 @@ impl WorldActor {
             envelopes: Vec::with_capacity(1024),
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: Instant::now(),
+            resume_key: config.resume_key.clone(),
         };
         (sender, actor)
     }
@@ -128,33 +141,30 @@ impl WorldActor {
         }
         let Some(&seat) = self.seats.get(&player) else {
             // The player is not here (already gone, or never placed on this shard).
-            if let Kind::Move(m) = &kind {
-                let error = server::error(
-                    ErrorCode::Unavailable,
-                    "player is not on this shard",
-                    m.client_time,
-                );
-                self.outbox.push(link, session, &error);
+            match &kind {
+                Kind::Move(m) => {
+                    let detail = "player is not on this shard";
+                    let error = server::error(ErrorCode::Unavailable, detail, m.client_time);
+                    self.outbox.push_move_answer(link, session, &error);
+                }
+                Kind::Ping(ping) => {
+                    self.outbox
+                        .push(link, session, &server::pong(ping.client_time))
+                }
+                _ => {}
             }
             return;
         };
         let now = self.started.elapsed();
         match kind {
             Kind::Join(_) => {}
-            Kind::Move(m) => match validate_direction(m.direction) {
+            Kind::Move(m) => match world_direction(m.direction) {
                 Err(invalid) => {
                     let error = server::error(invalid.code(), invalid.to_string(), m.client_time);
-                    self.outbox.push(seat.link, seat.session, &error);
+                    self.outbox
+                        .push_move_answer(seat.link, seat.session, &error);
                 }
                 Ok(direction) => {
-                    let direction = match direction {
-                        client_pb::Direction::Up => Direction::Up,
-                        client_pb::Direction::Down => Direction::Down,
-                        client_pb::Direction::Left => Direction::Left,
-                        client_pb::Direction::Right | client_pb::Direction::Unspecified => {
-                            Direction::Right
-                        }
-                    };
                     match self.world.move_player(
                         player,
                         direction,
@@ -170,9 +180,19 @@ impl WorldActor {
                                 "more moves per second than the limit",
                                 m.client_time,
                             );
-                            self.outbox.push(seat.link, seat.session, &error);
+                            self.outbox
+                                .push_move_answer(seat.link, seat.session, &error);
                         }
-                        Err(error) => warn!(%player, %error, "move refused by the world"),
+                        Err(error) => {
+                            warn!(%player, %error, "move refused by the world");
+                            let error = server::error(
+                                ErrorCode::Unavailable,
+                                error.to_string(),
+                                m.client_time,
+                            );
+                            self.outbox
+                                .push_move_answer(seat.link, seat.session, &error);
+                        }
                     }
                 }
             },
@@ -184,6 +204,10 @@ impl WorldActor {
                 {
                     warn!(%player, %error, "chat refused by the world");
                 }
+            }
+            Kind::Ping(ping) => {
+                self.outbox
+                    .push(seat.link, seat.session, &server::pong(ping.client_time));
             }
             Kind::Leave(leave) => {
                 self.remove(player);
@@ -215,7 +239,9 @@ impl WorldActor {
                 client_pb::LoginOk {
                     player_id: player.0,
                     position: server::position(at.x, at.y),
-                    resume_token: Vec::new(),
+                    resume_token: self
+                        .resume_key
+                        .mint(player.0, unix_now() + TOKEN_LIFETIME_SECS),
                     map_width: config.width,
                     map_height: config.height,
                     view_range: config.view_range,
@@ -290,7 +316,16 @@ impl WorldActor {
                     subject,
                     position,
                     client_time,
-                } => server::moved(subject.0, position.x, position.y, client_time),
+                } => {
+                    let message = server::moved(subject.0, position.x, position.y, client_time);
+                    if subject == envelope.to {
+                        // The mover's own ack: counted so the gateway knows it is answered.
+                        self.outbox
+                            .push_move_answer(seat.link, seat.session, &message);
+                        continue;
+                    }
+                    message
+                }
                 Notification::Left { subject } => server::left(subject.0),
                 Notification::Chat { speaker, text } => server::chat(speaker.0, &*text),
             };
@@ -334,5 +369,17 @@ impl WorldActor {
             self.metrics.links_cut.inc();
             self.drop_link(link);
         }
+    }
+}
+
+/// The world's direction for a wire value; `DIRECTION_UNSPECIFIED` and unknown values are
+/// refused (proto3 enums are open, so any i32 can arrive).
+fn world_direction(raw: i32) -> Result<Direction, InvalidArgument> {
+    match client_pb::Direction::try_from(raw) {
+        Ok(client_pb::Direction::Up) => Ok(Direction::Up),
+        Ok(client_pb::Direction::Down) => Ok(Direction::Down),
+        Ok(client_pb::Direction::Left) => Ok(Direction::Left),
+        Ok(client_pb::Direction::Right) => Ok(Direction::Right),
+        Ok(client_pb::Direction::Unspecified) | Err(_) => Err(InvalidArgument::BadDirection(raw)),
     }
 }

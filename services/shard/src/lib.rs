@@ -41,6 +41,8 @@ pub struct ShardConfig {
     pub lease_ttl: Duration,
     /// Seeds random spawns.
     pub seed: u64,
+    /// Signs the resume tokens handed out in LoginOk.
+    pub resume_key: meridian_protocol::TokenKey,
     /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
     pub advertise: Option<String>,
 }

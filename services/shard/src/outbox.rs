@@ -29,8 +29,7 @@ impl Outbox {
         let index = *out.by_session.entry(session).or_insert_with(|| {
             out.deliveries.push(Delivery {
                 session,
-                frames: Default::default(),
-                close: false,
+                ..Default::default()
             });
             out.frames.push(Vec::new());
             out.deliveries.len() - 1
@@ -42,6 +41,14 @@ impl Outbox {
     pub fn push(&mut self, link: LinkId, session: u64, message: &ServerMessage) {
         let (out, index) = self.slot(link, session);
         encode_frame(message, &mut out.frames[index]);
+        self.n_messages += 1;
+    }
+
+    /// Appends the answer to a Move (its ack or its error), counted for the gateway.
+    pub fn push_move_answer(&mut self, link: LinkId, session: u64, message: &ServerMessage) {
+        let (out, index) = self.slot(link, session);
+        encode_frame(message, &mut out.frames[index]);
+        out.deliveries[index].move_answers += 1;
         self.n_messages += 1;
     }
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the system packages Meridian builds and tests with, if they are missing:
+# etcd (the tests and `meridian up` start their own) and protoc (etcd-client's build).
+set -euo pipefail
+need=()
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+if ((${#need[@]})); then
+    echo "installing: ${need[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo is missing: this machine kind ships a Rust toolchain; install one with rustup" >&2
+    exit 1
+fi

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Quick start, part 2: the whole test suite (unit, property, scenario and end-to-end tests
+# against real etcd and real `meridian` processes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/install-deps.sh
+cargo test --workspace --all-targets "$@"

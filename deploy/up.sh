@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Quick start, part 1: build and run a whole local cluster (etcd, shards, gateways).
+# Extra arguments go to `meridian up`, e.g. `deploy/up.sh --shards 1 --gateways 2 --io epoll`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/install-deps.sh
+cargo build --release -p meridian -p loadtest
+exec target/release/meridian up "$@"

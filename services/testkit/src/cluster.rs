@@ -1,0 +1,462 @@
+//! A whole local cluster, `meridian up` with its own etcd, started on free ports for one test
+//! and torn down with it.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use crate::process::{process_alive, signal, signal_group};
+use crate::wait::{deadline, wait_until};
+
+/// The lease TTL `meridian up` uses unless told otherwise.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// How long `meridian up` may take to write its ready file.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// How long `meridian up` may take to stop after SIGTERM before its group is killed.
+const STOP_WITHIN: Duration = Duration::from_secs(10);
+/// How long a test that already failed gives `meridian up` to exit after SIGTERM.
+const FORCED_STOP_WITHIN: Duration = Duration::from_secs(3);
+/// How long `meridian status` may take.
+const STATUS_WITHIN: Duration = Duration::from_secs(10);
+/// How much of a log a failure prints.
+const LOG_TAIL_LINES: usize = 200;
+
+static NEXT_CLUSTER: AtomicU64 = AtomicU64::new(1);
+
+/// The gateway's client I/O backend (`--io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Io {
+    Uring,
+    Epoll,
+}
+
+impl Io {
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            Io::Uring => "uring",
+            Io::Epoll => "epoll",
+        }
+    }
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub shards: usize,
+    pub gateways: usize,
+    pub io: Io,
+    /// Appended to the `meridian up` command line (e.g. `--lease-ttl 2`).
+    pub extra_args: Vec<String>,
+}
+
+impl ClusterOptions {
+    /// One shard, one gateway.
+    pub fn new(io: Io) -> Self {
+        ClusterOptions {
+            shards: 1,
+            gateways: 1,
+            io,
+            extra_args: Vec::new(),
+        }
+    }
+
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    pub fn gateways(mut self, gateways: usize) -> Self {
+        self.gateways = gateways;
+        self
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+}
+
+/// A shard as the ready file describes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ShardInfo {
+    pub id: u32,
+    pub pid: i32,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// A gateway as the ready file describes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct GatewayInfo {
+    pub id: u32,
+    pub pid: i32,
+    pub game: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ReadyFile {
+    cluster: String,
+    etcd: String,
+    shards: Vec<ShardInfo>,
+    gateways: Vec<GatewayInfo>,
+}
+
+/// A running `meridian up`.
+///
+/// Dropping it stops the cluster: SIGTERM to `up`, a bounded wait, then SIGKILL to its whole
+/// process group (etcd, shards and gateways included). When the thread is panicking, or the
+/// cluster failed, the tail of the log is printed and the temp dir kept, with its path.
+pub struct Cluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    log_path: PathBuf,
+    name: String,
+    up: Option<Child>,
+    ready: ReadyFile,
+    status_runs: AtomicU64,
+    failed: bool,
+}
+
+impl Cluster {
+    /// Runs `bin up` with `opts` on port 0 and waits until its ready file says every node is
+    /// up. `bin` is `env!("CARGO_BIN_EXE_meridian")` in the binary's integration tests.
+    pub fn start(bin: &Path, opts: ClusterOptions) -> anyhow::Result<Cluster> {
+        let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let name = format!("test-{pid}-{n}");
+        let dir = std::env::temp_dir().join(format!("meridian-{name}-{nanos:09}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let log_path = dir.join("up.log");
+        let ready_path = dir.join("ready.json");
+        let log = File::create(&log_path)?;
+
+        let mut command = Command::new(bin);
+        command
+            .arg("up")
+            .args(["--shards", &opts.shards.to_string()])
+            .args(["--gateways", &opts.gateways.to_string()])
+            .args(["--io", opts.io.as_arg()])
+            .args(["--port", "0"])
+            .arg("--ready-file")
+            .arg(&ready_path)
+            .args(["--cluster", &name])
+            .args(&opts.extra_args)
+            // The log is a file: plain text is easier to read in a failure report.
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // Its own process group, so a test can kill everything it started and nothing else.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let spawned = command.spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e).with_context(|| format!("starting {} up", bin.display()));
+            }
+        };
+        let placeholder = ReadyFile {
+            cluster: name.clone(),
+            etcd: String::new(),
+            shards: Vec::new(),
+            gateways: Vec::new(),
+        };
+        let mut cluster = Cluster {
+            bin: bin.to_path_buf(),
+            dir,
+            log_path,
+            name,
+            up: Some(child),
+            ready: placeholder,
+            status_runs: AtomicU64::new(0),
+            failed: false,
+        };
+        // From here on a failure drops `cluster`, which kills what was started and prints
+        // the log.
+        match cluster.wait_ready(&ready_path, &opts) {
+            Ok(ready) => {
+                cluster.ready = ready;
+                Ok(cluster)
+            }
+            Err(e) => {
+                cluster.failed = true;
+                Err(e.context(format!(
+                    "starting `meridian up` ({})",
+                    cluster.describe(&opts)
+                )))
+            }
+        }
+    }
+
+    fn describe(&self, opts: &ClusterOptions) -> String {
+        format!(
+            "{} shards, {} gateways, --io {}, cluster {}, log {}",
+            opts.shards,
+            opts.gateways,
+            opts.io.as_arg(),
+            self.name,
+            self.log_path.display()
+        )
+    }
+
+    fn wait_ready(
+        &mut self,
+        ready_path: &Path,
+        opts: &ClusterOptions,
+    ) -> anyhow::Result<ReadyFile> {
+        let up = self
+            .up
+            .as_mut()
+            .expect("invariant: `up` is running until stopped");
+        let pid = up.id() as i32;
+        let waited = wait_until(
+            deadline(READY_WITHIN),
+            "the ready file of `meridian up`",
+            || ready_path.exists() || !process_alive(pid),
+        );
+        if !process_alive(pid) {
+            let status = kill_group_and_reap(up);
+            self.up = None;
+            bail!("`meridian up` exited with {status} before writing its ready file");
+        }
+        waited?;
+        let text = std::fs::read_to_string(ready_path)
+            .with_context(|| format!("reading {}", ready_path.display()))?;
+        let ready: ReadyFile = serde_json::from_str(&text)
+            .with_context(|| format!("parsing the ready file {}: {text}", ready_path.display()))?;
+        if ready.cluster != self.name {
+            bail!(
+                "the ready file names cluster {:?}, expected {:?}",
+                ready.cluster,
+                self.name
+            );
+        }
+        if ready.shards.len() != opts.shards || ready.gateways.len() != opts.gateways {
+            bail!(
+                "the ready file lists {} shards and {} gateways, expected {} and {}: {text}",
+                ready.shards.len(),
+                ready.gateways.len(),
+                opts.shards,
+                opts.gateways
+            );
+        }
+        Ok(ready)
+    }
+
+    /// The game (client) port of gateway `index` (0-based, in ready-file order).
+    pub fn game_addr(&self, index: usize) -> SocketAddr {
+        self.gateway(index).game
+    }
+
+    /// Shard `index` (0-based, in ready-file order; its `id` is the cluster's shard id).
+    pub fn shard(&self, index: usize) -> &ShardInfo {
+        &self.ready.shards[index]
+    }
+
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.ready.shards
+    }
+
+    /// Gateway `index` (0-based, in ready-file order).
+    pub fn gateway(&self, index: usize) -> &GatewayInfo {
+        &self.ready.gateways[index]
+    }
+
+    pub fn gateways(&self) -> &[GatewayInfo] {
+        &self.ready.gateways
+    }
+
+    pub fn etcd_url(&self) -> &str {
+        &self.ready.etcd
+    }
+
+    pub fn cluster_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pid of `meridian up` itself, while it runs.
+    pub fn up_pid(&self) -> Option<i32> {
+        self.up.as_ref().map(|child| child.id() as i32)
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// SIGKILLs shard `index` and waits until the process is dead (it may stay a zombie
+    /// until `up` reaps it, which is dead enough for any test).
+    pub fn kill_shard(&self, index: usize) -> anyhow::Result<()> {
+        let shard = self.shard(index);
+        signal(shard.pid, libc::SIGKILL)
+            .with_context(|| format!("SIGKILL to shard {} (pid {})", shard.id, shard.pid))?;
+        wait_until(
+            deadline(Duration::from_secs(5)),
+            &format!(
+                "shard {} (pid {}) to die after SIGKILL",
+                shard.id, shard.pid
+            ),
+            || !process_alive(shard.pid),
+        )
+    }
+
+    /// Runs `meridian status --etcd URL --cluster NAME --json` and parses what it prints.
+    pub fn status_json(&self) -> anyhow::Result<serde_json::Value> {
+        let run = self.status_runs.fetch_add(1, Ordering::Relaxed);
+        let out_path = self.dir.join(format!("status-{run}.out"));
+        let err_path = self.dir.join(format!("status-{run}.err"));
+        let mut child = Command::new(&self.bin)
+            .arg("status")
+            .args(["--etcd", self.etcd_url()])
+            .args(["--cluster", &self.name])
+            .arg("--json")
+            .stdin(Stdio::null())
+            .stdout(File::create(&out_path)?)
+            .stderr(File::create(&err_path)?)
+            .spawn()
+            .context("starting `meridian status`")?;
+        let mut status = None;
+        let waited = wait_until(deadline(STATUS_WITHIN), "`meridian status` to exit", || {
+            status = child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        if waited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+        waited.with_context(|| format!("`meridian status` hung; its stderr: {stderr}"))?;
+        let stdout = std::fs::read_to_string(&out_path)?;
+        let status = status.expect("invariant: set when the wait succeeded");
+        if !status.success() {
+            bail!(
+                "`meridian status --json` exited with {status}; stderr: {stderr}; stdout: {stdout}"
+            );
+        }
+        serde_json::from_str(&stdout)
+            .with_context(|| format!("`meridian status --json` printed no JSON: {stdout:?}"))
+    }
+
+    /// Stops the cluster as an operator would (SIGTERM to `up`) and checks that it went well:
+    /// `up` exits 0 within the deadline and no node it started is left running.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        let result = self.stop_gracefully();
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    fn stop_gracefully(&mut self) -> anyhow::Result<()> {
+        let Some(mut up) = self.up.take() else {
+            bail!("`meridian up` had already exited");
+        };
+        let pid = up.id() as i32;
+        if !process_alive(pid) {
+            let status = kill_group_and_reap(&mut up);
+            bail!("`meridian up` exited on its own with {status} before the test stopped it");
+        }
+        signal(pid, libc::SIGTERM)?;
+        let waited = wait_until(
+            deadline(STOP_WITHIN),
+            "`meridian up` to exit after SIGTERM",
+            || !process_alive(pid),
+        );
+        if waited.is_err() {
+            kill_group_and_reap(&mut up);
+            return waited;
+        }
+        let left: Vec<String> = self
+            .ready
+            .shards
+            .iter()
+            .map(|s| (format!("shard {}", s.id), s.pid))
+            .chain(
+                self.ready
+                    .gateways
+                    .iter()
+                    .map(|g| (format!("gateway {}", g.id), g.pid)),
+            )
+            .filter(|(_, pid)| process_alive(*pid))
+            .map(|(what, pid)| format!("{what} (pid {pid})"))
+            .collect();
+        // Whatever is left of the group goes now, so a failing check leaks nothing.
+        let exit = kill_group_and_reap(&mut up);
+        if !exit.success() {
+            bail!("`meridian up` exited with {exit} after SIGTERM, expected 0");
+        }
+        if !left.is_empty() {
+            bail!(
+                "still running after `meridian up` exited: {}",
+                left.join(", ")
+            );
+        }
+        Ok(())
+    }
+
+    /// Teardown after a failure or a panic: a short chance to stop cleanly (so the nodes
+    /// flush their logs), then SIGKILL to the whole group.
+    fn force_stop(&mut self) {
+        let Some(mut up) = self.up.take() else { return };
+        let pid = up.id() as i32;
+        if process_alive(pid) {
+            let _ = signal(pid, libc::SIGTERM);
+            let _ = wait_until(
+                deadline(FORCED_STOP_WITHIN),
+                "`meridian up` to exit",
+                || !process_alive(pid),
+            );
+        }
+        kill_group_and_reap(&mut up);
+    }
+
+    /// The last lines of `up`'s log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_else(|e| format!("({e})"));
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(LOG_TAIL_LINES);
+        lines[from..].join("\n")
+    }
+}
+
+/// SIGKILLs what is left of `up`'s process group (etcd, shards, gateways, and `up` itself if
+/// it still runs), then reaps `up` and returns how it exited. Called while `up` is not yet
+/// reaped, so its pid, which is the group's id, cannot have been reused.
+fn kill_group_and_reap(up: &mut Child) -> ExitStatus {
+    let _ = signal_group(up.id() as i32, libc::SIGKILL);
+    match up.wait() {
+        Ok(status) => status,
+        Err(e) => panic!("invariant: `meridian up` is our unreaped child, yet wait failed: {e}"),
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let started = Instant::now();
+        self.force_stop();
+        if self.failed || std::thread::panicking() {
+            eprintln!(
+                "---- meridian up log ({}, last {LOG_TAIL_LINES} lines; temp dir kept: {}) ----\n{}\n---- end of log (teardown took {:.1} s) ----",
+                self.name,
+                self.dir.display(),
+                self.log_tail(),
+                started.elapsed().as_secs_f64()
+            );
+        } else if std::env::var_os("MERIDIAN_TEST_KEEP").is_some() {
+            eprintln!("cluster {} kept in {}", self.name, self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
