@@ -40,6 +40,9 @@ pub struct ShardRecord {
     pub grpc: String,
     pub admin: String,
     pub state: ShardState,
+    /// Players owned, refreshed every few seconds (placement and `meridian status`).
+    #[serde(default)]
+    pub players: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

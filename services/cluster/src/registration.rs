@@ -85,6 +85,14 @@ impl Registration {
         move || lease.load(Ordering::Relaxed)
     }
 
+    /// A handle that rewrites the value, for tasks that outlive a borrow of `self`.
+    pub fn updater(&self) -> impl Fn(String) + Send + Sync + 'static {
+        let value = self.value.clone();
+        move |new: String| {
+            value.send_replace(new);
+        }
+    }
+
     /// Rewrites the value (e.g. a shard going from serving to draining).
     pub fn update(&self, value: String) {
         self.value.send_replace(value);

@@ -13,12 +13,13 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
+use meridian_cluster::ShardId;
 use meridian_protocol::pb::{client_message::Kind as C, ClientMessage, ErrorCode, ServerMessage};
 use meridian_protocol::{
     decode_body, encode_frame, next_frame, server, validate_chat, validate_name,
 };
-use meridian_rpc::pb::{player_input::Kind as Input, Join, Leave, PlayerInput};
-use tracing::{debug, trace};
+use meridian_rpc::pb::{player_input::Kind as Input, Delivery, Join, Leave, PlayerInput};
+use tracing::{debug, trace, warn};
 
 use crate::routing::ShardLink;
 use crate::worker::{session_id, session_parts, Mail, Shared};
@@ -61,6 +62,11 @@ pub struct Conn<T> {
     pub session: Session,
     /// client_time of every move relayed and not yet answered, oldest first.
     inflight: VecDeque<u64>,
+    /// Sequence number of the next input relayed for this connection (Join is 1).
+    next_seq: u64,
+    /// Output from a shard that is taking the player over, held until the current owner's
+    /// `released_to` marker, so the player's messages stay in order across a handoff.
+    held: Vec<(ShardId, Delivery)>,
     pub closing: Closing,
     /// Set when `closing` left `No`; bounds the linger.
     pub closing_since: Option<Instant>,
@@ -85,6 +91,14 @@ pub struct Core<T> {
     ctx: Ctx,
     mail: Receiver<Mail>,
     open: usize,
+}
+
+impl<T> Conn<T> {
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
 }
 
 impl<T> Core<T> {
@@ -131,6 +145,8 @@ impl<T> Core<T> {
             out: Vec::new(),
             session: Session::Anonymous,
             inflight: VecDeque::new(),
+            next_seq: 1,
+            held: Vec::new(),
             closing: Closing::No,
             closing_since: None,
             dirty: false,
@@ -198,8 +214,8 @@ impl<T> Core<T> {
     /// Applies the shards' deliveries that arrived since the last call.
     pub fn process_mail(&mut self) {
         while let Ok(mail) = self.mail.try_recv() {
-            let deliveries = match mail {
-                Mail::Deliveries(deliveries) => deliveries,
+            let (from, deliveries) = match mail {
+                Mail::Deliveries { from, deliveries } => (from, deliveries),
                 Mail::LinkDown { link, done } => {
                     self.link_down(&link);
                     let _ = done.send(());
@@ -214,19 +230,16 @@ impl<T> Core<T> {
                 if conn.generation != generation || conn.closing == Closing::Abort {
                     continue;
                 }
-                conn.out.extend_from_slice(&delivery.frames);
-                for _ in 0..delivery.move_answers {
-                    conn.inflight.pop_front();
+                let owner = match &conn.session {
+                    Session::Playing { link, .. } => Some(link.id),
+                    _ => None,
+                };
+                if owner.is_some_and(|owner| owner != from) {
+                    // A new owner already speaking: wait for the old owner's release.
+                    conn.held.push((from, delivery));
+                    continue;
                 }
-                if delivery.close {
-                    conn.session = Session::Gone;
-                    if conn.closing == Closing::No {
-                        conn.closing = Closing::AfterFlush;
-                        conn.closing_since = Some(Instant::now());
-                    }
-                }
-                let session = delivery.session;
-                self.ctx.after_output(conn, slot, session);
+                self.ctx.deliver(conn, slot, delivery);
             }
         }
     }
@@ -343,6 +356,52 @@ impl<T> Core<T> {
 }
 
 impl Ctx {
+    /// Writes a shard's delivery for a connection and follows a handoff marker, then
+    /// releases anything the new owner sent meanwhile.
+    fn deliver<T>(&mut self, conn: &mut Conn<T>, slot: u32, delivery: Delivery) {
+        conn.out.extend_from_slice(&delivery.frames);
+        for _ in 0..delivery.move_answers {
+            conn.inflight.pop_front();
+        }
+        if delivery.close {
+            conn.session = Session::Gone;
+            if conn.closing == Closing::No {
+                conn.closing = Closing::AfterFlush;
+                conn.closing_since = Some(Instant::now());
+            }
+        }
+        self.after_output(conn, slot, delivery.session);
+        if delivery.released_to == 0 {
+            return;
+        }
+        let to = ShardId(delivery.released_to);
+        let Session::Playing { player, .. } = conn.session else {
+            return;
+        };
+        match self.shared.routing.read(|table| table.link(to).cloned()) {
+            Some(link) => conn.session = Session::Playing { player, link },
+            None => {
+                warn!(%to, player, "player handed to a shard this gateway has no link to");
+                self.close(conn, slot, delivery.session, Closing::Abort);
+                return;
+            }
+        }
+        let held = std::mem::take(&mut conn.held);
+        let mut rest = Vec::new();
+        for (from, delivery) in held {
+            let current = match &conn.session {
+                Session::Playing { link, .. } => Some(link.id),
+                _ => None,
+            };
+            if rest.is_empty() && current == Some(from) {
+                self.deliver(conn, slot, delivery);
+            } else {
+                rest.push((from, delivery));
+            }
+        }
+        conn.held.extend(rest);
+    }
+
     /// Handles every whole frame at the front of `data`; returns the bytes consumed.
     fn handle_frames<T>(
         &mut self,
@@ -402,7 +461,7 @@ impl Ctx {
                 // Through the shard, so the Pong follows everything the shard sent before.
                 Session::Playing { player, link } if link.is_up() => {
                     let (player, link) = (*player, Arc::clone(link));
-                    self.relay(&link, session, player, Input::Ping(ping));
+                    self.relay(&link, session, player, conn.take_seq(), Input::Ping(ping));
                 }
                 _ => self.reply(conn, slot, &server::pong(ping.client_time)),
             },
@@ -414,7 +473,7 @@ impl Ctx {
                 }
                 if let Some((player, link)) = self.route(conn, slot, m.client_time) {
                     conn.inflight.push_back(m.client_time);
-                    self.relay(&link, session, player, Input::Move(m));
+                    self.relay(&link, session, player, conn.take_seq(), Input::Move(m));
                 }
             }
             C::Chat(chat) => {
@@ -424,13 +483,19 @@ impl Ctx {
                     }
                 }
                 if let Some((player, link)) = self.route(conn, slot, 0) {
-                    self.relay(&link, session, player, Input::Chat(chat));
+                    self.relay(&link, session, player, conn.take_seq(), Input::Chat(chat));
                 }
             }
             C::Logout(_) => match &conn.session {
                 Session::Playing { player, link } if link.is_up() => {
                     let (player, link) = (*player, Arc::clone(link));
-                    self.relay(&link, session, player, Input::Leave(Leave { logout: true }));
+                    self.relay(
+                        &link,
+                        session,
+                        player,
+                        conn.take_seq(),
+                        Input::Leave(Leave { logout: true }),
+                    );
                     // The shard answers with Left to observers and a close for this session.
                     conn.session = Session::Gone;
                 }
@@ -515,6 +580,7 @@ impl Ctx {
             &link,
             session,
             player,
+            conn.take_seq(),
             Input::Join(Join {
                 name: login.name,
                 spawn,
@@ -563,10 +629,11 @@ impl Ctx {
         }
     }
 
-    fn relay(&mut self, link: &Arc<ShardLink>, session: u64, player: u64, input: Input) {
+    fn relay(&mut self, link: &Arc<ShardLink>, session: u64, player: u64, seq: u64, input: Input) {
         let input = PlayerInput {
             session,
             player_id: player,
+            seq,
             kind: Some(input),
         };
         match self.outgoing.iter_mut().find(|(l, _)| Arc::ptr_eq(l, link)) {
@@ -620,6 +687,7 @@ impl Ctx {
                 &link,
                 session,
                 player,
+                conn.take_seq(),
                 Input::Leave(Leave { logout: false }),
             );
         }

@@ -200,7 +200,7 @@ async fn relay_once(
                 }
                 for (worker, deliveries) in per_worker.iter_mut().enumerate() {
                     if !deliveries.is_empty() {
-                        mailboxes[worker].deliver(std::mem::take(deliveries)).await;
+                        mailboxes[worker].deliver(link.id, std::mem::take(deliveries)).await;
                     }
                 }
             }

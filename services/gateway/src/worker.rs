@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use meridian_cluster::EpochCell;
+use meridian_cluster::{EpochCell, ShardId};
 use meridian_rpc::pb::Delivery;
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::error;
@@ -54,7 +54,10 @@ pub fn session_worker(session: u64) -> usize {
 /// What relay tasks tell a worker.
 pub enum Mail {
     /// Shard output for connections of this worker, in stream order.
-    Deliveries(Vec<Delivery>),
+    Deliveries {
+        from: ShardId,
+        deliveries: Vec<Delivery>,
+    },
     /// The stream to this shard failed: moves still in flight on it will never be answered
     /// by the shard, so the worker answers them (UNAVAILABLE) and confirms on `done`; the
     /// relay task reconnects only after every worker has confirmed, so no input queued
@@ -79,8 +82,8 @@ impl Mailbox {
     /// Hands deliveries to the worker. If its mailbox is full the relay task waits (and
     /// with it the gRPC stream: backpressure reaches the shard, which cuts a link that
     /// stays stuck) rather than dropping output that was already acknowledged.
-    pub async fn deliver(&self, deliveries: Vec<Delivery>) {
-        self.send(Mail::Deliveries(deliveries)).await;
+    pub async fn deliver(&self, from: ShardId, deliveries: Vec<Delivery>) {
+        self.send(Mail::Deliveries { from, deliveries }).await;
     }
 
     /// Tells the worker a link failed; resolves once the worker has answered for it.

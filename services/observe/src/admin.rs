@@ -12,14 +12,31 @@ use crate::Registry;
 /// Answers `/readyz`: `Ok(())` when ready, else the reason (sent as the 503 body).
 pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// A JSON body computed on request.
+pub type JsonFuture = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+
+/// Node-specific JSON endpoints: `Some(body)` for a path the node serves.
+pub type Routes = Arc<dyn Fn(&str) -> Option<JsonFuture> + Send + Sync>;
+
 /// Serves the admin endpoints on `listener` until the task is dropped.
 pub async fn serve_admin(listener: TcpListener, registry: Registry, readiness: Readiness) {
+    serve_admin_with(listener, registry, readiness, Arc::new(|_: &str| None)).await
+}
+
+/// [`serve_admin`] plus node-specific JSON endpoints.
+pub async fn serve_admin_with(
+    listener: TcpListener,
+    registry: Registry,
+    readiness: Readiness,
+    routes: Routes,
+) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             continue;
         };
         let registry = registry.clone();
         let readiness = Arc::clone(&readiness);
+        let routes = Arc::clone(&routes);
         tokio::spawn(async move {
             let mut request = [0u8; 1024];
             let mut filled = 0;
@@ -44,7 +61,10 @@ pub async fn serve_admin(listener: TcpListener, registry: Registry, readiness: R
                     Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
                 },
                 "/metrics" => ("200 OK", "text/plain; version=0.0.4", registry.render()),
-                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+                other => match routes(other) {
+                    Some(body) => ("200 OK", "application/json", body.await),
+                    None => ("404 Not Found", "text/plain", "not found\n".to_string()),
+                },
             };
             let head = format!(
                 "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",

@@ -8,7 +8,7 @@
 mod admin;
 mod metrics;
 
-pub use admin::{serve_admin, Readiness};
+pub use admin::{serve_admin, serve_admin_with, JsonFuture, Readiness, Routes};
 pub use metrics::{Counter, Gauge, Histogram, Registry};
 
 /// Sets up `tracing` once for the process: `RUST_LOG`-style filter (default `info`),

@@ -1,34 +1,51 @@
 //! The world task: the one place the shard's world is mutated.
 //!
-//! Commands from every gateway stream arrive on one bounded queue and are applied in
-//! arrival order, a batch at a time; the notifications of a whole batch are grouped per
-//! connection and sent as one `ShardBatch` per gateway link. One task owns the world, so
-//! the rules need no locks, and per-player order is the queue's order.
+//! Commands from every gateway stream and every peer shard arrive on one bounded queue and
+//! are applied in arrival order, a round at a time; a round's output is grouped per
+//! connection (one `ShardBatch` per gateway link) and per peer (one batch per peer shard).
+//! One task owns the world, so the rules need no locks. Local players' inputs are applied
+//! in their sequence order; players near a border are mirrored to neighbours as ghosts;
+//! players who step out of the region are handed off (see `players.rs`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, EpochCell, ShardId};
-use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
-use meridian_protocol::{server, InvalidArgument};
-use meridian_rpc::pb::{player_input::Kind, PlayerInput, ShardBatch};
+use meridian_protocol::pb::{self as client_pb, ErrorCode};
+use meridian_protocol::{server, InvalidArgument, TokenKey};
+use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput, ShardBatch};
 use meridian_world::{Direction, Envelope, Notification, PlayerId, Position, World};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use tokio::sync::mpsc;
+use rand::SeedableRng;
+use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 use tracing::{debug, warn};
 
+use crate::geometry::Geometry;
+use crate::ghosts::Ghosts;
 use crate::outbox::Outbox;
+use crate::peer::{PeerOutbox, PeerSenders};
 use crate::{ShardConfig, ShardMetrics};
 
 /// Batches a gateway link may have queued before it counts as not keeping up and is cut.
 pub const LINK_QUEUE: usize = 1024;
-/// Commands queued for the world task before gateway streams are slowed down.
+/// Commands queued for the world task before gateway and peer streams are slowed down.
 const COMMAND_QUEUE: usize = 4096;
 /// Commands applied per round before output is flushed.
 const ROUND: usize = 512;
+/// Housekeeping period: geometry refresh, expiries.
+const TICK: Duration = Duration::from_millis(100);
+/// Inputs held for a player not (yet) here, waiting for its handoff to arrive.
+const EARLY_LIMIT: usize = 256;
+const EARLY_WAIT: Duration = Duration::from_secs(2);
+/// Out-of-order inputs held per local player.
+const PENDING_LIMIT: usize = 1024;
+/// A handed-off player stays listed by the old owner this long after the new owner
+/// confirmed (so a sequential sample of all shards always finds it somewhere), and its
+/// late inputs are forwarded this long.
+const LISTED_AFTER_ACK: Duration = Duration::from_secs(1);
+const FORWARD_FOR: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LinkId(pub u32);
@@ -36,6 +53,7 @@ pub struct LinkId(pub u32);
 pub enum Command {
     Open {
         link: LinkId,
+        gateway: u32,
         out: mpsc::Sender<Result<ShardBatch, Status>>,
     },
     Inputs {
@@ -45,60 +63,96 @@ pub enum Command {
     Closed {
         link: LinkId,
     },
+    Peer {
+        from: ShardId,
+        messages: Vec<PeerMessage>,
+    },
+    /// The `/players` report: JSON of the players this shard owns.
+    Report {
+        reply: oneshot::Sender<String>,
+    },
 }
 
-/// Where a player's output goes: which gateway stream, which connection on it.
-#[derive(Debug, Clone, Copy)]
-struct Seat {
-    link: LinkId,
-    session: u64,
+pub(crate) struct Link {
+    pub out: mpsc::Sender<Result<ShardBatch, Status>>,
+    pub gateway: u32,
+}
+
+/// A local player: where its output goes and what its owner must remember.
+pub(crate) struct Seat {
+    pub link: LinkId,
+    pub session: u64,
+    pub gateway: u32,
+    pub generation: u64,
+    pub next_seq: u64,
+    pub pending: BTreeMap<u64, PlayerInput>,
+    /// Shards currently holding a ghost of this player.
+    pub ghosted_at: Vec<ShardId>,
+}
+
+/// Inputs for a player whose handoff has not arrived yet: since when, from which link.
+pub(crate) type EarlyInputs = (Instant, Vec<(Option<LinkId>, PlayerInput)>);
+
+pub(crate) struct HandedOff {
+    pub to: ShardId,
+    pub generation: u64,
+    pub at: Position,
+    pub acked: Option<Instant>,
+    pub since: Instant,
 }
 
 pub struct WorldActor {
-    id: ShardId,
-    world: World,
-    dev_mode: bool,
+    pub(crate) id: ShardId,
+    pub(crate) world: World,
+    pub(crate) dev_mode: bool,
     view: Arc<EpochCell<ClusterView>>,
-    metrics: Arc<ShardMetrics>,
+    pub(crate) geometry: Geometry,
+    pub(crate) metrics: Arc<ShardMetrics>,
     commands: mpsc::Receiver<Command>,
-    links: HashMap<LinkId, mpsc::Sender<Result<ShardBatch, Status>>>,
-    seats: HashMap<PlayerId, Seat>,
-    outbox: Outbox,
-    envelopes: Vec<Envelope>,
-    rng: SmallRng,
-    started: Instant,
-    resume_key: meridian_protocol::TokenKey,
-}
-
-/// How long a resume token stays valid; the resume window after a drop is shorter and is
-/// enforced by the server separately.
-const TOKEN_LIFETIME_SECS: u64 = 24 * 3600;
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    pub(crate) links: HashMap<LinkId, Link>,
+    pub(crate) gateway_links: HashMap<u32, LinkId>,
+    pub(crate) seats: HashMap<PlayerId, Seat>,
+    pub(crate) handed_off: HashMap<PlayerId, HandedOff>,
+    pub(crate) early: HashMap<PlayerId, EarlyInputs>,
+    pub(crate) ghosts: Ghosts,
+    pub(crate) outbox: Outbox,
+    pub(crate) peer_out: PeerOutbox,
+    peer_senders: PeerSenders,
+    pub(crate) envelopes: Vec<Envelope>,
+    pub(crate) holders: Vec<ShardId>,
+    pub(crate) rng: SmallRng,
+    pub(crate) started: Instant,
+    pub(crate) resume_key: TokenKey,
 }
 
 impl WorldActor {
     pub fn new(
         config: &ShardConfig,
         view: Arc<EpochCell<ClusterView>>,
+        peer_senders: PeerSenders,
         metrics: Arc<ShardMetrics>,
     ) -> (mpsc::Sender<Command>, WorldActor) {
         let (sender, commands) = mpsc::channel(COMMAND_QUEUE);
+        let geometry = view.read(|v| Geometry::from_view(v, config.id, &config.world));
         let actor = WorldActor {
             id: config.id,
             world: World::new(config.world.clone()),
             dev_mode: config.dev_mode,
             view,
+            geometry,
             metrics,
             commands,
             links: HashMap::new(),
+            gateway_links: HashMap::new(),
             seats: HashMap::new(),
+            handed_off: HashMap::new(),
+            early: HashMap::new(),
+            ghosts: Ghosts::default(),
             outbox: Outbox::default(),
+            peer_out: PeerOutbox::default(),
+            peer_senders,
             envelopes: Vec::with_capacity(1024),
+            holders: Vec::new(),
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: Instant::now(),
             resume_key: config.resume_key.clone(),
@@ -108,20 +162,22 @@ impl WorldActor {
 
     pub async fn run(mut self) {
         let mut round = Vec::with_capacity(ROUND);
-        while self.commands.recv_many(&mut round, ROUND).await > 0 {
-            for command in round.drain(..) {
-                match command {
-                    Command::Open { link, out } => {
-                        self.links.insert(link, out);
-                        self.metrics.links.set(self.links.len() as i64);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                n = self.commands.recv_many(&mut round, ROUND) => {
+                    if n == 0 {
+                        break;
                     }
-                    Command::Inputs { link, inputs } => {
-                        self.metrics.batches_in.inc();
-                        for input in inputs {
-                            self.apply(link, input);
-                        }
+                    self.refresh_geometry();
+                    for command in round.drain(..) {
+                        self.handle(command);
                     }
-                    Command::Closed { link } => self.drop_link(link),
+                }
+                _ = tick.tick() => {
+                    self.refresh_geometry();
+                    self.housekeeping();
                 }
             }
             self.flush();
@@ -129,183 +185,180 @@ impl WorldActor {
         debug!(shard = %self.id, "world task stopped");
     }
 
-    fn apply(&mut self, link: LinkId, input: PlayerInput) {
-        let player = PlayerId(input.player_id);
-        let session = input.session;
-        let Some(kind) = input.kind else {
-            return;
-        };
-        if let Kind::Join(join) = kind {
-            self.join(link, session, player, join);
-            return;
-        }
-        let Some(&seat) = self.seats.get(&player) else {
-            // The player is not here (already gone, or never placed on this shard).
-            match &kind {
-                Kind::Move(m) => {
-                    let detail = "player is not on this shard";
-                    let error = server::error(ErrorCode::Unavailable, detail, m.client_time);
-                    self.outbox.push_move_answer(link, session, &error);
-                }
-                Kind::Ping(ping) => {
-                    self.outbox
-                        .push(link, session, &server::pong(ping.client_time))
-                }
-                _ => {}
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Open { link, gateway, out } => {
+                self.links.insert(link, Link { out, gateway });
+                self.gateway_links.insert(gateway, link);
+                self.metrics.links.set(self.links.len() as i64);
             }
-            return;
-        };
-        let now = self.started.elapsed();
-        match kind {
-            Kind::Join(_) => {}
-            Kind::Move(m) => match world_direction(m.direction) {
-                Err(invalid) => {
-                    let error = server::error(invalid.code(), invalid.to_string(), m.client_time);
-                    self.outbox
-                        .push_move_answer(seat.link, seat.session, &error);
-                }
-                Ok(direction) => {
-                    match self.world.move_player(
-                        player,
-                        direction,
-                        m.client_time,
-                        now,
-                        &mut self.envelopes,
-                    ) {
-                        Ok(_) => self.metrics.moves.inc(),
-                        Err(meridian_world::WorldError::RateLimited) => {
-                            self.metrics.moves_rate_limited.inc();
-                            let error = server::error(
-                                ErrorCode::RateLimited,
-                                "more moves per second than the limit",
-                                m.client_time,
-                            );
-                            self.outbox
-                                .push_move_answer(seat.link, seat.session, &error);
-                        }
-                        Err(error) => {
-                            warn!(%player, %error, "move refused by the world");
-                            let error = server::error(
-                                ErrorCode::Unavailable,
-                                error.to_string(),
-                                m.client_time,
-                            );
-                            self.outbox
-                                .push_move_answer(seat.link, seat.session, &error);
-                        }
-                    }
-                }
-            },
-            Kind::Chat(chat) => {
-                self.metrics.chats.inc();
-                if let Err(error) = self
-                    .world
-                    .chat(player, chat.text.into(), &mut self.envelopes)
-                {
-                    warn!(%player, %error, "chat refused by the world");
+            Command::Inputs { link, inputs } => {
+                self.metrics.batches_in.inc();
+                for input in inputs {
+                    self.on_input(Some(link), input);
                 }
             }
-            Kind::Ping(ping) => {
-                self.outbox
-                    .push(seat.link, seat.session, &server::pong(ping.client_time));
-            }
-            Kind::Leave(leave) => {
-                self.remove(player);
-                if leave.logout {
-                    self.outbox.close(seat.link, seat.session);
+            Command::Closed { link } => self.drop_link(link),
+            Command::Peer { from, messages } => {
+                self.metrics.peer_messages_in.add(messages.len() as u64);
+                for message in messages {
+                    self.on_peer(from, message);
                 }
+            }
+            Command::Report { reply } => {
+                let _ = reply.send(self.report());
             }
         }
-        self.route_envelopes();
     }
 
-    fn join(&mut self, link: LinkId, session: u64, player: PlayerId, join: meridian_rpc::pb::Join) {
-        let config = self.world.config().clone();
-        let spawn = match join.spawn {
-            Some(p) if self.dev_mode => Some(Position { x: p.x, y: p.y }),
-            _ => self.random_cell(),
-        };
-        let Some(at) = spawn else {
-            let error = server::error(ErrorCode::Unavailable, "shard holds no region yet", 0);
-            self.outbox.push(link, session, &error);
-            self.outbox.close(link, session);
-            return;
-        };
-        let name: Arc<str> = join.name.into();
-        let now = self.started.elapsed();
-        // LoginOk goes first: the Entered messages the login causes for this player follow.
-        let login_ok = ServerMessage {
-            kind: Some(client_pb::server_message::Kind::LoginOk(
-                client_pb::LoginOk {
-                    player_id: player.0,
-                    position: server::position(at.x, at.y),
-                    resume_token: self
-                        .resume_key
-                        .mint(player.0, unix_now() + TOKEN_LIFETIME_SECS),
-                    map_width: config.width,
-                    map_height: config.height,
-                    view_range: config.view_range,
-                },
-            )),
-        };
-        match self.world.login(player, name, at, now, &mut self.envelopes) {
-            Ok(()) => {
-                self.outbox.push(link, session, &login_ok);
-                self.seats.insert(player, Seat { link, session });
-                self.metrics.logins.inc();
-                self.metrics.players.set(self.seats.len() as i64);
+    fn refresh_geometry(&mut self) {
+        let epoch = self
+            .view
+            .read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
+        if epoch != self.geometry.epoch {
+            let config = self.world.config().clone();
+            self.geometry = self.view.read(|v| Geometry::from_view(v, self.id, &config));
+            self.metrics.epoch.set(epoch as i64);
+        }
+    }
+
+    fn on_peer(&mut self, from: ShardId, message: PeerMessage) {
+        let player = PlayerId(message.player_id);
+        match message.kind {
+            Some(Peer::Handoff(handoff)) => {
+                self.handoff_in(from, player, message.generation, handoff)
+            }
+            Some(Peer::Forwarded(input)) => self.on_input(None, input),
+            Some(Peer::HandoffAck(_)) => {
+                if let Some(handed) = self.handed_off.get_mut(&player) {
+                    handed.acked.get_or_insert_with(Instant::now);
+                }
+            }
+            // A ghost update. A player owned here never takes updates from elsewhere: such a
+            // message is from a previous owner and already superseded.
+            Some(_) if self.world.is_local(player) != Some(true) => {
+                self.ghosts
+                    .apply(&mut self.world, message, &mut self.envelopes);
                 self.route_envelopes();
             }
-            Err(error) => {
-                warn!(%player, %error, "join refused by the world");
-                let message = server::error(ErrorCode::InvalidArgument, error.to_string(), 0);
-                self.outbox.push(link, session, &message);
-            }
+            Some(_) | None => {}
         }
     }
 
-    /// A uniformly random cell of this shard's regions (by area), if it holds any.
-    fn random_cell(&mut self) -> Option<Position> {
-        let me = self.id;
-        let regions: Vec<meridian_cluster::Region> = self.view.read(|v| {
-            v.partition
-                .as_ref()
-                .map(|p| p.regions_of(me).copied().collect())
-                .unwrap_or_default()
-        });
-        let total: u64 = regions.iter().map(|r| r.area()).sum();
-        if total == 0 {
-            return None;
+    /// One input for a player: applied in sequence if the player is here, forwarded if it
+    /// was handed off, held briefly if its handoff has not arrived yet.
+    pub(crate) fn on_input(&mut self, link: Option<LinkId>, input: PlayerInput) {
+        let player = PlayerId(input.player_id);
+        if let (Some(link), Some(meridian_rpc::pb::player_input::Kind::Join(_))) =
+            (link, &input.kind)
+        {
+            return self.join(link, input);
         }
-        let mut pick = self.rng.random_range(0..total);
-        for region in regions {
-            if pick < region.area() {
-                let width = u64::from(region.x1 - region.x0);
-                let x = region.x0 + (pick % width) as u32;
-                let y = region.y0 + (pick / width) as u32;
-                return Some(Position { x, y });
-            }
-            pick -= region.area();
+        if self.seats.contains_key(&player) {
+            return self.sequence(player, input);
         }
-        None
+        if let Some(handed) = self.handed_off.get(&player) {
+            self.metrics.inputs_forwarded.inc();
+            let message = PeerMessage {
+                player_id: player.0,
+                generation: handed.generation + 1,
+                kind: Some(Peer::Forwarded(input)),
+            };
+            self.peer_out.push(handed.to, message);
+            return;
+        }
+        let entry = self
+            .early
+            .entry(player)
+            .or_insert_with(|| (Instant::now(), Vec::new()));
+        if entry.1.len() < EARLY_LIMIT {
+            entry.1.push((link, input));
+        } else {
+            self.refuse_unplaced(link, input);
+        }
     }
 
-    fn remove(&mut self, player: PlayerId) {
-        if self.seats.remove(&player).is_some() {
-            if let Err(error) = self.world.logout(player, &mut self.envelopes) {
-                warn!(%player, %error, "leave refused by the world");
-            }
-            self.metrics.leaves.inc();
-            self.metrics.players.set(self.seats.len() as i64);
+    /// Applies a local player's input if it is the next in sequence; holds it otherwise.
+    fn sequence(&mut self, player: PlayerId, input: PlayerInput) {
+        let Some(seat) = self.seats.get_mut(&player) else {
+            return;
+        };
+        if input.seq < seat.next_seq {
+            debug!(%player, seq = input.seq, "duplicate input dropped");
+            return;
         }
+        if input.seq > seat.next_seq {
+            if seat.pending.len() < PENDING_LIMIT {
+                seat.pending.insert(input.seq, input);
+            } else {
+                warn!(%player, "too many out-of-order inputs; dropping");
+            }
+            return;
+        }
+        seat.next_seq += 1;
+        self.apply(player, input);
+        while let Some(seat) = self.seats.get_mut(&player) {
+            let Some(next) = seat.pending.remove(&seat.next_seq) else {
+                break;
+            };
+            seat.next_seq += 1;
+            self.apply(player, next);
+        }
+    }
+
+    /// Answers an input for a player this shard does not know and cannot wait for.
+    fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
+        let Some(link) = link else {
+            debug!(
+                player = input.player_id,
+                "forwarded input for an unknown player dropped"
+            );
+            return;
+        };
+        use meridian_rpc::pb::player_input::Kind as Input;
+        match input.kind {
+            Some(Input::Move(m)) => {
+                let detail = "player is not on this shard";
+                let error = server::error(ErrorCode::Unavailable, detail, m.client_time);
+                self.outbox.push_move_answer(link, input.session, &error);
+            }
+            Some(Input::Ping(ping)) => {
+                self.outbox
+                    .push(link, input.session, &server::pong(ping.client_time));
+            }
+            _ => {}
+        }
+    }
+
+    fn housekeeping(&mut self) {
+        self.ghosts.expire(&mut self.world, &mut self.envelopes);
+        self.route_envelopes();
+        self.metrics.ghosts.set(self.ghosts.len() as i64);
+        let now = Instant::now();
+        let expired: Vec<PlayerId> = self
+            .early
+            .iter()
+            .filter(|(_, (since, _))| now - *since > EARLY_WAIT)
+            .map(|(id, _)| *id)
+            .collect();
+        for player in expired {
+            if let Some((_, inputs)) = self.early.remove(&player) {
+                warn!(%player, n = inputs.len(), "inputs for a player that never arrived");
+                for (link, input) in inputs {
+                    self.refuse_unplaced(link, input);
+                }
+            }
+        }
+        self.handed_off.retain(|_, h| now - h.since < FORWARD_FOR);
     }
 
     /// Turns the world's envelopes into frames for their recipients' connections.
-    fn route_envelopes(&mut self) {
+    pub(crate) fn route_envelopes(&mut self) {
         for envelope in self.envelopes.drain(..) {
             let Some(seat) = self.seats.get(&envelope.to) else {
                 continue;
             };
+            let (link, session) = (seat.link, seat.session);
             let message = match envelope.note {
                 Notification::Entered {
                     subject,
@@ -320,8 +373,7 @@ impl WorldActor {
                     let message = server::moved(subject.0, position.x, position.y, client_time);
                     if subject == envelope.to {
                         // The mover's own ack: counted so the gateway knows it is answered.
-                        self.outbox
-                            .push_move_answer(seat.link, seat.session, &message);
+                        self.outbox.push_move_answer(link, session, &message);
                         continue;
                     }
                     message
@@ -329,12 +381,16 @@ impl WorldActor {
                 Notification::Left { subject } => server::left(subject.0),
                 Notification::Chat { speaker, text } => server::chat(speaker.0, &*text),
             };
-            self.outbox.push(seat.link, seat.session, &message);
+            self.outbox.push(link, session, &message);
         }
     }
 
     fn drop_link(&mut self, link: LinkId) {
-        self.links.remove(&link);
+        if let Some(closed) = self.links.remove(&link) {
+            if self.gateway_links.get(&closed.gateway) == Some(&link) {
+                self.gateway_links.remove(&closed.gateway);
+            }
+        }
         self.outbox.forget_link(link);
         let gone: Vec<PlayerId> = self
             .seats
@@ -345,12 +401,11 @@ impl WorldActor {
         for player in gone {
             self.remove(player);
         }
-        self.route_envelopes();
         self.metrics.links.set(self.links.len() as i64);
     }
 
-    /// Sends this round's output. A link whose queue is full has stopped reading: it is cut
-    /// (its players leave the world) rather than allowed to slow every other gateway.
+    /// Sends this round's output. A gateway link whose queue is full has stopped reading:
+    /// it is cut (its players leave the world) rather than allowed to slow everyone else.
     fn flush(&mut self) {
         self.metrics.notifications.add(self.outbox.n_messages);
         let mut cut = Vec::new();
@@ -360,7 +415,7 @@ impl WorldActor {
             };
             self.metrics.delivery_bytes.add(bytes);
             self.metrics.batches_out.inc();
-            if out.try_send(Ok(batch)).is_err() {
+            if out.out.try_send(Ok(batch)).is_err() {
                 cut.push(link);
             }
         }
@@ -369,12 +424,45 @@ impl WorldActor {
             self.metrics.links_cut.inc();
             self.drop_link(link);
         }
+        self.peer_out.flush(&self.peer_senders, &self.metrics);
+    }
+
+    fn report(&self) -> String {
+        let now = Instant::now();
+        let mut players: Vec<String> = self
+            .seats
+            .iter()
+            .filter_map(|(id, seat)| {
+                let at = self.world.position(*id)?;
+                Some(format!(
+                    "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
+                    id.0, seat.generation, at.x, at.y
+                ))
+            })
+            .collect();
+        for (id, handed) in &self.handed_off {
+            if handed
+                .acked
+                .is_none_or(|acked| now - acked < LISTED_AFTER_ACK)
+            {
+                players.push(format!(
+                    "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
+                    id.0, handed.generation, handed.at.x, handed.at.y
+                ));
+            }
+        }
+        format!(
+            "{{\"shard\":{},\"epoch\":{},\"players\":[{}]}}",
+            self.id.0,
+            self.geometry.epoch,
+            players.join(",")
+        )
     }
 }
 
 /// The world's direction for a wire value; `DIRECTION_UNSPECIFIED` and unknown values are
 /// refused (proto3 enums are open, so any i32 can arrive).
-fn world_direction(raw: i32) -> Result<Direction, InvalidArgument> {
+pub(crate) fn world_direction(raw: i32) -> Result<Direction, InvalidArgument> {
     match client_pb::Direction::try_from(raw) {
         Ok(client_pb::Direction::Up) => Ok(Direction::Up),
         Ok(client_pb::Direction::Down) => Ok(Direction::Down),

@@ -9,8 +9,12 @@
 //! sockets are behind bounded channels.
 
 mod actor;
+mod geometry;
+mod ghosts;
 mod metrics;
 mod outbox;
+mod peer;
+mod players;
 mod service;
 
 use std::future::Future;
@@ -18,11 +22,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use meridian_cluster::EpochCell;
 use meridian_cluster::{
     ClusterError, ClusterKeys, ClusterWatch, Coordinator, Registration, ShardId, ShardRecord,
     ShardState,
 };
-use meridian_observe::{serve_admin, Readiness, Registry};
+use meridian_observe::{serve_admin_with, JsonFuture, Readiness, Registry, Routes};
 use meridian_world::WorldConfig;
 use tokio::net::TcpListener;
 use tracing::info;
@@ -78,6 +83,7 @@ pub async fn run(
             .unwrap_or_else(|| grpc_addr.to_string()),
         admin: admin_addr.to_string(),
         state: ShardState::Serving,
+        players: 0,
     };
     let registration = Registration::start(
         client.clone(),
@@ -91,8 +97,19 @@ pub async fn run(
     let registry = Registry::default();
     let metrics = Arc::new(ShardMetrics::new(&registry, config.id));
     let view = watch.view();
-    let (commands, actor) =
-        actor::WorldActor::new(&config, Arc::clone(&view), Arc::clone(&metrics));
+    let peer_senders: peer::PeerSenders = Arc::new(EpochCell::new(Default::default()));
+    tokio::spawn(peer::maintain_peers(
+        config.id,
+        watch.changes(),
+        Arc::clone(&peer_senders),
+        Arc::clone(&metrics),
+    ));
+    let (commands, actor) = actor::WorldActor::new(
+        &config,
+        Arc::clone(&view),
+        peer_senders,
+        Arc::clone(&metrics),
+    );
     tokio::spawn(actor.run());
 
     let lease = registration.lease_source();
@@ -122,13 +139,37 @@ pub async fn run(
             Err("holds no region".into())
         }
     });
-    tokio::spawn(serve_admin(admin, registry, readiness));
+    let report_commands = commands.clone();
+    let routes: Routes = Arc::new(move |path: &str| {
+        if path != "/players" {
+            return None;
+        }
+        let commands = report_commands.clone();
+        let body: JsonFuture = Box::pin(async move {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            if commands
+                .send(actor::Command::Report { reply })
+                .await
+                .is_err()
+            {
+                return "{}".to_string();
+            }
+            answer.await.unwrap_or_else(|_| "{}".to_string())
+        });
+        Some(body)
+    });
+    tokio::spawn(serve_admin_with(admin, registry, readiness, routes));
+    tokio::spawn(publish_load(
+        record.clone(),
+        Arc::clone(&metrics),
+        registration.updater(),
+    ));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<meridian_rpc::pb::shard_server::ShardServer<service::ShardService>>()
         .await;
-    let service = service::ShardService::new(commands);
+    let service = service::ShardService::new(commands, watch.view(), Arc::clone(&metrics));
     let server = meridian_rpc::pb::shard_server::ShardServer::new(service)
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
@@ -142,4 +183,21 @@ pub async fn run(
     info!(shard = %config.id, "shard stopping; deregistering");
     registration.revoke().await;
     Ok(())
+}
+
+/// Keeps the player count in the shard's etcd record fresh (placement and `status`).
+async fn publish_load(
+    mut record: ShardRecord,
+    metrics: Arc<ShardMetrics>,
+    update: impl Fn(String) + Send + 'static,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let players = metrics.players.get().max(0) as u64;
+        if players != record.players {
+            record.players = players;
+            update(record.to_json());
+        }
+    }
 }

@@ -18,6 +18,15 @@ pub struct ShardMetrics {
     pub batches_out: Arc<Counter>,
     pub links: Arc<Gauge>,
     pub links_cut: Arc<Counter>,
+    pub ghosts: Arc<Gauge>,
+    pub handoffs_out: Arc<Counter>,
+    pub handoffs_in: Arc<Counter>,
+    pub inputs_forwarded: Arc<Counter>,
+    pub peer_messages_in: Arc<Counter>,
+    pub peer_messages_out: Arc<Counter>,
+    pub peer_rounds_dropped: Arc<Counter>,
+    pub stale_epoch_refused: Arc<Counter>,
+    pub epoch: Arc<Gauge>,
 }
 
 impl ShardMetrics {
@@ -51,6 +60,51 @@ impl ShardMetrics {
             links_cut: registry.counter(
                 "meridian_shard_gateway_links_cut_total",
                 "Gateway streams cut because they did not keep up.",
+                l,
+            ),
+            ghosts: registry.gauge(
+                "meridian_shard_ghosts",
+                "Ghosts of other shards' players.",
+                l,
+            ),
+            handoffs_out: registry.counter(
+                "meridian_shard_handoffs_out_total",
+                "Players handed to another shard.",
+                l,
+            ),
+            handoffs_in: registry.counter(
+                "meridian_shard_handoffs_in_total",
+                "Players taken over from another shard.",
+                l,
+            ),
+            inputs_forwarded: registry.counter(
+                "meridian_shard_inputs_forwarded_total",
+                "Inputs forwarded to a player's new owner after a handoff.",
+                l,
+            ),
+            peer_messages_in: registry.counter(
+                "meridian_shard_peer_messages_in_total",
+                "Messages received from other shards.",
+                l,
+            ),
+            peer_messages_out: registry.counter(
+                "meridian_shard_peer_messages_out_total",
+                "Messages sent to other shards.",
+                l,
+            ),
+            peer_rounds_dropped: registry.counter(
+                "meridian_shard_peer_rounds_dropped_total",
+                "Rounds of peer messages dropped because a peer stream was full or missing.",
+                l,
+            ),
+            stale_epoch_refused: registry.counter(
+                "meridian_shard_stale_epoch_refused_total",
+                "Peer batches refused for carrying an older partition epoch.",
+                l,
+            ),
+            epoch: registry.gauge(
+                "meridian_shard_partition_epoch",
+                "Partition epoch in use.",
                 l,
             ),
         }

@@ -52,6 +52,12 @@ impl Outbox {
         self.n_messages += 1;
     }
 
+    /// Tells the gateway the player now belongs to shard `to` (after these frames).
+    pub fn release(&mut self, link: LinkId, session: u64, to: u32) {
+        let (out, index) = self.slot(link, session);
+        out.deliveries[index].released_to = to;
+    }
+
     /// Asks the gateway to close the connection after its frames.
     pub fn close(&mut self, link: LinkId, session: u64) {
         let (out, index) = self.slot(link, session);

@@ -1,0 +1,168 @@
+//! Ghosts: players owned by other shards, kept here because they are within sight range
+//! of this shard's region, so local players see them through the normal view logic.
+//!
+//! A player's messages come from its owner; when the player is handed off they start to
+//! come from the new owner, on another stream, and could overtake the old owner's last
+//! ones. Every message therefore carries the player's ownership generation, and a track
+//! per player applies them generation by generation: messages of a newer generation are
+//! held while a ghost of the older one is shown and the old owner has not yet said
+//! `Released`; anything older than the track's generation is stale and dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use meridian_rpc::pb::{peer_message::Kind, PeerMessage};
+use meridian_world::{Envelope, PlayerId, Position, World};
+use tracing::{debug, warn};
+
+/// How long newer messages may wait for the old owner's `Released` before they are applied
+/// anyway (the old owner died, say). Observers may then see one jump.
+const HOLD_LIMIT: Duration = Duration::from_secs(2);
+/// How long the generation of a removed ghost is remembered, to drop its late messages.
+const TOMBSTONE_LIFETIME: Duration = Duration::from_secs(60);
+/// Messages held per player at most; beyond this the oldest generation is given up on.
+const MAX_HELD: usize = 4096;
+
+struct Track {
+    generation: u64,
+    present: bool,
+    /// The old owner said this generation is complete.
+    closed: bool,
+    held: VecDeque<PeerMessage>,
+    held_since: Option<Instant>,
+    touched: Instant,
+}
+
+#[derive(Default)]
+pub struct Ghosts {
+    tracks: HashMap<PlayerId, Track>,
+}
+
+impl Ghosts {
+    pub fn len(&self) -> usize {
+        self.tracks.values().filter(|t| t.present).count()
+    }
+
+    /// The player is now owned here: its ghost track ends.
+    pub fn forget(&mut self, id: PlayerId) {
+        self.tracks.remove(&id);
+    }
+
+    /// This shard handed the player off and keeps it as a ghost of the new generation.
+    pub fn demoted(&mut self, id: PlayerId, generation: u64) {
+        self.tracks.insert(
+            id,
+            Track {
+                generation,
+                present: true,
+                closed: false,
+                held: VecDeque::new(),
+                held_since: None,
+                touched: Instant::now(),
+            },
+        );
+    }
+
+    /// Applies one message about a player owned elsewhere.
+    pub fn apply(&mut self, world: &mut World, message: PeerMessage, out: &mut Vec<Envelope>) {
+        let id = PlayerId(message.player_id);
+        let now = Instant::now();
+        let track = self.tracks.entry(id).or_insert_with(|| Track {
+            generation: message.generation,
+            present: false,
+            closed: false,
+            held: VecDeque::new(),
+            held_since: None,
+            touched: now,
+        });
+        track.touched = now;
+        if message.generation < track.generation {
+            debug!(player = %id, generation = message.generation, "stale ghost message dropped");
+            return;
+        }
+        if message.generation > track.generation {
+            if track.present && !track.closed {
+                if track.held.len() >= MAX_HELD {
+                    warn!(player = %id, "too many held ghost messages; releasing the old generation");
+                    track.closed = true;
+                } else {
+                    track.held.push_back(message);
+                    track.held_since.get_or_insert(now);
+                    return;
+                }
+            }
+            track.generation = message.generation;
+            track.closed = false;
+        }
+        let released = apply_now(track, world, id, message, out);
+        if released {
+            self.release(world, id, out);
+        }
+    }
+
+    /// The current generation is complete: apply what was held, in arrival order.
+    fn release(&mut self, world: &mut World, id: PlayerId, out: &mut Vec<Envelope>) {
+        let Some(track) = self.tracks.get_mut(&id) else {
+            return;
+        };
+        track.closed = true;
+        track.held_since = None;
+        let held = std::mem::take(&mut track.held);
+        for message in held {
+            self.apply(world, message, out);
+        }
+    }
+
+    /// Releases holds that waited too long and forgets old tombstones.
+    pub fn expire(&mut self, world: &mut World, out: &mut Vec<Envelope>) {
+        let now = Instant::now();
+        let overdue: Vec<PlayerId> = self
+            .tracks
+            .iter()
+            .filter(|(_, t)| t.held_since.is_some_and(|since| now - since > HOLD_LIMIT))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in overdue {
+            warn!(player = %id, "old owner never released this ghost; applying newer updates");
+            self.release(world, id, out);
+        }
+        self.tracks
+            .retain(|_, t| t.present || !t.held.is_empty() || now - t.touched < TOMBSTONE_LIFETIME);
+    }
+}
+
+/// Applies a message of the track's own generation. Returns whether it closed it.
+fn apply_now(
+    track: &mut Track,
+    world: &mut World,
+    id: PlayerId,
+    message: PeerMessage,
+    out: &mut Vec<Envelope>,
+) -> bool {
+    let position = |p: Option<meridian_protocol::pb::Position>| {
+        p.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default()
+    };
+    let result = match message.kind {
+        Some(Kind::Upsert(upsert)) => {
+            track.present = true;
+            let name: Arc<str> = upsert.name.into();
+            world.upsert_ghost(id, name, position(upsert.position), out)
+        }
+        Some(Kind::Moved(at)) if track.present => {
+            let name = world.name(id).cloned().unwrap_or_else(|| Arc::from(""));
+            world.upsert_ghost(id, name, position(Some(at)), out)
+        }
+        Some(Kind::Chat(chat)) if track.present => world.ghost_chat(id, chat.text.into(), out),
+        Some(Kind::Remove(_)) if track.present => {
+            track.present = false;
+            world.remove_ghost(id, out)
+        }
+        Some(Kind::Released(_)) => return true,
+        _ => Ok(()),
+    };
+    if let Err(error) = result {
+        warn!(player = %id, %error, "ghost message refused by the world");
+    }
+    false
+}

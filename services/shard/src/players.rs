@@ -1,0 +1,432 @@
+//! What happens to local players: joining, their inputs, leaving, being mirrored to the
+//! neighbours that can see them, and changing owner when they step out of the region.
+//!
+//! Handoff, in one round of the old owner A: the move that leaves A's region is applied
+//! and acknowledged by A; the player becomes a ghost on A; every other peer gets
+//! `Released` (this generation is over); the new owner B gets `Handoff` with the player's
+//! state, its next input sequence number and its current view; the gateway gets the
+//! `released_to` marker after the ack. B promotes its ghost, sends the player the
+//! difference between what it was told and B's world, mirrors it to B's neighbours under
+//! the next generation, and confirms. Inputs that still reach A are forwarded to B, which
+//! applies inputs in sequence order whichever path they took.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use meridian_cluster::ShardId;
+use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
+use meridian_protocol::server;
+use meridian_rpc::pb::{
+    peer_message::Kind as Peer, player_input::Kind as Input, GhostRemove, GhostUpsert, Handoff,
+    HandoffAck, PeerMessage, PlayerInput, Released, ViewEntry,
+};
+use meridian_world::{PlayerId, Position, WorldError};
+use tracing::warn;
+
+use crate::actor::{world_direction, HandedOff, LinkId, Seat, WorldActor};
+
+/// How long a resume token stays valid; the resume window after a drop is shorter and is
+/// enforced by the server separately.
+const TOKEN_LIFETIME_SECS: u64 = 24 * 3600;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn wire(at: Position) -> Option<client_pb::Position> {
+    Some(client_pb::Position { x: at.x, y: at.y })
+}
+
+impl WorldActor {
+    pub(crate) fn join(&mut self, link: LinkId, input: PlayerInput) {
+        let player = PlayerId(input.player_id);
+        let session = input.session;
+        let Some(Input::Join(join)) = input.kind else {
+            return;
+        };
+        let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        let spawn = match join.spawn {
+            Some(p) if self.dev_mode => Some(Position { x: p.x, y: p.y }),
+            _ => self.geometry.random_cell(&mut self.rng),
+        };
+        let Some(at) = spawn else {
+            let error = server::error(ErrorCode::Unavailable, "shard holds no region yet", 0);
+            self.outbox.push(link, session, &error);
+            self.outbox.close(link, session);
+            return;
+        };
+        let config = self.world.config().clone();
+        let login_ok = ServerMessage {
+            kind: Some(client_pb::server_message::Kind::LoginOk(
+                client_pb::LoginOk {
+                    player_id: player.0,
+                    position: wire(at),
+                    resume_token: self
+                        .resume_key
+                        .mint(player.0, unix_now() + TOKEN_LIFETIME_SECS),
+                    map_width: config.width,
+                    map_height: config.height,
+                    view_range: config.view_range,
+                },
+            )),
+        };
+        let name: Arc<str> = join.name.into();
+        let now = self.started.elapsed();
+        // LoginOk goes first: the Entered messages the login causes for this player follow.
+        match self
+            .world
+            .login(player, Arc::clone(&name), at, now, &mut self.envelopes)
+        {
+            Ok(()) => {
+                self.outbox.push(link, session, &login_ok);
+                self.seats.insert(
+                    player,
+                    Seat {
+                        link,
+                        session,
+                        gateway,
+                        generation: 0,
+                        next_seq: input.seq + 1,
+                        pending: Default::default(),
+                        ghosted_at: Vec::new(),
+                    },
+                );
+                self.metrics.logins.inc();
+                self.metrics.players.set(self.seats.len() as i64);
+                self.route_envelopes();
+                self.mirror(player);
+                if !self.geometry.owns(at) {
+                    // A dev-mode spawn placed by a gateway with an older partition map.
+                    self.hand_off(player);
+                }
+            }
+            Err(error) => {
+                warn!(%player, %error, "join refused by the world");
+                let message = server::error(ErrorCode::InvalidArgument, error.to_string(), 0);
+                self.outbox.push(link, session, &message);
+            }
+        }
+    }
+
+    /// Applies one in-sequence input of a local player.
+    pub(crate) fn apply(&mut self, player: PlayerId, input: PlayerInput) {
+        let Some(seat) = self.seats.get(&player) else {
+            return;
+        };
+        let (link, session) = (seat.link, seat.session);
+        let now = self.started.elapsed();
+        match input.kind {
+            None | Some(Input::Join(_)) => {}
+            Some(Input::Move(m)) => {
+                let direction = match world_direction(m.direction) {
+                    Ok(direction) => direction,
+                    Err(invalid) => {
+                        let error =
+                            server::error(invalid.code(), invalid.to_string(), m.client_time);
+                        return self.outbox.push_move_answer(link, session, &error);
+                    }
+                };
+                let before = self.world.position(player);
+                match self.world.move_player(
+                    player,
+                    direction,
+                    m.client_time,
+                    now,
+                    &mut self.envelopes,
+                ) {
+                    Ok(after) => {
+                        self.metrics.moves.inc();
+                        self.route_envelopes();
+                        if before != Some(after) {
+                            self.mirror(player);
+                            if !self.geometry.owns(after) {
+                                self.hand_off(player);
+                            }
+                        }
+                    }
+                    Err(WorldError::RateLimited) => {
+                        self.metrics.moves_rate_limited.inc();
+                        let detail = "more moves per second than the limit";
+                        let error = server::error(ErrorCode::RateLimited, detail, m.client_time);
+                        self.outbox.push_move_answer(link, session, &error);
+                    }
+                    Err(error) => {
+                        warn!(%player, %error, "move refused by the world");
+                        let error =
+                            server::error(ErrorCode::Unavailable, error.to_string(), m.client_time);
+                        self.outbox.push_move_answer(link, session, &error);
+                    }
+                }
+            }
+            Some(Input::Chat(chat)) => {
+                self.metrics.chats.inc();
+                let text: Arc<str> = chat.text.into();
+                if let Err(error) = self
+                    .world
+                    .chat(player, Arc::clone(&text), &mut self.envelopes)
+                {
+                    warn!(%player, %error, "chat refused by the world");
+                }
+                self.route_envelopes();
+                let generation = self.seats.get(&player).map(|s| s.generation).unwrap_or(0);
+                for holder in self
+                    .seats
+                    .get(&player)
+                    .map(|s| s.ghosted_at.clone())
+                    .unwrap_or_default()
+                {
+                    let chat = client_pb::Chat {
+                        text: text.to_string(),
+                    };
+                    self.peer_out
+                        .push(holder, peer(player, generation, Peer::Chat(chat)));
+                }
+            }
+            Some(Input::Ping(ping)) => {
+                self.outbox
+                    .push(link, session, &server::pong(ping.client_time))
+            }
+            Some(Input::Leave(leave)) => {
+                self.remove(player);
+                if leave.logout {
+                    self.outbox.close(link, session);
+                }
+            }
+        }
+    }
+
+    /// The player leaves the world: observers here and on neighbours get Left.
+    pub(crate) fn remove(&mut self, player: PlayerId) {
+        let Some(seat) = self.seats.remove(&player) else {
+            return;
+        };
+        if let Err(error) = self.world.logout(player, &mut self.envelopes) {
+            warn!(%player, %error, "leave refused by the world");
+        }
+        self.route_envelopes();
+        for holder in seat.ghosted_at {
+            self.peer_out.push(
+                holder,
+                peer(player, seat.generation, Peer::Remove(GhostRemove {})),
+            );
+        }
+        self.metrics.leaves.inc();
+        self.metrics.players.set(self.seats.len() as i64);
+    }
+
+    /// Brings the neighbours' ghosts of a local player up to date with its position:
+    /// full state to shards that just came into range, the new cell to those still in
+    /// range, removal for those out of range.
+    pub(crate) fn mirror(&mut self, player: PlayerId) {
+        let Some(at) = self.world.position(player) else {
+            return;
+        };
+        let Some(name) = self.world.name(player).cloned() else {
+            return;
+        };
+        self.geometry.ghost_holders(at, &mut self.holders);
+        let Some(seat) = self.seats.get_mut(&player) else {
+            return;
+        };
+        let generation = seat.generation;
+        let before = std::mem::replace(&mut seat.ghosted_at, self.holders.clone());
+        for holder in &self.holders {
+            let kind = if before.contains(holder) {
+                Peer::Moved(client_pb::Position { x: at.x, y: at.y })
+            } else {
+                Peer::Upsert(GhostUpsert {
+                    name: name.to_string(),
+                    position: wire(at),
+                })
+            };
+            self.peer_out.push(*holder, peer(player, generation, kind));
+        }
+        for gone in before.iter().filter(|s| !self.holders.contains(s)) {
+            self.peer_out.push(
+                *gone,
+                peer(player, generation, Peer::Remove(GhostRemove {})),
+            );
+        }
+    }
+
+    /// Gives a local player that stands outside this shard's region to its owner.
+    pub(crate) fn hand_off(&mut self, player: PlayerId) {
+        let Some(at) = self.world.position(player) else {
+            return;
+        };
+        let Some(to) = self.geometry.owner_of(at) else {
+            return;
+        };
+        if to == self.id {
+            return;
+        }
+        let Some(seat) = self.seats.remove(&player) else {
+            return;
+        };
+        let name = self
+            .world
+            .name(player)
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        let mut visible = Vec::new();
+        self.world.visible_to(player, &mut visible);
+        let view: Vec<ViewEntry> = visible
+            .iter()
+            .filter_map(|id| {
+                let position = self.world.position(*id)?;
+                Some(ViewEntry {
+                    player_id: id.0,
+                    position: wire(position),
+                })
+            })
+            .collect();
+        if let Err(error) = self.world.demote_to_ghost(player) {
+            warn!(%player, %error, "cannot demote a player being handed off");
+        }
+        let next_generation = seat.generation + 1;
+        self.ghosts.demoted(player, next_generation);
+        for other in self.geometry.peers() {
+            if other != to {
+                let released = Peer::Released(Released { new_owner: to.0 });
+                self.peer_out
+                    .push(other, peer(player, seat.generation, released));
+            }
+        }
+        let handoff = Handoff {
+            name,
+            position: wire(at),
+            session: seat.session,
+            gateway_id: seat.gateway,
+            next_seq: seat.next_seq,
+            view,
+        };
+        self.peer_out
+            .push(to, peer(player, next_generation, Peer::Handoff(handoff)));
+        for (_, input) in seat.pending {
+            self.peer_out
+                .push(to, peer(player, next_generation, Peer::Forwarded(input)));
+        }
+        self.outbox.release(seat.link, seat.session, to.0);
+        let now = Instant::now();
+        self.handed_off.insert(
+            player,
+            HandedOff {
+                to,
+                generation: seat.generation,
+                at,
+                acked: None,
+                since: now,
+            },
+        );
+        self.metrics.handoffs_out.inc();
+        self.metrics.players.set(self.seats.len() as i64);
+    }
+
+    /// Takes over a player from `from`.
+    pub(crate) fn handoff_in(
+        &mut self,
+        from: ShardId,
+        player: PlayerId,
+        generation: u64,
+        handoff: Handoff,
+    ) {
+        if self.world.is_local(player) == Some(true) {
+            warn!(%player, %from, "handoff for a player already owned here; ignored");
+            return;
+        }
+        let Some(&link) = self.gateway_links.get(&handoff.gateway_id) else {
+            warn!(%player, gateway = handoff.gateway_id, "handoff from a gateway not linked here");
+            return;
+        };
+        let at = handoff
+            .position
+            .map(|p| Position { x: p.x, y: p.y })
+            .unwrap_or_default();
+        let name: Arc<str> = handoff.name.into();
+        self.ghosts.forget(player);
+        // Observers here see the ghost arrive at (or move to) the handoff position...
+        let ready = self
+            .world
+            .upsert_ghost(player, Arc::clone(&name), at, &mut self.envelopes)
+            .and_then(|()| self.world.promote_to_local(player));
+        if let Err(error) = ready {
+            warn!(%player, %error, "cannot take over a player");
+            return;
+        }
+        self.seats.insert(
+            player,
+            Seat {
+                link,
+                session: handoff.session,
+                gateway: handoff.gateway_id,
+                generation,
+                next_seq: handoff.next_seq,
+                pending: Default::default(),
+                ghosted_at: Vec::new(),
+            },
+        );
+        self.handed_off.remove(&player);
+        self.route_envelopes();
+        // ...and the player itself learns what this world shows that it was not told.
+        self.reconcile_view(player, link, handoff.session, &handoff.view);
+        self.mirror(player);
+        self.peer_out.push(
+            from,
+            peer(player, generation, Peer::HandoffAck(HandoffAck {})),
+        );
+        self.metrics.handoffs_in.inc();
+        self.metrics.players.set(self.seats.len() as i64);
+        if let Some((_, inputs)) = self.early.remove(&player) {
+            for (link, input) in inputs {
+                self.on_input(link, input);
+            }
+        }
+        if !self.geometry.owns(at) {
+            self.hand_off(player);
+        }
+    }
+
+    fn reconcile_view(&mut self, player: PlayerId, link: LinkId, session: u64, told: &[ViewEntry]) {
+        let told: HashMap<u64, Option<client_pb::Position>> =
+            told.iter().map(|e| (e.player_id, e.position)).collect();
+        let mut visible = Vec::new();
+        self.world.visible_to(player, &mut visible);
+        for id in &visible {
+            let Some(at) = self.world.position(*id) else {
+                continue;
+            };
+            match told.get(&id.0) {
+                Some(seen) if *seen == wire(at) => {}
+                Some(_) => self
+                    .outbox
+                    .push(link, session, &server::moved(id.0, at.x, at.y, 0)),
+                None => {
+                    let name = self
+                        .world
+                        .name(*id)
+                        .map(|n| n.to_string())
+                        .unwrap_or_default();
+                    self.outbox
+                        .push(link, session, &server::entered(id.0, at.x, at.y, name));
+                }
+            }
+        }
+        for id in told.keys() {
+            if !visible.contains(&PlayerId(*id)) {
+                self.outbox.push(link, session, &server::left(*id));
+            }
+        }
+    }
+}
+
+fn peer(player: PlayerId, generation: u64, kind: Peer) -> PeerMessage {
+    PeerMessage {
+        player_id: player.0,
+        generation,
+        kind: Some(kind),
+    }
+}
