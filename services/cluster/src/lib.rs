@@ -33,13 +33,24 @@ pub use etcd_client::Client as EtcdClient;
 
 /// Connects to etcd with the timeouts every node uses.
 pub async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, ClusterError> {
-    let options = etcd_client::ConnectOptions::new()
+    connect_with(endpoints, Some(std::time::Duration::from_secs(5))).await
+}
+
+/// Connects to etcd; `request_timeout: None` is for calls that block by design, such as
+/// an election campaign, which waits as long as another member leads.
+pub async fn connect_with(
+    endpoints: &[String],
+    request_timeout: Option<std::time::Duration>,
+) -> Result<etcd_client::Client, ClusterError> {
+    let mut options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(std::time::Duration::from_secs(2))
-        .with_timeout(std::time::Duration::from_secs(5))
         .with_keep_alive(
             std::time::Duration::from_secs(2),
             std::time::Duration::from_secs(2),
         );
+    if let Some(timeout) = request_timeout {
+        options = options.with_timeout(timeout);
+    }
     etcd_client::Client::connect(endpoints, Some(options))
         .await
         .map_err(ClusterError::Unreachable)

@@ -23,6 +23,7 @@ use tracing::{debug, trace, warn};
 
 use crate::routing::ShardLink;
 use crate::worker::{session_id, session_parts, Mail, Shared};
+use crate::Placement;
 
 /// How long a connection being closed after an error may keep its read side open, so the
 /// client reads the error before the socket goes away.
@@ -544,12 +545,23 @@ impl Ctx {
                     .cloned()
                     .map(Ok);
             }
-            let up: Vec<&Arc<ShardLink>> = table.links.iter().filter(|l| l.is_up()).collect();
-            if up.is_empty() {
+            let open: Vec<&Arc<ShardLink>> =
+                table.links.iter().filter(|l| l.takes_players()).collect();
+            if open.is_empty() {
                 return None;
             }
-            let turn = self.shared.round_robin.fetch_add(1, Ordering::Relaxed);
-            Some(Ok(Arc::clone(up[turn % up.len()])))
+            let chosen = match self.shared.config.placement {
+                Placement::RoundRobin => {
+                    let turn = self.shared.round_robin.fetch_add(1, Ordering::Relaxed);
+                    open[turn % open.len()]
+                }
+                Placement::LeastLoaded => open
+                    .iter()
+                    .min_by_key(|l| (l.load(), l.id))
+                    .expect("invariant: open is not empty"),
+            };
+            chosen.add_load();
+            Some(Ok(Arc::clone(chosen)))
         });
         let link = match placed {
             None => {

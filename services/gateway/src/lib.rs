@@ -50,8 +50,18 @@ impl std::fmt::Display for IoBackend {
     }
 }
 
+/// How a new login picks its shard (dev-mode spawns go to the owner of the cell).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The next healthy shard in turn; it spawns the player at a random cell of its region.
+    RoundRobin,
+    /// The healthy shard with the fewest players.
+    LeastLoaded,
+}
+
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
+    pub placement: Placement,
     pub id: GatewayId,
     pub cluster: String,
     pub etcd: Vec<String>,

@@ -57,6 +57,13 @@ pub async fn maintain_links(
             }
             keep
         });
+        for (id, task) in &tasks {
+            if let Some(record) = view.shards.get(id) {
+                task.link
+                    .set_serving(record.state == meridian_cluster::ShardState::Serving);
+                task.link.set_load(record.players);
+            }
+        }
         for (id, addr) in &wanted {
             if tasks.contains_key(id) {
                 continue;
@@ -139,7 +146,7 @@ enum RelayError {
 async fn relay_once(
     gateway: GatewayId,
     addr: &str,
-    link: &ShardLink,
+    link: &Arc<ShardLink>,
     inputs: &mut mpsc::Receiver<Vec<PlayerInput>>,
     mailboxes: &[Mailbox],
     metrics: &GatewayMetrics,
@@ -150,6 +157,7 @@ async fn relay_once(
         .http2_keep_alive_interval(Duration::from_secs(1))
         .keep_alive_timeout(Duration::from_secs(2));
     let channel = endpoint.connect().await?;
+    let _health = HealthCheck::start(channel.clone(), Arc::clone(link));
     let mut client = ShardClient::new(channel)
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
@@ -164,6 +172,7 @@ async fn relay_once(
         .relay(ReceiverStream::new(upstream_rx))
         .await?
         .into_inner();
+    link.set_healthy(true);
     link.set_up(true);
     info!(shard = %link.id, %addr, "relay stream open");
     let mut queued: Vec<Vec<PlayerInput>> = Vec::with_capacity(MERGE);
@@ -212,5 +221,39 @@ async fn relay_once(
 async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
     for future in futures {
         future.await;
+    }
+}
+
+/// Checks a shard's gRPC health service every second on the relay's own channel; the
+/// gateway places nobody on a shard that fails it. Stops when dropped.
+struct HealthCheck(tokio::task::JoinHandle<()>);
+
+impl HealthCheck {
+    fn start(channel: tonic::transport::Channel, link: Arc<ShardLink>) -> HealthCheck {
+        HealthCheck(tokio::spawn(async move {
+            let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+            loop {
+                tick.tick().await;
+                let request = tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                };
+                let answer = tokio::time::timeout(Duration::from_secs(1), client.check(request));
+                let healthy = matches!(
+                    answer.await,
+                    Ok(Ok(response)) if response.get_ref().status == serving
+                );
+                if link.set_healthy(healthy) != healthy {
+                    warn!(shard = %link.id, healthy, "shard health changed");
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for HealthCheck {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

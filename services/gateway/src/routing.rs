@@ -2,7 +2,7 @@
 //! which one owns a cell. Read lock-free through an [`EpochCell`], replaced whole when the
 //! cluster view changes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use meridian_cluster::{EpochCell, PartitionMap, ShardId};
@@ -18,6 +18,12 @@ pub struct ShardLink {
     /// Workers hand their per-iteration batches here; the relay task sends them on.
     pub inputs: mpsc::Sender<Vec<PlayerInput>>,
     up: AtomicBool,
+    /// The last gRPC health check passed (checked every second on the relay's channel).
+    healthy: AtomicBool,
+    /// Registered as serving (not draining) in etcd.
+    serving: AtomicBool,
+    /// Players on the shard: its etcd record's count plus logins placed here since.
+    load: AtomicU64,
 }
 
 impl ShardLink {
@@ -26,7 +32,36 @@ impl ShardLink {
             id,
             inputs,
             up: AtomicBool::new(false),
+            healthy: AtomicBool::new(false),
+            serving: AtomicBool::new(true),
+            load: AtomicU64::new(0),
         }
+    }
+
+    /// Whether new players may be placed here.
+    pub fn takes_players(&self) -> bool {
+        self.is_up() && self.healthy.load(Ordering::Acquire) && self.serving.load(Ordering::Acquire)
+    }
+
+    /// Records a health check; returns the previous state.
+    pub fn set_healthy(&self, healthy: bool) -> bool {
+        self.healthy.swap(healthy, Ordering::AcqRel)
+    }
+
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::Release);
+    }
+
+    pub fn load(&self) -> u64 {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    pub fn set_load(&self, players: u64) {
+        self.load.store(players, Ordering::Relaxed);
+    }
+
+    pub fn add_load(&self) {
+        self.load.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether the stream is established (inputs sent now reach the shard).

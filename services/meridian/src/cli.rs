@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use meridian_cluster::{GatewayId, ShardId};
-use meridian_gateway::{GatewayConfig, IoBackend};
+use meridian_gateway::{GatewayConfig, IoBackend, Placement};
 use meridian_protocol::TokenKey;
 use meridian_shard::ShardConfig;
 use meridian_world::WorldConfig;
@@ -37,6 +37,12 @@ pub enum Command {
     Shard(ShardArgs),
     /// Print members, health and the partition map from etcd.
     Status(StatusArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PlacementArg {
+    RoundRobin,
+    LeastLoaded,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -127,6 +133,14 @@ pub struct GatewayArgs {
     /// Event loop: io_uring (falls back to epoll if unavailable) or epoll.
     #[arg(long, env = "MERIDIAN_IO", value_enum, default_value = "uring")]
     pub io: Io,
+    /// Where new logins go: round-robin over healthy shards, or the least loaded.
+    #[arg(
+        long,
+        env = "MERIDIAN_PLACEMENT",
+        value_enum,
+        default_value = "round-robin"
+    )]
+    pub placement: PlacementArg,
     /// Worker threads (default: one per core).
     #[arg(long, env = "MERIDIAN_WORKERS")]
     pub workers: Option<usize>,
@@ -318,6 +332,10 @@ impl GatewayArgs {
         }
         let resume_key = resume_key(&self.common, &mut problems);
         let config = GatewayConfig {
+            placement: match self.placement {
+                PlacementArg::RoundRobin => Placement::RoundRobin,
+                PlacementArg::LeastLoaded => Placement::LeastLoaded,
+            },
             resume_key,
             id: GatewayId(self.id),
             cluster: self.common.cluster.clone(),

@@ -3,6 +3,7 @@
 //! a typed config to the library crates; it holds no logic of its own beyond that.
 
 mod cli;
+mod http;
 mod node;
 mod status;
 mod up;

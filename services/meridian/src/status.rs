@@ -10,17 +10,30 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let view = runtime.block_on(async {
+    let (view, health) = runtime.block_on(async {
         let client = meridian_cluster::connect(&args.etcd)
             .await
             .with_context(|| format!("connecting to etcd at {}", args.etcd.join(",")))?;
         let watch = ClusterWatch::start(client, ClusterKeys::new(&args.cluster)).await?;
-        anyhow::Ok(watch.current())
+        let view = watch.current();
+        // Health as each shard reports it on its admin port (/readyz).
+        let mut health = std::collections::BTreeMap::new();
+        for shard in view.shards.values() {
+            health.insert(
+                shard.id.0,
+                crate::http::status(&shard.admin, "/readyz").await,
+            );
+        }
+        anyhow::Ok((view, health))
     })?;
     if args.json {
         let value = json!({
             "cluster": args.cluster,
-            "shards": view.shards.values().collect::<Vec<_>>(),
+            "shards": view.shards.values().map(|shard| {
+                let mut entry = serde_json::to_value(shard).unwrap_or_default();
+                entry["ready"] = json!(health.get(&shard.id.0) == Some(&Some(200)));
+                entry
+            }).collect::<Vec<_>>(),
             "gateways": view.gateways.values().collect::<Vec<_>>(),
             "partition": view.partition,
         });
@@ -30,9 +43,19 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     println!("cluster {}", args.cluster);
     println!("shards ({}):", view.shards.len());
     for shard in view.shards.values() {
+        let health = match health.get(&shard.id.0) {
+            Some(Some(200)) => "ready",
+            Some(Some(_)) => "not-ready",
+            _ => "unreachable",
+        };
         println!(
-            "  {:<10} {:?}  grpc {}  admin {}",
-            shard.id, shard.state, shard.grpc, shard.admin
+            "  {:<10} {:<9} {:<11} players {:<6} grpc {}  admin {}",
+            shard.id.to_string(),
+            format!("{:?}", shard.state).to_lowercase(),
+            health,
+            shard.players,
+            shard.grpc,
+            shard.admin
         );
     }
     println!("gateways ({}):", view.gateways.len());

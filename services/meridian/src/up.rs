@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::UpArgs;
@@ -244,26 +243,6 @@ async fn wait_for_etcd(url: &str, nodes: &mut Nodes) -> anyhow::Result<()> {
     }
 }
 
-/// GET `path` on an admin port; the status code, if the node answered.
-async fn http_status(addr: &str, path: &str) -> Option<u16> {
-    let mut stream =
-        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
-            .await
-            .ok()?
-            .ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let line = String::from_utf8_lossy(&response);
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 async fn wait_until_ready(
     nodes: &mut Nodes,
     args: &UpArgs,
@@ -281,7 +260,7 @@ async fn wait_until_ready(
                 .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
             if let Some(ready) = ready {
                 let admin = ready["admin"].as_str().unwrap_or_default().to_string();
-                if http_status(&admin, "/readyz").await == Some(200) {
+                if crate::http::status(&admin, "/readyz").await == Some(200) {
                     if node.name.starts_with("shard") {
                         shards.push(ready);
                     } else {

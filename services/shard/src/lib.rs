@@ -113,8 +113,9 @@ pub async fn run(
     tokio::spawn(actor.run());
 
     let lease = registration.lease_source();
+    let election_client = meridian_cluster::connect_with(&config.etcd, None).await?;
     let coordinator = Coordinator::new(
-        client.clone(),
+        election_client,
         keys.clone(),
         config.id,
         config.world.width,

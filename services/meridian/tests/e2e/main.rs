@@ -8,6 +8,7 @@
 mod cluster_up;
 mod errors;
 mod shard_failure;
+mod stale_epoch;
 mod world;
 
 use std::path::Path;
@@ -80,6 +81,7 @@ macro_rules! for_both_backends {
 for_both_backends! {
     cluster_up::up_reports_every_node,
     world::login_ok_and_sight_both_ways,
+    stale_epoch::stale_epoch_is_refused,
     world::moves_into_and_out_of_sight,
     world::clamped_moves_at_the_edge,
     world::chat_reaches_those_in_sight,
