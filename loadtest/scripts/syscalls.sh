@@ -27,7 +27,7 @@ cat "$work/strace.txt"
 python3 - "$work/strace.txt" "$work/lt.json" "$io" <<'PY'
 import json, sys
 lines = open(sys.argv[1]).read().splitlines()
-total = next(int(l.split()[2]) for l in lines if l.strip().endswith("total"))
+total = next(int(l.split()[3]) for l in lines if l.strip().endswith("total"))
 lt = json.load(open(sys.argv[2]))
 messages = lt["moves_sent"] + lt["moves_acked"] + lt["notifications"]
 print(f"{sys.argv[3]}: {total} syscalls / {messages} messages relayed "
