@@ -156,7 +156,8 @@ pub struct GatewayArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
-    #[arg(long, default_value_t = 1)]
+    /// Zone shards; the map is split among them (4: a 2x2 grid with a four-way corner).
+    #[arg(long, default_value_t = 4)]
     pub shards: u32,
     #[arg(long, default_value_t = 1)]
     pub gateways: u32,
