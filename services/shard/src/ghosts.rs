@@ -166,3 +166,146 @@ fn apply_now(
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meridian_protocol::pb::Position as WirePosition;
+    use meridian_rpc::pb::{GhostRemove, GhostUpsert, Released};
+    use meridian_world::{Notification, WorldConfig};
+
+    const GHOST: u64 = 100;
+    const WATCHER: PlayerId = PlayerId(1);
+
+    fn world_with_watcher() -> World {
+        let mut world = World::new(WorldConfig {
+            width: 100,
+            height: 100,
+            view_range: 5,
+            move_rate: 20,
+        });
+        let mut out = Vec::new();
+        world
+            .login(
+                WATCHER,
+                "watcher".into(),
+                Position { x: 10, y: 10 },
+                Duration::ZERO,
+                &mut out,
+            )
+            .unwrap();
+        world
+    }
+
+    fn message(generation: u64, kind: Kind) -> PeerMessage {
+        PeerMessage {
+            player_id: GHOST,
+            generation,
+            kind: Some(kind),
+        }
+    }
+
+    fn upsert(generation: u64, x: u32) -> PeerMessage {
+        let position = Some(WirePosition { x, y: 10 });
+        message(
+            generation,
+            Kind::Upsert(GhostUpsert {
+                name: "ghost".into(),
+                position,
+            }),
+        )
+    }
+
+    fn moved(generation: u64, x: u32) -> PeerMessage {
+        message(generation, Kind::Moved(WirePosition { x, y: 10 }))
+    }
+
+    fn released(generation: u64) -> PeerMessage {
+        message(generation, Kind::Released(Released { new_owner: 2 }))
+    }
+
+    /// What the watcher was told, as (kind, x) pairs.
+    fn told(out: &mut Vec<Envelope>) -> Vec<(&'static str, u32)> {
+        out.drain(..)
+            .filter(|e| e.to == WATCHER)
+            .map(|e| match e.note {
+                Notification::Entered { position, .. } => ("entered", position.x),
+                Notification::Moved { position, .. } => ("moved", position.x),
+                Notification::Left { .. } => ("left", 0),
+                Notification::Chat { .. } => ("chat", 0),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_owner_waits_for_the_old_owner_to_release() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut out = Vec::new();
+        ghosts.apply(&mut world, upsert(0, 12), &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        // The new owner's first update overtakes the old owner's last move.
+        ghosts.apply(&mut world, upsert(1, 14), &mut out);
+        assert_eq!(told(&mut out), [], "held until generation 0 is released");
+        ghosts.apply(&mut world, moved(0, 13), &mut out);
+        assert_eq!(told(&mut out), [("moved", 13)]);
+        ghosts.apply(&mut world, released(0), &mut out);
+        assert_eq!(told(&mut out), [("moved", 14)], "no jump, nothing lost");
+        // Anything from the old generation after that is stale.
+        ghosts.apply(&mut world, moved(0, 40), &mut out);
+        assert_eq!(told(&mut out), []);
+        assert_eq!(
+            world.position(PlayerId(GHOST)),
+            Some(Position { x: 14, y: 10 })
+        );
+    }
+
+    #[test]
+    fn without_a_ghost_the_newer_generation_applies_at_once_and_older_is_dropped() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut out = Vec::new();
+        ghosts.apply(&mut world, upsert(3, 12), &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        ghosts.apply(&mut world, upsert(2, 11), &mut out);
+        ghosts.apply(
+            &mut world,
+            message(2, Kind::Remove(GhostRemove {})),
+            &mut out,
+        );
+        assert_eq!(
+            told(&mut out),
+            [],
+            "an older owner's late messages change nothing"
+        );
+        assert_eq!(
+            world.position(PlayerId(GHOST)),
+            Some(Position { x: 12, y: 10 })
+        );
+    }
+
+    #[test]
+    fn a_removed_ghost_is_not_resurrected_by_its_late_messages() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut out = Vec::new();
+        ghosts.apply(&mut world, upsert(0, 12), &mut out);
+        ghosts.apply(
+            &mut world,
+            message(1, Kind::Remove(GhostRemove {})),
+            &mut out,
+        );
+        // Generation 1 is held (the ghost of generation 0 is shown, not yet released).
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        ghosts.apply(&mut world, released(0), &mut out);
+        assert_eq!(told(&mut out), [("left", 0)]);
+        ghosts.apply(&mut world, moved(0, 13), &mut out);
+        ghosts.apply(&mut world, upsert(0, 13), &mut out);
+        assert_eq!(
+            told(&mut out),
+            [],
+            "tombstone of generation 1 drops generation 0"
+        );
+        assert_eq!(world.position(PlayerId(GHOST)), None);
+    }
+}
