@@ -1,7 +1,7 @@
 //! Shard-to-shard streams: one outgoing `Peer` stream per other region owner, fed once per
 //! round of the world task, and the receiving side that fences each batch by epoch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +16,8 @@ use crate::ShardMetrics;
 /// Rounds of messages queued for one peer before the world task drops a round (counted in
 /// `meridian_shard_peer_rounds_dropped_total`): a peer stuck for this long is broken.
 const PEER_QUEUE: usize = 8192;
+/// Messages kept for a peer the partition names but that has no stream yet.
+const PENDING_FOR_UNKNOWN_PEER: usize = 65_536;
 /// Queued rounds merged into one gRPC message at most.
 const MERGE: usize = 64;
 
@@ -83,13 +85,31 @@ async fn run_peer(
     peer: ShardId,
     addr: String,
     mut queue: mpsc::Receiver<Vec<PeerMessage>>,
-    view: watch::Receiver<ClusterView>,
+    mut view: watch::Receiver<ClusterView>,
     metrics: Arc<ShardMetrics>,
 ) {
+    let mut sender = PeerSender {
+        me,
+        unconfirmed: VecDeque::new(),
+        next_seq: 1,
+    };
     let mut backoff = Duration::from_millis(50);
     loop {
-        match stream_once(me, &addr, &mut queue, &view, &metrics).await {
+        match sender.stream_once(&addr, &mut queue, &view, &metrics).await {
             Ok(()) => return,
+            Err(PeerError::StaleEpoch(theirs)) => {
+                // Catch up with the partition the peer already has, then send again.
+                info!(%peer, theirs, "peer is at a newer epoch; catching up before resending");
+                let caught_up =
+                    view.wait_for(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0) >= theirs);
+                if tokio::time::timeout(Duration::from_secs(5), caught_up)
+                    .await
+                    .is_err()
+                {
+                    warn!(%peer, theirs, "did not see the peer's epoch within 5 s; retrying anyway");
+                }
+                continue;
+            }
             Err(error) => warn!(%peer, %addr, %error, "peer stream failed; reconnecting"),
         }
         tokio::time::sleep(backoff).await;
@@ -103,46 +123,96 @@ enum PeerError {
     Connect(#[from] tonic::transport::Error),
     #[error("stream: {0}")]
     Stream(#[from] tonic::Status),
+    #[error("refused: the peer is at epoch {0}")]
+    StaleEpoch(u64),
 }
 
-async fn stream_once(
+/// The sending half of one ordered pair: batches keep their sequence numbers and stay
+/// here until acknowledged, so a refused or broken stream loses nothing that can be sent
+/// again.
+struct PeerSender {
     me: ShardId,
-    addr: &str,
-    queue: &mut mpsc::Receiver<Vec<PeerMessage>>,
-    view: &watch::Receiver<ClusterView>,
-    metrics: &ShardMetrics,
-) -> Result<(), PeerError> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(1))
-        .keep_alive_timeout(Duration::from_secs(2))
-        .connect()
-        .await?;
-    let mut client = ShardClient::new(channel)
-        .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
-        .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
-    let (upstream, upstream_rx) = mpsc::channel::<PeerBatch>(64);
-    let mut call = Box::pin(client.peer(ReceiverStream::new(upstream_rx)));
-    info!(%addr, "peer stream open");
-    let mut rounds = Vec::with_capacity(MERGE);
-    loop {
-        tokio::select! {
-            result = &mut call => {
-                result?;
-                return Err(PeerError::Stream(tonic::Status::unavailable("peer closed the stream")));
-            }
-            n = queue.recv_many(&mut rounds, MERGE) => {
-                if n == 0 {
-                    return Ok(());
-                }
-                let epoch = view.borrow().partition.as_ref().map(|p| p.epoch).unwrap_or(0);
-                let messages: Vec<PeerMessage> = rounds.drain(..).flatten().collect();
-                metrics.peer_messages_out.add(messages.len() as u64);
-                let batch = PeerBatch { from_shard: me.0, epoch, messages };
-                if upstream.send(batch).await.is_err() {
-                    debug!(%addr, "peer stream closed while sending");
-                    return Err(PeerError::Stream(tonic::Status::unavailable("stream closed")));
+    unconfirmed: VecDeque<PeerBatch>,
+    next_seq: u64,
+}
+
+impl PeerSender {
+    async fn stream_once(
+        &mut self,
+        addr: &str,
+        queue: &mut mpsc::Receiver<Vec<PeerMessage>>,
+        view: &watch::Receiver<ClusterView>,
+        metrics: &ShardMetrics,
+    ) -> Result<(), PeerError> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .connect()
+            .await?;
+        let mut client = ShardClient::new(channel)
+            .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
+            .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
+        let (upstream, upstream_rx) = mpsc::channel::<PeerBatch>(PEER_QUEUE);
+        let epoch = || {
+            view.borrow()
+                .partition
+                .as_ref()
+                .map(|p| p.epoch)
+                .unwrap_or(0)
+        };
+        // Whatever was not acknowledged goes first, under the epoch we have now.
+        for batch in self.unconfirmed.iter_mut() {
+            batch.epoch = epoch();
+            let _ = upstream.try_send(batch.clone());
+        }
+        let mut acks = client
+            .peer(ReceiverStream::new(upstream_rx))
+            .await?
+            .into_inner();
+        info!(%addr, resent = self.unconfirmed.len(), "peer stream open");
+        let mut rounds = Vec::with_capacity(MERGE);
+        loop {
+            tokio::select! {
+                ack = acks.message() => match ack {
+                    Ok(Some(ack)) => {
+                        while self.unconfirmed.front().is_some_and(|b| b.seq <= ack.applied_seq) {
+                            self.unconfirmed.pop_front();
+                        }
+                    }
+                    Ok(None) => {
+                        return Err(PeerError::Stream(tonic::Status::unavailable("peer ended the stream")));
+                    }
+                    Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                        let theirs = status
+                            .metadata()
+                            .get(crate::service::EPOCH_HEADER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(epoch() + 1);
+                        return Err(PeerError::StaleEpoch(theirs));
+                    }
+                    Err(status) => return Err(PeerError::Stream(status)),
+                },
+                n = queue.recv_many(&mut rounds, MERGE) => {
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    let messages: Vec<PeerMessage> = rounds.drain(..).flatten().collect();
+                    metrics.peer_messages_out.add(messages.len() as u64);
+                    let batch = PeerBatch { from_shard: self.me.0, epoch: epoch(), messages, seq: self.next_seq };
+                    self.next_seq += 1;
+                    if self.unconfirmed.len() >= PEER_QUEUE {
+                        metrics.peer_rounds_dropped.inc();
+                        warn!(%addr, "peer has not acknowledged for too long; dropping its oldest batch");
+                        self.unconfirmed.pop_front();
+                    }
+                    self.unconfirmed.push_back(batch.clone());
+                    if upstream.send(batch).await.is_err() {
+                        debug!(%addr, "peer stream closed while sending");
+                        return Err(PeerError::Stream(tonic::Status::unavailable("stream closed")));
+                    }
                 }
             }
         }
@@ -178,8 +248,15 @@ impl PeerOutbox {
                         }
                     }
                     None => {
-                        metrics.peer_rounds_dropped.inc();
-                        warn!(peer = %to, "no stream to peer; round dropped");
+                        // The partition named a peer whose stream is not set up yet (the
+                        // world task can see a new map a moment before the peer manager):
+                        // keep the round for the next flush, within a bound.
+                        if round.len() < PENDING_FOR_UNKNOWN_PEER {
+                            *messages = round;
+                        } else {
+                            metrics.peer_rounds_dropped.inc();
+                            warn!(peer = %to, "no stream to peer; round dropped");
+                        }
                     }
                 }
             }

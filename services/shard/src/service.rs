@@ -18,7 +18,13 @@ pub struct ShardService {
     next_link: Arc<AtomicU32>,
     view: Arc<EpochCell<ClusterView>>,
     metrics: Arc<ShardMetrics>,
+    /// Highest batch sequence number taken from each peer (resends are dropped). Locked
+    /// once per peer batch, not per message.
+    peer_applied: Arc<std::sync::Mutex<std::collections::HashMap<u32, u64>>>,
 }
+
+/// Metadata key carrying the receiver's epoch when it refuses a stale batch.
+pub const EPOCH_HEADER: &str = "x-meridian-epoch";
 
 impl ShardService {
     pub fn new(
@@ -31,6 +37,7 @@ impl ShardService {
             next_link: Arc::new(AtomicU32::new(1)),
             view,
             metrics,
+            peer_applied: Default::default(),
         }
     }
 }
@@ -98,37 +105,71 @@ impl Shard for ShardService {
         Ok(Response::new(ReceiverStream::new(out_rx)))
     }
 
+    type PeerStream = ReceiverStream<Result<PeerAck, Status>>;
+
     async fn peer(
         &self,
         request: Request<Streaming<PeerBatch>>,
-    ) -> Result<Response<PeerAck>, Status> {
+    ) -> Result<Response<Self::PeerStream>, Status> {
         let mut inbound = request.into_inner();
-        while let Some(batch) = inbound.message().await? {
-            let mine = self
-                .view
-                .read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
-            if batch.epoch < mine {
-                self.metrics.stale_epoch_refused.inc();
-                warn!(
-                    from = batch.from_shard,
-                    epoch = batch.epoch,
-                    mine,
-                    "peer batch from an older epoch refused"
-                );
-                return Err(Status::failed_precondition(format!(
-                    "stale partition epoch {} (this shard is at {mine})",
-                    batch.epoch
-                )));
+        let (acks, acks_rx) = mpsc::channel(64);
+        let commands = self.commands.clone();
+        let view = Arc::clone(&self.view);
+        let metrics = Arc::clone(&self.metrics);
+        let applied = Arc::clone(&self.peer_applied);
+        tokio::spawn(async move {
+            loop {
+                let batch = match inbound.message().await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) | Err(_) => return,
+                };
+                let mine = view.read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
+                if batch.epoch < mine {
+                    metrics.stale_epoch_refused.inc();
+                    warn!(
+                        from = batch.from_shard,
+                        epoch = batch.epoch,
+                        mine,
+                        "peer batch from an older epoch refused"
+                    );
+                    let mut status = Status::failed_precondition(format!(
+                        "stale partition epoch {} (this shard is at {mine})",
+                        batch.epoch
+                    ));
+                    if let Ok(value) = mine.to_string().parse() {
+                        status.metadata_mut().insert(EPOCH_HEADER, value);
+                    }
+                    let _ = acks.send(Err(status)).await;
+                    return;
+                }
+                // A batch resent after a reconnect may have been taken already.
+                let fresh = {
+                    let mut applied = applied.lock().expect("invariant: not poisoned");
+                    let last = applied.entry(batch.from_shard).or_insert(0);
+                    let fresh = batch.seq > *last;
+                    *last = (*last).max(batch.seq);
+                    fresh
+                };
+                if fresh {
+                    let command = Command::Peer {
+                        from: ShardId(batch.from_shard),
+                        messages: batch.messages,
+                    };
+                    if commands.send(command).await.is_err() {
+                        return;
+                    }
+                }
+                if acks
+                    .send(Ok(PeerAck {
+                        applied_seq: batch.seq,
+                    }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
-            let command = Command::Peer {
-                from: ShardId(batch.from_shard),
-                messages: batch.messages,
-            };
-            self.commands
-                .send(command)
-                .await
-                .map_err(|_| Status::unavailable("shard is stopping"))?;
-        }
-        Ok(Response::new(PeerAck {}))
+        });
+        Ok(Response::new(ReceiverStream::new(acks_rx)))
     }
 }

@@ -27,9 +27,14 @@ fn send_batch(grpc: std::net::SocketAddr, batch: PeerBatch) -> anyhow::Result<to
         .build()?;
     runtime.block_on(async move {
         let mut client = ShardClient::connect(format!("http://{grpc}")).await?;
-        let answer = client.peer(tokio_stream_once(batch)).await;
-        Ok(match answer {
-            Ok(_) => tonic::Code::Ok,
+        // The shard acknowledges a batch it takes, or ends the stream with an error.
+        let mut acks = match client.peer(tokio_stream_once(batch)).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => return Ok(status.code()),
+        };
+        Ok(match acks.message().await {
+            Ok(Some(_ack)) => tonic::Code::Ok,
+            Ok(None) => tonic::Code::Unknown,
             Err(status) => status.code(),
         })
     })
@@ -67,6 +72,7 @@ pub fn stale_epoch_is_refused(io: Io) {
         watcher.login("watcher", Some((x, y)))?;
 
         let stale = PeerBatch {
+            seq: 1,
             from_shard: pretend,
             epoch: epoch - 1,
             messages: vec![upsert(900_001, "stale", x + 1, y)],
@@ -80,6 +86,7 @@ pub fn stale_epoch_is_refused(io: Io) {
         ensure!(seen.is_empty(), "the refused batch was applied: {seen:?}");
 
         let current = PeerBatch {
+            seq: 2,
             from_shard: pretend,
             epoch,
             messages: vec![upsert(900_002, "fresh", x + 1, y)],
