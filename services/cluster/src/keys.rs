@@ -6,6 +6,7 @@
 //! /meridian/<cluster>/partition       PartitionMap JSON, written by the coordinator
 //! /meridian/<cluster>/election/...    etcd election keys for the coordinator
 //! /meridian/<cluster>/ids/next        next unallocated player id (decimal)
+//! /meridian/<cluster>/drain/<id>      an operator's request that a shard drain and exit
 //! ```
 
 use crate::model::{GatewayId, ShardId};
@@ -49,6 +50,14 @@ impl ClusterKeys {
 
     pub fn election(&self) -> String {
         format!("{}election", self.root)
+    }
+
+    pub fn drains_prefix(&self) -> String {
+        format!("{}drain/", self.root)
+    }
+
+    pub fn drain(&self, id: ShardId) -> String {
+        format!("{}drain/{}", self.root, id.0)
     }
 
     pub fn next_player_id(&self) -> String {

@@ -112,6 +112,8 @@ pub struct ClusterView {
     pub shards: BTreeMap<ShardId, ShardRecord>,
     pub gateways: BTreeMap<GatewayId, GatewayRecord>,
     pub partition: Option<PartitionMap>,
+    /// Shards an operator asked to drain (`meridian drain`).
+    pub drains: std::collections::BTreeSet<ShardId>,
     /// The etcd revision this view reflects.
     pub revision: i64,
 }

@@ -72,6 +72,11 @@ fn apply_put(view: &mut ClusterView, keys: &ClusterKeys, kv: &KeyValue) {
         serde_json::from_slice::<GatewayRecord>(kv.value()).map(|record| {
             view.gateways.insert(record.id, record);
         })
+    } else if let Some(id) = key.strip_prefix(&keys.drains_prefix()) {
+        if let Ok(id) = id.parse::<u32>() {
+            view.drains.insert(ShardId(id));
+        }
+        Ok(())
     } else if *key == keys.partition() {
         serde_json::from_slice::<PartitionMap>(kv.value()).map(|map| {
             // Never step back to an older epoch, whatever order events come in.
@@ -101,6 +106,8 @@ fn apply_delete(view: &mut ClusterView, keys: &ClusterKeys, key: &[u8]) {
         view.shards.remove(&ShardId(id));
     } else if let Some(id) = id_after(keys.gateways_prefix()) {
         view.gateways.remove(&GatewayId(id));
+    } else if let Some(id) = id_after(keys.drains_prefix()) {
+        view.drains.remove(&ShardId(id));
     }
 }
 

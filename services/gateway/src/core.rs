@@ -488,7 +488,7 @@ impl Ctx {
                 }
             }
             C::Logout(_) => match &conn.session {
-                Session::Playing { player, link } if link.is_up() => {
+                Session::Playing { player, link } if link.accepts_inputs() => {
                     let (player, link) = (*player, Arc::clone(link));
                     self.relay(
                         &link,
@@ -545,8 +545,17 @@ impl Ctx {
                     .cloned()
                     .map(Ok);
             }
-            let open: Vec<&Arc<ShardLink>> =
-                table.links.iter().filter(|l| l.takes_players()).collect();
+            let owns_a_region = |l: &ShardLink| {
+                table
+                    .partition
+                    .as_ref()
+                    .is_some_and(|p| p.regions_of(l.id).next().is_some())
+            };
+            let open: Vec<&Arc<ShardLink>> = table
+                .links
+                .iter()
+                .filter(|l| l.takes_players() && owns_a_region(l))
+                .collect();
             if open.is_empty() {
                 return None;
             }
@@ -616,7 +625,9 @@ impl Ctx {
         client_time: u64,
     ) -> Option<(u64, Arc<ShardLink>)> {
         match &conn.session {
-            Session::Playing { player, link } if link.is_up() => Some((*player, Arc::clone(link))),
+            Session::Playing { player, link } if link.accepts_inputs() => {
+                Some((*player, Arc::clone(link)))
+            }
             Session::Playing { .. } => {
                 self.refuse(
                     conn,

@@ -39,14 +39,12 @@ pub async fn maintain_links(
     let mut tasks: HashMap<ShardId, LinkTask> = HashMap::new();
     loop {
         let view = changes.borrow_and_update().clone();
-        let owners = view
-            .partition
-            .as_ref()
-            .map(|p| p.owners())
-            .unwrap_or_default();
-        let wanted: HashMap<ShardId, String> = owners
-            .iter()
-            .filter_map(|id| view.shards.get(id).map(|record| (*id, record.grpc.clone())))
+        // A link to every registered shard, region or not: a draining shard still sends
+        // its players' last output and handoff markers until it leaves.
+        let wanted: HashMap<ShardId, String> = view
+            .shards
+            .values()
+            .map(|record| (record.id, record.grpc.clone()))
             .collect();
         tasks.retain(|id, task| {
             let keep = wanted.get(id) == Some(&task.addr);
@@ -244,8 +242,10 @@ impl HealthCheck {
                     answer.await,
                     Ok(Ok(response)) if response.get_ref().status == serving
                 );
-                if link.set_healthy(healthy) != healthy {
-                    warn!(shard = %link.id, healthy, "shard health changed");
+                match (link.set_healthy(healthy), healthy) {
+                    (false, true) => info!(shard = %link.id, "shard healthy"),
+                    (true, false) => warn!(shard = %link.id, "shard failed its health check"),
+                    _ => {}
                 }
             }
         }))

@@ -18,6 +18,8 @@ pub struct ShardLink {
     /// Workers hand their per-iteration batches here; the relay task sends them on.
     pub inputs: mpsc::Sender<Vec<PlayerInput>>,
     up: AtomicBool,
+    /// The last stream failed and no new one is open yet.
+    failed: AtomicBool,
     /// The last gRPC health check passed (checked every second on the relay's channel).
     healthy: AtomicBool,
     /// Registered as serving (not draining) in etcd.
@@ -32,6 +34,7 @@ impl ShardLink {
             id,
             inputs,
             up: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             healthy: AtomicBool::new(false),
             serving: AtomicBool::new(true),
             load: AtomicU64::new(0),
@@ -71,6 +74,14 @@ impl ShardLink {
 
     pub fn set_up(&self, up: bool) {
         self.up.store(up, Ordering::Release);
+        self.failed.store(!up, Ordering::Release);
+    }
+
+    /// Whether inputs may be queued for this shard: the stream is open, or it is being
+    /// opened for the first time (a shard that just joined and already took players over);
+    /// queued inputs go out as soon as it opens. After a failure, no: they are refused.
+    pub fn accepts_inputs(&self) -> bool {
+        self.is_up() || !self.failed.load(Ordering::Acquire)
     }
 }
 

@@ -37,6 +37,8 @@ pub enum Command {
     Shard(ShardArgs),
     /// Print members, health and the partition map from etcd.
     Status(StatusArgs),
+    /// Ask a shard to hand off all its players and exit (what SIGTERM does too).
+    Drain(DrainArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -115,6 +117,10 @@ pub struct ShardArgs {
     /// Seed for random spawns.
     #[arg(long, env = "MERIDIAN_SEED", default_value_t = 1)]
     pub seed: u64,
+    /// Seconds a drain (SIGTERM or `meridian drain`) may take before it is reported as
+    /// incomplete and the shard exits non-zero.
+    #[arg(long, env = "MERIDIAN_DRAIN_TIMEOUT", default_value_t = 60)]
+    pub drain_timeout: u64,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -176,6 +182,30 @@ pub struct UpArgs {
     /// Write the cluster's addresses and pids as JSON here once everything is ready.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DrainArgs {
+    /// The shard to drain (or --id, as a Kubernetes preStop hook passes it).
+    #[arg(required_unless_present = "id", conflicts_with = "id")]
+    pub shard: Option<u32>,
+    #[arg(long, env = "MERIDIAN_SHARD_ID")]
+    pub id: Option<u32>,
+    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian")]
+    pub cluster: String,
+    #[arg(
+        long,
+        env = "MERIDIAN_ETCD",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd: Vec<String>,
+    /// Wait until the shard has handed off its players and left, printing progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up (exit 1) after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -291,6 +321,7 @@ impl ShardArgs {
             dev_mode: self.common.dev,
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             seed: self.seed,
+            drain_timeout: Duration::from_secs(self.drain_timeout),
             advertise: self.advertise,
         };
         finish(

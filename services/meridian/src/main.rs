@@ -3,6 +3,7 @@
 //! a typed config to the library crates; it holds no logic of its own beyond that.
 
 mod cli;
+mod drain;
 mod http;
 mod node;
 mod status;
@@ -18,6 +19,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Gateway(args) => args.validate().and_then(node::run_gateway),
         cli::Command::Up(args) => args.validate().and_then(up::run),
         cli::Command::Status(args) => status::run(args),
+        cli::Command::Drain(args) => drain::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

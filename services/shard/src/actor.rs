@@ -71,6 +71,10 @@ pub enum Command {
     Report {
         reply: oneshot::Sender<String>,
     },
+    /// How far a drain has got: (local players, handoffs not yet confirmed).
+    DrainStatus {
+        reply: oneshot::Sender<(usize, usize)>,
+    },
 }
 
 pub(crate) struct Link {
@@ -208,6 +212,14 @@ impl WorldActor {
             Command::Report { reply } => {
                 let _ = reply.send(self.report());
             }
+            Command::DrainStatus { reply } => {
+                let unconfirmed = self
+                    .handed_off
+                    .values()
+                    .filter(|h| h.acked.is_none())
+                    .count();
+                let _ = reply.send((self.seats.len(), unconfirmed));
+            }
         }
     }
 
@@ -219,7 +231,31 @@ impl WorldActor {
             let config = self.world.config().clone();
             self.geometry = self.view.read(|v| Geometry::from_view(v, self.id, &config));
             self.metrics.epoch.set(epoch as i64);
+            self.rebalance();
         }
+    }
+
+    /// A new partition: ghosts go where the new borders need them, and every local player
+    /// now standing in another shard's region is handed to it, exactly as if it had walked
+    /// across a border.
+    fn rebalance(&mut self) {
+        let players: Vec<PlayerId> = self.seats.keys().copied().collect();
+        for player in &players {
+            self.mirror(*player);
+        }
+        let mut moved = 0;
+        for player in players {
+            let owned = self
+                .world
+                .position(player)
+                .is_some_and(|at| self.geometry.owns(at));
+            if !owned {
+                self.hand_off(player);
+                moved += 1;
+            }
+        }
+        let epoch = self.geometry.epoch;
+        tracing::info!(shard = %self.id, epoch, handed_off = moved, "partition changed");
     }
 
     fn on_peer(&mut self, from: ShardId, message: PeerMessage) {

@@ -46,6 +46,8 @@ pub struct ShardConfig {
     pub lease_ttl: Duration,
     /// Seeds random spawns.
     pub seed: u64,
+    /// How long a drain may take before it is reported as incomplete.
+    pub drain_timeout: Duration,
     /// Signs the resume tokens handed out in LoginOk.
     pub resume_key: meridian_protocol::TokenKey,
     /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
@@ -61,9 +63,20 @@ pub enum ShardError {
     Listener(#[source] std::io::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The drain deadline passed with players still here: they were not handed off.
+    #[error("drain incomplete after {waited:?}: {players} players still here, {unconfirmed} handoffs unconfirmed")]
+    DrainIncomplete {
+        waited: Duration,
+        players: usize,
+        unconfirmed: usize,
+    },
 }
 
-/// Runs a shard on already-bound listeners until `shutdown` resolves.
+/// Runs a shard on already-bound listeners. When `shutdown` resolves (SIGTERM, as
+/// Kubernetes sends on scale-in) or an operator asks for a drain in etcd, the shard drains:
+/// it marks itself draining, the coordinator repartitions without it, it hands every player
+/// off, then deregisters and returns. A drain that misses `config.drain_timeout` returns
+/// [`ShardError::DrainIncomplete`].
 pub async fn run(
     config: ShardConfig,
     grpc: TcpListener,
@@ -160,9 +173,11 @@ pub async fn run(
         Some(body)
     });
     tokio::spawn(serve_admin_with(admin, registry, readiness, routes));
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(publish_load(
         record.clone(),
         Arc::clone(&metrics),
+        Arc::clone(&draining),
         registration.updater(),
     ));
 
@@ -170,34 +185,105 @@ pub async fn run(
     health_reporter
         .set_serving::<meridian_rpc::pb::shard_server::ShardServer<service::ShardService>>()
         .await;
-    let service = service::ShardService::new(commands, watch.view(), Arc::clone(&metrics));
+    let service = service::ShardService::new(commands.clone(), watch.view(), Arc::clone(&metrics));
     let server = meridian_rpc::pb::shard_server::ShardServer::new(service)
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
-    tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health_service)
-        .add_service(server)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
-    info!(shard = %config.id, "shard stopping; deregistering");
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(server)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = server_stopped.await;
+            }),
+    );
+
+    let mut changes = watch.changes();
+    let me = config.id;
+    tokio::select! {
+        _ = shutdown => info!(shard = %me, "stop signal: draining"),
+        _ = changes.wait_for(|v| v.drains.contains(&me)) => info!(shard = %me, "drain requested"),
+    }
+    draining.store(true, std::sync::atomic::Ordering::SeqCst);
+    registration.update(
+        ShardRecord {
+            state: ShardState::Draining,
+            ..record.clone()
+        }
+        .to_json(),
+    );
+    let outcome = drain(&commands, config.drain_timeout, me).await;
+    let _ = client.clone().delete(keys.drain(me), None).await;
+    info!(shard = %me, "shard stopping; deregistering");
     registration.revoke().await;
-    Ok(())
+    let _ = stop_server.send(());
+    if let Ok(result) = server.await {
+        result?;
+    }
+    outcome
+}
+
+/// Waits until every local player has been handed off and every handoff confirmed.
+async fn drain(
+    commands: &tokio::sync::mpsc::Sender<actor::Command>,
+    deadline: Duration,
+    me: ShardId,
+) -> Result<(), ShardError> {
+    let started = std::time::Instant::now();
+    let mut last_report = started;
+    loop {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if commands
+            .send(actor::Command::DrainStatus { reply })
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+        let (players, unconfirmed) = answer.await.unwrap_or((0, 0));
+        if players == 0 && unconfirmed == 0 {
+            info!(shard = %me, took = ?started.elapsed(), "drained");
+            return Ok(());
+        }
+        if started.elapsed() > deadline {
+            let waited = started.elapsed();
+            tracing::error!(shard = %me, players, unconfirmed, ?waited, "drain incomplete");
+            return Err(ShardError::DrainIncomplete {
+                waited,
+                players,
+                unconfirmed,
+            });
+        }
+        if last_report.elapsed() >= Duration::from_secs(1) {
+            last_report = std::time::Instant::now();
+            info!(shard = %me, players, unconfirmed, "draining");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Keeps the player count in the shard's etcd record fresh (placement and `status`).
 async fn publish_load(
     mut record: ShardRecord,
     metrics: Arc<ShardMetrics>,
+    draining: Arc<std::sync::atomic::AtomicBool>,
     update: impl Fn(String) + Send + 'static,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
         let players = metrics.players.get().max(0) as u64;
-        if players != record.players {
+        let state = if draining.load(std::sync::atomic::Ordering::SeqCst) {
+            ShardState::Draining
+        } else {
+            ShardState::Serving
+        };
+        if players != record.players || state != record.state {
             record.players = players;
+            record.state = state;
             update(record.to_json());
         }
     }

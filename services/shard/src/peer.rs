@@ -35,15 +35,13 @@ pub async fn maintain_peers(
     let mut current: HashMap<ShardId, mpsc::Sender<Vec<PeerMessage>>> = HashMap::new();
     loop {
         let view = changes.borrow_and_update().clone();
-        let owners = view
-            .partition
-            .as_ref()
-            .map(|p| p.owners())
-            .unwrap_or_default();
-        let wanted: HashMap<ShardId, String> = owners
-            .into_iter()
-            .filter(|id| *id != me)
-            .filter_map(|id| view.shards.get(&id).map(|s| (id, s.grpc.clone())))
+        // Every registered shard, region or not: a draining shard still hands players off
+        // and must hear their new owners confirm.
+        let wanted: HashMap<ShardId, String> = view
+            .shards
+            .values()
+            .filter(|s| s.id != me)
+            .map(|s| (s.id, s.grpc.clone()))
             .collect();
         let before = current.len();
         tasks.retain(|id, (addr, task)| {
