@@ -38,12 +38,8 @@ const LOGOUT_LINGER: Duration = Duration::from_secs(1);
 /// Socket read size; the frame reader keeps any partial frame between reads.
 const READ_CHUNK: usize = 4096;
 
-const DIRECTIONS: [pb::Direction; 4] = [
-    pb::Direction::Up,
-    pb::Direction::Down,
-    pb::Direction::Left,
-    pb::Direction::Right,
-];
+const DIRECTIONS: [pb::Direction; 4] =
+    [pb::Direction::Up, pb::Direction::Down, pb::Direction::Left, pb::Direction::Right];
 
 /// What every bot of the run shares and never changes.
 #[derive(Debug)]
@@ -147,9 +143,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, stream: Option<
     stats.bots_online.fetch_sub(1, Ordering::Relaxed);
     let disconnected = {
         let ledger = session.ledger();
-        stats
-            .moves_lost
-            .fetch_add(ledger.outstanding.len() as u64, Ordering::Relaxed);
+        stats.moves_lost.fetch_add(ledger.outstanding.len() as u64, Ordering::Relaxed);
         ledger.disconnected
     };
     if disconnected || !writer_intact {
@@ -182,10 +176,7 @@ struct Io<'a> {
 }
 
 fn random_cell(rng: &mut SmallRng, area: SpawnArea) -> pb::Position {
-    pb::Position {
-        x: rng.random_range(area.x0..=area.x1),
-        y: rng.random_range(area.y0..=area.y1),
-    }
+    pb::Position { x: rng.random_range(area.x0..=area.x1), y: rng.random_range(area.y0..=area.y1) }
 }
 
 async fn send(
@@ -201,17 +192,8 @@ async fn send(
 /// Sends `Login` and waits for `LoginOk`; returns the player id. Messages after `LoginOk`
 /// stay in `frames` for the reader.
 async fn log_in(io: Io<'_>, login: &Login, stats: &Stats, plan: &Plan) -> anyhow::Result<u64> {
-    let message = pb::Login {
-        name: login.name.clone(),
-        spawn: login.spawn,
-        token: String::new(),
-    };
-    send(
-        io.write_half,
-        io.encoded,
-        client_message::Kind::Login(message),
-    )
-    .await?;
+    let message = pb::Login { name: login.name.clone(), spawn: login.spawn, token: String::new() };
+    send(io.write_half, io.encoded, client_message::Kind::Login(message)).await?;
     let deadline = (Instant::now() + LOGIN_TIMEOUT).min(plan.drain_ends);
     loop {
         while let Some(message) = io.frames.next_message::<ServerMessage>()? {
@@ -246,12 +228,9 @@ async fn log_out(io: Io<'_>) -> io::Result<()> {
         while io.read_half.read(io.read_buf).await? > 0 {}
         Ok(())
     };
-    timeout_at(linger_ends, goodbye).await.unwrap_or_else(|_| {
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "server did not close",
-        ))
-    })
+    timeout_at(linger_ends, goodbye)
+        .await
+        .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "server did not close")))
 }
 
 /// The moves of one bot that are still waiting for an answer, oldest first.
@@ -325,10 +304,8 @@ impl Session<'_> {
             // Record before writing, so an answer can never arrive ahead of its entry.
             self.ledger().outstanding.push_back((client_time, now));
             bump(&self.stats.moves_sent);
-            let kind = client_message::Kind::Move(pb::Move {
-                direction: direction as i32,
-                client_time,
-            });
+            let kind =
+                client_message::Kind::Move(pb::Move { direction: direction as i32, client_time });
             tokio::select! {
                 result = send(write_half, encoded, kind) => {
                     if let Err(error) = result {
@@ -434,13 +411,8 @@ impl Session<'_> {
         // Answers come in send order, so the match is almost always at the front.
         let sent_at = {
             let mut ledger = self.ledger();
-            let position = ledger
-                .outstanding
-                .iter()
-                .position(|&(ct, _)| ct == client_time);
-            position
-                .and_then(|i| ledger.outstanding.remove(i))
-                .map(|(_, sent_at)| sent_at)
+            let position = ledger.outstanding.iter().position(|&(ct, _)| ct == client_time);
+            position.and_then(|i| ledger.outstanding.remove(i)).map(|(_, sent_at)| sent_at)
         };
         match (answer, sent_at) {
             (Answer::Ack, Some(sent_at)) => {

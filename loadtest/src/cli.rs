@@ -85,20 +85,11 @@ impl FromStr for SpawnArea {
         let [x0, y0, x1, y1] = parts.as_slice() else {
             return Err(format!("expected X0,Y0,X1,Y1, got {text:?}"));
         };
-        let cell = |s: &str| {
-            s.parse::<u32>()
-                .map_err(|e| format!("bad cell coordinate {s:?}: {e}"))
-        };
-        let area = SpawnArea {
-            x0: cell(x0)?,
-            y0: cell(y0)?,
-            x1: cell(x1)?,
-            y1: cell(y1)?,
-        };
+        let cell =
+            |s: &str| s.parse::<u32>().map_err(|e| format!("bad cell coordinate {s:?}: {e}"));
+        let area = SpawnArea { x0: cell(x0)?, y0: cell(y0)?, x1: cell(x1)?, y1: cell(y1)? };
         if area.x0 > area.x1 || area.y0 > area.y1 {
-            return Err(format!(
-                "empty spawn area {text:?}: need X0 <= X1 and Y0 <= Y1"
-            ));
+            return Err(format!("empty spawn area {text:?}: need X0 <= X1 and Y0 <= Y1"));
         }
         Ok(area)
     }
@@ -113,18 +104,12 @@ impl fmt::Display for SpawnArea {
 /// Parses `250us`, `500ms`, `1s`, `2m`, `1h`: a whole number and a unit, nothing else.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     if number.is_empty() {
-        return Err(format!(
-            "duration {text:?} must start with a whole number, e.g. 500ms"
-        ));
+        return Err(format!("duration {text:?} must start with a whole number, e.g. 500ms"));
     }
-    let value: u64 = number
-        .parse()
-        .map_err(|e| format!("duration {text:?}: {e}"))?;
+    let value: u64 = number.parse().map_err(|e| format!("duration {text:?}: {e}"))?;
     let micros_per_unit: u64 = match unit {
         "us" | "µs" => 1,
         "ms" => 1_000,
@@ -180,10 +165,7 @@ impl Config {
             }
         }
         if cli.source_ips == 0 || cli.source_ips > 65_536 {
-            problems.push(format!(
-                "--source-ips must be 1..=65536, got {}",
-                cli.source_ips
-            ));
+            problems.push(format!("--source-ips must be 1..=65536, got {}", cli.source_ips));
         }
         if !cli.addr.contains(':') {
             problems.push(format!("--addr must be HOST:PORT, got {:?}", cli.addr));
@@ -238,41 +220,18 @@ mod tests {
 
     #[test]
     fn durations_without_number_or_unit_are_refused() {
-        for bad in [
-            "",
-            "s",
-            "10",
-            "1.5s",
-            "-1s",
-            "10 s",
-            "3d",
-            "1sec",
-            "99999999999999999999s",
-        ] {
+        for bad in ["", "s", "10", "1.5s", "-1s", "10 s", "3d", "1sec", "99999999999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
         }
-        assert!(parse_duration("18446744073709551615h")
-            .unwrap_err()
-            .contains("too large"));
+        assert!(parse_duration("18446744073709551615h").unwrap_err().contains("too large"));
     }
 
     #[test]
     fn spawn_area_parses_and_rejects_empty_rectangles() {
         let area: SpawnArea = "10, 20,30,40".parse().unwrap();
-        assert_eq!(
-            area,
-            SpawnArea {
-                x0: 10,
-                y0: 20,
-                x1: 30,
-                y1: 40
-            }
-        );
+        assert_eq!(area, SpawnArea { x0: 10, y0: 20, x1: 30, y1: 40 });
         assert_eq!(area.to_string(), "10,20,30,40");
-        assert!(
-            "5,5,5,5".parse::<SpawnArea>().is_ok(),
-            "a single cell is an area"
-        );
+        assert!("5,5,5,5".parse::<SpawnArea>().is_ok(), "a single cell is an area");
         assert!("30,0,10,5".parse::<SpawnArea>().is_err());
         assert!("1,2,3".parse::<SpawnArea>().is_err());
         assert!("1,2,3,x".parse::<SpawnArea>().is_err());
@@ -295,17 +254,8 @@ mod tests {
         ])
         .unwrap();
         let message = Config::from_cli(cli).unwrap_err().to_string();
-        for expected in [
-            "--bots",
-            "--move-interval",
-            "--addr",
-            "--name-prefix",
-            "--drain",
-        ] {
-            assert!(
-                message.contains(expected),
-                "{expected} missing from: {message}"
-            );
+        for expected in ["--bots", "--move-interval", "--addr", "--name-prefix", "--drain"] {
+            assert!(message.contains(expected), "{expected} missing from: {message}");
         }
     }
 

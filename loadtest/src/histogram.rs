@@ -18,11 +18,7 @@ const BUCKETS: usize = bucket_index(MAX_TRACKED) + 1;
 /// The bucket of `value` µs. Below 128 every value has its own bucket; above, a value
 /// with its highest set bit at `e` lands in octave `e - 7` at sub-bucket `value >> (e - 7)`.
 const fn bucket_index(value: u64) -> usize {
-    let value = if value > MAX_TRACKED {
-        MAX_TRACKED
-    } else {
-        value
-    };
+    let value = if value > MAX_TRACKED { MAX_TRACKED } else { value };
     if value < SUB_BUCKETS {
         return value as usize;
     }
@@ -53,12 +49,7 @@ pub struct Histogram {
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram {
-            counts: vec![0; BUCKETS],
-            count: 0,
-            sum: 0,
-            max: 0,
-        }
+        Histogram { counts: vec![0; BUCKETS], count: 0, sum: 0, max: 0 }
     }
 }
 
@@ -169,31 +160,15 @@ mod tests {
         let mut expected_low = 0;
         for index in 0..BUCKETS {
             let (low, high) = bucket_range(index);
-            assert_eq!(
-                low,
-                expected_low,
-                "bucket {index} must start where {} ended",
-                index - 1
-            );
+            assert_eq!(low, expected_low, "bucket {index} must start where {} ended", index - 1);
             assert!(high >= low);
-            assert!(
-                (high - low) as f64 <= low as f64 / 128.0,
-                "bucket {index} too wide"
-            );
+            assert!((high - low) as f64 <= low as f64 / 128.0, "bucket {index} too wide");
             assert_eq!(bucket_index(low), index);
             assert_eq!(bucket_index(high), index);
             expected_low = high + 1;
         }
-        assert_eq!(
-            expected_low,
-            MAX_TRACKED + 1,
-            "the last bucket ends at the clamp"
-        );
-        assert_eq!(
-            bucket_index(u64::MAX),
-            BUCKETS - 1,
-            "huge values are clamped, not lost"
-        );
+        assert_eq!(expected_low, MAX_TRACKED + 1, "the last bucket ends at the clamp");
+        assert_eq!(bucket_index(u64::MAX), BUCKETS - 1, "huge values are clamped, not lost");
     }
 
     #[test]
@@ -223,18 +198,10 @@ mod tests {
         for v in 1..=100_000u64 {
             histogram.record(v);
         }
-        for (q, exact) in [
-            (0.5, 50_000.0),
-            (0.9, 90_000.0),
-            (0.99, 99_000.0),
-            (0.999, 99_900.0),
-        ] {
+        for (q, exact) in [(0.5, 50_000.0), (0.9, 90_000.0), (0.99, 99_000.0), (0.999, 99_900.0)] {
             let got = histogram.quantile(q).unwrap();
             let error = (got - exact).abs() / exact;
-            assert!(
-                error < 0.01,
-                "q{q}: got {got}, exact {exact}, error {error}"
-            );
+            assert!(error < 0.01, "q{q}: got {got}, exact {exact}, error {error}");
         }
         assert_eq!(histogram.max(), Some(100_000));
         assert_eq!(histogram.mean(), Some(50_000.5));
@@ -252,11 +219,7 @@ mod tests {
         assert!((histogram.quantile(0.99).unwrap() - 1_000.0).abs() < 10.0);
         let p999 = histogram.quantile(0.999).unwrap();
         assert!((p999 - 250_000.0).abs() / 250_000.0 < 0.01, "p999 {p999}");
-        assert_eq!(
-            histogram.quantile(1.0),
-            Some(250_000.0),
-            "p100 is clamped to the max"
-        );
+        assert_eq!(histogram.quantile(1.0), Some(250_000.0), "p100 is clamped to the max");
     }
 
     #[test]

@@ -100,25 +100,13 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
         .with_context(|| format!("cannot connect to --addr {} ({target})", config.addr))?;
 
     let (stop_reporter, stopped) = tokio::sync::oneshot::channel::<()>();
-    let reporter = tokio::spawn(report_every_second(
-        Arc::clone(&stats),
-        started,
-        config.bots,
-        stopped,
-    ));
+    let reporter =
+        tokio::spawn(report_every_second(Arc::clone(&stats), started, config.bots, stopped));
 
     let mut bots = JoinSet::new();
-    bots.spawn(bot::run(
-        Arc::clone(&plan),
-        Arc::clone(&stats),
-        0,
-        Some(first),
-    ));
+    bots.spawn(bot::run(Arc::clone(&plan), Arc::clone(&stats), 0, Some(first)));
     for index in 1..config.bots {
-        let due = config
-            .connect_interval
-            .checked_mul(index)
-            .and_then(|d| started.checked_add(d));
+        let due = config.connect_interval.checked_mul(index).and_then(|d| started.checked_add(d));
         let Some(at) = due.filter(|&at| at < sending_ends) else {
             warn!(
                 started = index,
@@ -177,11 +165,7 @@ async fn resolve(addr: &str, source_ips: u32) -> anyhow::Result<SocketAddr> {
         .await
         .with_context(|| format!("cannot resolve --addr {addr}"))?
         .collect();
-    let Some(target) = candidates
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(candidates.first())
-        .copied()
+    let Some(target) = candidates.iter().find(|a| a.is_ipv4()).or(candidates.first()).copied()
     else {
         bail!("--addr {addr} resolves to no address");
     };
@@ -198,10 +182,7 @@ async fn resolve(addr: &str, source_ips: u32) -> anyhow::Result<SocketAddr> {
 /// Raises the open-file soft limit towards `needed` (up to the hard limit), so thousands
 /// of bots do not fail with "too many open files"; warns if that is not enough.
 fn raise_fd_limit(needed: u64) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one `rlimit` through a valid pointer.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return;
@@ -209,21 +190,11 @@ fn raise_fd_limit(needed: u64) {
     if limit.rlim_cur >= needed {
         return;
     }
-    let wanted = libc::rlimit {
-        rlim_cur: needed.min(limit.rlim_max),
-        rlim_max: limit.rlim_max,
-    };
+    let wanted = libc::rlimit { rlim_cur: needed.min(limit.rlim_max), rlim_max: limit.rlim_max };
     // SAFETY: setrlimit reads one `rlimit` through a valid pointer.
     let raised = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } == 0;
-    let have = if raised {
-        wanted.rlim_cur
-    } else {
-        limit.rlim_cur
-    };
+    let have = if raised { wanted.rlim_cur } else { limit.rlim_cur };
     if have < needed {
-        warn!(
-            have,
-            needed, "open-file limit too low: bots beyond it will fail to connect"
-        );
+        warn!(have, needed, "open-file limit too low: bots beyond it will fail to connect");
     }
 }

@@ -170,14 +170,9 @@ impl Reporter {
     }
 
     fn print(&mut self, stats: &Stats, entry: &SecondStats, now: Instant) {
-        let span = now
-            .saturating_duration_since(self.last_at)
-            .as_secs_f64()
-            .max(1e-3);
+        let span = now.saturating_duration_since(self.last_at).as_secs_f64().max(1e-3);
         self.last_at = now;
-        let p99 = entry
-            .p99_ms
-            .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2} ms"));
+        let p99 = entry.p99_ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2} ms"));
         eprintln!(
             "[{:>7.1}s] bots {:>6}/{} | moves sent {:>7.0}/s acked {:>7.0}/s | notifications \
              {:>8.0}/s | p99 {p99} | errors {} | disconnects {}",
@@ -306,11 +301,7 @@ mod tests {
         assert_eq!(by_code.get("RATE_LIMITED"), Some(&2));
         assert_eq!(by_code.get("UNAVAILABLE"), Some(&1));
         assert_eq!(by_code.get("UNKNOWN"), Some(&2));
-        assert_eq!(
-            by_code.len(),
-            3,
-            "codes never seen are left out: {by_code:?}"
-        );
+        assert_eq!(by_code.len(), 3, "codes never seen are left out: {by_code:?}");
     }
 
     #[test]

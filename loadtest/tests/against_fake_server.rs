@@ -66,9 +66,7 @@ fn get(counter: &AtomicU64) -> u64 {
 }
 
 async fn start_fake_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts>) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind an ephemeral port");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind an ephemeral port");
     let addr = listener.local_addr().expect("listener address");
     let counts = Arc::new(Counts::default());
     let behaviour = Arc::new(behaviour);
@@ -132,9 +130,8 @@ async fn serve_connection(
             Ok(n) => n,
         };
         frames.extend(&buf[..n]);
-        while let Some(message) = frames
-            .next_message::<ClientMessage>()
-            .expect("bots send valid frames")
+        while let Some(message) =
+            frames.next_message::<ClientMessage>().expect("bots send valid frames")
         {
             match message.kind.expect("bots always set a kind") {
                 client_message::Kind::Login(login) => {
@@ -174,11 +171,7 @@ async fn serve_connection(
                         add(&counts.moves_unanswered);
                     } else if is_nth(behaviour.error_every) {
                         add(&counts.moves_errored);
-                        reply(server::error(
-                            ErrorCode::RateLimited,
-                            "slow down",
-                            mv.client_time,
-                        ));
+                        reply(server::error(ErrorCode::RateLimited, "slow down", mv.client_time));
                     } else {
                         add(&counts.moves_acked);
                         reply(server::moved(player_id, 1, 1, mv.client_time));
@@ -223,27 +216,19 @@ async fn run_ok(test: &str, args: &[&str]) -> Value {
     all_args.extend(["--json", &path_arg]);
     let output = run_loadtest(&all_args).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "loadtest {all_args:?} failed: {stderr}"
-    );
+    assert!(output.status.success(), "loadtest {all_args:?} failed: {stderr}");
     let from_stdout: Value = serde_json::from_slice(&output.stdout).expect("stdout is the JSON");
     let from_file: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("--json file written"))
             .expect("--json file is JSON");
     let _ = std::fs::remove_file(&path);
     assert_eq!(from_stdout, from_file, "stdout and --json differ");
-    assert!(
-        stderr.contains("bots"),
-        "expected progress lines on stderr, got: {stderr}"
-    );
+    assert!(stderr.contains("bots"), "expected progress lines on stderr, got: {stderr}");
     from_stdout
 }
 
 fn n(summary: &Value, field: &str) -> u64 {
-    summary[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{field} missing or not a count: {summary}"))
+    summary[field].as_u64().unwrap_or_else(|| panic!("{field} missing or not a count: {summary}"))
 }
 
 fn per_second_sum(summary: &Value, field: &str) -> u64 {
@@ -286,11 +271,7 @@ async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
     .await;
 
     assert_eq!(n(&summary, "bots_target"), 8);
-    assert_eq!(
-        n(&summary, "bots_connected"),
-        7,
-        "bot-3's login was refused"
-    );
+    assert_eq!(n(&summary, "bots_connected"), 7, "bot-3's login was refused");
     assert_eq!(n(&summary, "login_failures"), 1);
     assert_eq!(n(&summary, "disconnects"), 1, "bot-4's connection was cut");
     assert_eq!(n(&summary, "seed"), 42);
@@ -303,69 +284,33 @@ async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
         n(&summary, "moves_errored"),
         n(&summary, "moves_lost"),
     );
-    assert_eq!(
-        sent,
-        acked + errored + lost,
-        "every move has exactly one fate: {summary}"
-    );
+    assert_eq!(sent, acked + errored + lost, "every move has exactly one fate: {summary}");
     assert_eq!(acked, get(&counts.moves_acked), "acks the server sent");
-    assert_eq!(
-        errored,
-        get(&counts.moves_errored),
-        "errors the server sent"
-    );
+    assert_eq!(errored, get(&counts.moves_errored), "errors the server sent");
     // A move the cut bot wrote after the server stopped reading is lost too.
     let never_read = sent - get(&counts.moves_received);
-    assert!(
-        never_read <= 1,
-        "{never_read} moves never reached the server"
-    );
-    assert_eq!(
-        lost,
-        get(&counts.moves_unanswered) + never_read,
-        "unanswered moves are lost"
-    );
-    assert!(
-        lost >= 6 && errored >= 6,
-        "the run was too short to test anything: {summary}"
-    );
+    assert!(never_read <= 1, "{never_read} moves never reached the server");
+    assert_eq!(lost, get(&counts.moves_unanswered) + never_read, "unanswered moves are lost");
+    assert!(lost >= 6 && errored >= 6, "the run was too short to test anything: {summary}");
     // About 2 s / 50 ms = 40 moves per bot, fewer for the one that was cut.
     assert!(sent >= 6 * 30, "expected about 40 moves per bot: {summary}");
 
-    assert_eq!(
-        summary["errors_by_code"]["RATE_LIMITED"].as_u64(),
-        Some(errored)
-    );
+    assert_eq!(summary["errors_by_code"]["RATE_LIMITED"].as_u64(), Some(errored));
     assert_eq!(summary["errors_by_code"]["UNAVAILABLE"].as_u64(), Some(1));
-    assert_eq!(
-        get(&counts.logouts),
-        6,
-        "every bot still connected logs out"
-    );
+    assert_eq!(get(&counts.logouts), 6, "every bot still connected logs out");
 
     let notifications = n(&summary, "notifications");
     assert!(notifications >= 7, "at least each bot's Entered: {summary}");
     assert!(notifications <= get(&counts.notifications_sent));
     let delay = &summary["delay_ms"];
     for field in ["p50", "p90", "p99", "p999", "max", "mean"] {
-        assert!(
-            delay[field].as_f64().is_some_and(|ms| ms >= 0.0),
-            "delay_ms.{field}: {delay}"
-        );
+        assert!(delay[field].as_f64().is_some_and(|ms| ms >= 0.0), "delay_ms.{field}: {delay}");
     }
     assert!(delay["p50"].as_f64() <= delay["p99"].as_f64());
     assert!(delay["p99"].as_f64() <= delay["max"].as_f64());
 
-    assert_eq!(
-        per_second_sum(&summary, "acked"),
-        acked,
-        "per_second covers every ack"
-    );
-    assert_eq!(
-        per_second_sum(&summary, "sent"),
-        sent,
-        "per_second covers every move"
-    );
+    assert_eq!(per_second_sum(&summary, "acked"), acked, "per_second covers every ack");
+    assert_eq!(per_second_sum(&summary, "sent"), sent, "per_second covers every move");
     assert!(summary["per_second"].as_array().unwrap().len() >= 2);
     assert_eq!(summary["duration_s"].as_f64(), Some(2.0));
     assert_eq!(summary["move_interval_ms"].as_f64(), Some(50.0));
@@ -374,11 +319,7 @@ async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_server_does_not_slow_the_send_schedule() {
     let reply_delay = Duration::from_millis(300);
-    let (addr, counts) = start_fake_server(Behaviour {
-        reply_delay,
-        ..Behaviour::default()
-    })
-    .await;
+    let (addr, counts) = start_fake_server(Behaviour { reply_delay, ..Behaviour::default() }).await;
     let addr = addr.to_string();
     let summary = run_ok(
         "open-loop",
@@ -405,67 +346,32 @@ async fn a_slow_server_does_not_slow_the_send_schedule() {
 
     // Closed loop would manage 2 s / 300 ms = 7 moves per bot; the schedule asks for 20.
     let sent = n(&summary, "moves_sent");
-    assert!(
-        sent >= 4 * 15,
-        "the send schedule waited for acks: {sent} moves sent"
-    );
-    assert_eq!(
-        n(&summary, "moves_acked"),
-        sent,
-        "all answered within the drain: {summary}"
-    );
+    assert!(sent >= 4 * 15, "the send schedule waited for acks: {sent} moves sent");
+    assert_eq!(n(&summary, "moves_acked"), sent, "all answered within the drain: {summary}");
     assert_eq!(n(&summary, "moves_lost"), 0);
-    let p50 = summary["delay_ms"]["p50"]
-        .as_f64()
-        .expect("delays measured");
-    assert!(
-        p50 >= 300.0,
-        "every answer was held 300 ms, yet p50 is {p50} ms"
-    );
+    let p50 = summary["delay_ms"]["p50"].as_f64().expect("delays measured");
+    assert!(p50 >= 300.0, "every answer was held 300 ms, yet p50 is {p50} ms");
 
     let spawns = counts.spawns.lock().unwrap().clone();
     assert_eq!(spawns.len(), 4, "each bot asked for a spawn cell");
     for (x, y) in spawns {
-        assert!(
-            (10..=30).contains(&x) && (20..=40).contains(&y),
-            "spawn ({x},{y}) outside"
-        );
+        assert!((10..=30).contains(&x) && (20..=40).contains(&y), "spawn ({x},{y}) outside");
     }
     let peers = counts.peers.lock().unwrap().clone();
-    let expected: BTreeSet<std::net::IpAddr> = ["127.0.0.1", "127.0.0.2"]
-        .iter()
-        .map(|ip| ip.parse().unwrap())
-        .collect();
-    assert_eq!(
-        peers, expected,
-        "bots are spread over both source addresses"
-    );
+    let expected: BTreeSet<std::net::IpAddr> =
+        ["127.0.0.1", "127.0.0.2"].iter().map(|ip| ip.parse().unwrap()).collect();
+    assert_eq!(peers, expected, "bots are spread over both source addresses");
 }
 
 #[tokio::test]
 async fn an_unreachable_address_fails_with_a_clear_message() {
     // Bind and release a port, so nothing listens on it.
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().to_string();
     let output = run_loadtest(&["--addr", &addr, "--bots", "3", "--duration", "1s"]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "an unreachable address fails the run: {stderr}"
-    );
-    assert!(
-        stderr.contains("cannot connect") && stderr.contains(&addr),
-        "stderr: {stderr}"
-    );
-    assert!(
-        output.stdout.is_empty(),
-        "no summary for a run that never started"
-    );
+    assert_eq!(output.status.code(), Some(1), "an unreachable address fails the run: {stderr}");
+    assert!(stderr.contains("cannot connect") && stderr.contains(&addr), "stderr: {stderr}");
+    assert!(output.stdout.is_empty(), "no summary for a run that never started");
 }
 
 #[tokio::test]
@@ -473,11 +379,7 @@ async fn a_bad_command_line_lists_every_problem() {
     let output =
         run_loadtest(&["--addr", "nowhere", "--bots", "0", "--move-interval", "0ms"]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        output.status.code(),
-        Some(2),
-        "a usage error exits 2: {stderr}"
-    );
+    assert_eq!(output.status.code(), Some(2), "a usage error exits 2: {stderr}");
     for problem in ["--addr", "--bots", "--move-interval"] {
         assert!(stderr.contains(problem), "{problem} not reported: {stderr}");
     }

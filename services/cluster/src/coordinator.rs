@@ -24,13 +24,7 @@ pub struct Coordinator {
 
 impl Coordinator {
     pub fn new(client: Client, keys: ClusterKeys, me: ShardId, width: u32, height: u32) -> Self {
-        Coordinator {
-            client,
-            keys,
-            me,
-            width,
-            height,
-        }
+        Coordinator { client, keys, me, width, height }
     }
 
     /// Campaigns on `lease` and, while leader, keeps the partition in step with the
@@ -42,10 +36,8 @@ impl Coordinator {
     ) {
         loop {
             let lease_id = lease();
-            let campaign = self
-                .client
-                .campaign(self.keys.election(), self.me.0.to_string(), lease_id)
-                .await;
+            let campaign =
+                self.client.campaign(self.keys.election(), self.me.0.to_string(), lease_id).await;
             let leader_key = match campaign {
                 Ok(response) => response.leader().map(|l| l.key().to_vec()),
                 Err(error) => {
@@ -96,19 +88,11 @@ impl Coordinator {
 
     async fn publish(&mut self, regions: Vec<Region>) -> Result<(), ClusterError> {
         let key = self.keys.partition();
-        let current = self
-            .client
-            .get(key.as_str(), None)
-            .await
-            .map_err(ClusterError::from_etcd)?;
+        let current = self.client.get(key.as_str(), None).await.map_err(ClusterError::from_etcd)?;
         let (epoch, compare) = match current.kvs().first() {
             Some(kv) => {
-                let old: PartitionMap = serde_json::from_slice(kv.value()).map_err(|source| {
-                    ClusterError::BadValue {
-                        key: key.clone(),
-                        source,
-                    }
-                })?;
+                let old: PartitionMap = serde_json::from_slice(kv.value())
+                    .map_err(|source| ClusterError::BadValue { key: key.clone(), source })?;
                 (
                     old.epoch + 1,
                     Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
@@ -116,29 +100,14 @@ impl Coordinator {
             }
             None => (1, Compare::version(key.as_str(), CompareOp::Equal, 0)),
         };
-        let map = PartitionMap {
-            epoch,
-            width: self.width,
-            height: self.height,
-            regions,
-        };
+        let map = PartitionMap { epoch, width: self.width, height: self.height, regions };
         let value = serde_json::to_string(&map).expect("invariant: a partition map serialises");
-        let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::put(key.as_str(), value, None)]);
-        let response = self
-            .client
-            .txn(txn)
-            .await
-            .map_err(ClusterError::from_etcd)?;
+        let txn = Txn::new().when([compare]).and_then([TxnOp::put(key.as_str(), value, None)]);
+        let response = self.client.txn(txn).await.map_err(ClusterError::from_etcd)?;
         if !response.succeeded() {
             return Err(ClusterError::Conflict(key));
         }
-        info!(
-            epoch,
-            shards = map.owners().len(),
-            "published partition map"
-        );
+        info!(epoch, shards = map.owners().len(), "published partition map");
         Ok(())
     }
 }
@@ -154,9 +123,7 @@ pub fn compute_partition(shards: &[ShardId], width: u32, height: u32) -> Vec<Reg
     if n == 0 {
         return Vec::new();
     }
-    let columns = (1..=n)
-        .find(|c| c * c >= n)
-        .expect("invariant: n >= 1 has a square root bound");
+    let columns = (1..=n).find(|c| c * c >= n).expect("invariant: n >= 1 has a square root bound");
     let mut regions = Vec::with_capacity(shards.len());
     let mut next = shards.into_iter();
     for column in 0..columns {
@@ -168,13 +135,7 @@ pub fn compute_partition(shards: &[ShardId], width: u32, height: u32) -> Vec<Reg
             let y0 = height * row / rows;
             let y1 = height * (row + 1) / rows;
             let shard = next.next().expect("invariant: rows sum to n");
-            regions.push(Region {
-                shard,
-                x0,
-                y0,
-                x1,
-                y1,
-            });
+            regions.push(Region { shard, x0, y0, x1, y1 });
         }
     }
     regions

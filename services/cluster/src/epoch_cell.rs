@@ -13,9 +13,7 @@ pub struct EpochCell<T> {
 
 impl<T: Send + Sync + 'static> EpochCell<T> {
     pub fn new(value: T) -> Self {
-        EpochCell {
-            current: Atomic::new(value),
-        }
+        EpochCell { current: Atomic::new(value) }
     }
 
     /// Runs `f` on the current value. Keep `f` short: it holds the epoch pinned.
@@ -31,9 +29,7 @@ impl<T: Send + Sync + 'static> EpochCell<T> {
     /// Replaces the value; the old one is dropped when every reader has moved on.
     pub fn store(&self, value: T) {
         let guard = epoch::pin();
-        let old = self
-            .current
-            .swap(Owned::new(value), Ordering::AcqRel, &guard);
+        let old = self.current.swap(Owned::new(value), Ordering::AcqRel, &guard);
         // SAFETY: `old` was unlinked by the swap above, so no new reader can load it, and
         // destruction is deferred past every guard pinned before the swap.
         unsafe { guard.defer_destroy(old) };

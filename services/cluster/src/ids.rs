@@ -16,21 +16,14 @@ pub struct IdAllocator {
 
 impl IdAllocator {
     pub fn new(client: Client, keys: &ClusterKeys, block: u64) -> Self {
-        IdAllocator {
-            client,
-            key: keys.next_player_id(),
-            block: block.max(1),
-        }
+        IdAllocator { client, key: keys.next_player_id(), block: block.max(1) }
     }
 
     /// Claims the next block `[first, first + block)`.
     pub async fn claim_block(&mut self) -> Result<std::ops::Range<u64>, ClusterError> {
         for _ in 0..64 {
-            let current = self
-                .client
-                .get(self.key.as_str(), None)
-                .await
-                .map_err(ClusterError::from_etcd)?;
+            let current =
+                self.client.get(self.key.as_str(), None).await.map_err(ClusterError::from_etcd)?;
             let (next, compare) = match current.kvs().first() {
                 Some(kv) => {
                     let next = std::str::from_utf8(kv.value())
@@ -54,11 +47,7 @@ impl IdAllocator {
                 end.to_string(),
                 None,
             )]);
-            let response = self
-                .client
-                .txn(txn)
-                .await
-                .map_err(ClusterError::from_etcd)?;
+            let response = self.client.txn(txn).await.map_err(ClusterError::from_etcd)?;
             if response.succeeded() {
                 return Ok(next..end);
             }

@@ -18,9 +18,7 @@ pub struct ClusterKeys {
 
 impl ClusterKeys {
     pub fn new(cluster: &str) -> Self {
-        ClusterKeys {
-            root: format!("/meridian/{cluster}/"),
-        }
+        ClusterKeys { root: format!("/meridian/{cluster}/") }
     }
 
     /// Everything of this cluster: the prefix watched by every node.

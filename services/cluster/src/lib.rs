@@ -44,14 +44,9 @@ pub async fn connect_with(
 ) -> Result<etcd_client::Client, ClusterError> {
     let mut options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(std::time::Duration::from_secs(2))
-        .with_keep_alive(
-            std::time::Duration::from_secs(2),
-            std::time::Duration::from_secs(2),
-        );
+        .with_keep_alive(std::time::Duration::from_secs(2), std::time::Duration::from_secs(2));
     if let Some(timeout) = request_timeout {
         options = options.with_timeout(timeout);
     }
-    etcd_client::Client::connect(endpoints, Some(options))
-        .await
-        .map_err(ClusterError::Unreachable)
+    etcd_client::Client::connect(endpoints, Some(options)).await.map_err(ClusterError::Unreachable)
 }

@@ -86,10 +86,7 @@ pub struct PartitionMap {
 impl PartitionMap {
     /// The shard that owns a cell, if the map covers it.
     pub fn owner_of(&self, x: u32, y: u32) -> Option<ShardId> {
-        self.regions
-            .iter()
-            .find(|r| r.contains(x, y))
-            .map(|r| r.shard)
+        self.regions.iter().find(|r| r.contains(x, y)).map(|r| r.shard)
     }
 
     /// The regions of one shard.
@@ -121,9 +118,7 @@ pub struct ClusterView {
 impl ClusterView {
     /// Live shards that take new players.
     pub fn serving_shards(&self) -> impl Iterator<Item = &ShardRecord> {
-        self.shards
-            .values()
-            .filter(|s| s.state == ShardState::Serving)
+        self.shards.values().filter(|s| s.state == ShardState::Serving)
     }
 }
 

@@ -61,13 +61,7 @@ impl Registration {
             Arc::clone(&lease),
             status.clone(),
         ));
-        Ok(Registration {
-            value: sender,
-            status,
-            lease,
-            client,
-            task,
-        })
+        Ok(Registration { value: sender, status, lease, client, task })
     }
 
     pub fn status(&self) -> RegistrationStatus {
@@ -121,10 +115,7 @@ async fn put_on_new_lease(
     value: &str,
     ttl_secs: i64,
 ) -> Result<i64, ClusterError> {
-    let lease = client
-        .lease_grant(ttl_secs, None)
-        .await
-        .map_err(ClusterError::from_etcd)?;
+    let lease = client.lease_grant(ttl_secs, None).await.map_err(ClusterError::from_etcd)?;
     client
         .put(key, value, Some(PutOptions::new().with_lease(lease.id())))
         .await

@@ -80,11 +80,7 @@ fn apply_put(view: &mut ClusterView, keys: &ClusterKeys, kv: &KeyValue) {
     } else if *key == keys.partition() {
         serde_json::from_slice::<PartitionMap>(kv.value()).map(|map| {
             // Never step back to an older epoch, whatever order events come in.
-            if view
-                .partition
-                .as_ref()
-                .is_none_or(|old| old.epoch < map.epoch)
-            {
+            if view.partition.as_ref().is_none_or(|old| old.epoch < map.epoch) {
                 view.partition = Some(map);
             }
         })
@@ -98,10 +94,7 @@ fn apply_put(view: &mut ClusterView, keys: &ClusterKeys, kv: &KeyValue) {
 
 fn apply_delete(view: &mut ClusterView, keys: &ClusterKeys, key: &[u8]) {
     let key = String::from_utf8_lossy(key);
-    let id_after = |prefix: String| {
-        key.strip_prefix(&prefix)
-            .and_then(|s| s.parse::<u32>().ok())
-    };
+    let id_after = |prefix: String| key.strip_prefix(&prefix).and_then(|s| s.parse::<u32>().ok());
     if let Some(id) = id_after(keys.shards_prefix()) {
         view.shards.remove(&ShardId(id));
     } else if let Some(id) = id_after(keys.gateways_prefix()) {
@@ -162,13 +155,9 @@ async fn follow_once(
     sender: &watch::Sender<ClusterView>,
     view: &mut ClusterView,
 ) -> Result<(), ClusterError> {
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(view.revision + 1);
-    let mut stream = client
-        .watch(keys.root(), Some(options))
-        .await
-        .map_err(ClusterError::from_etcd)?;
+    let options = WatchOptions::new().with_prefix().with_start_revision(view.revision + 1);
+    let mut stream =
+        client.watch(keys.root(), Some(options)).await.map_err(ClusterError::from_etcd)?;
     while let Some(response) = stream.message().await.map_err(ClusterError::from_etcd)? {
         if response.canceled() {
             return Ok(());

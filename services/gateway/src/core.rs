@@ -55,7 +55,7 @@ pub enum Session {
 
 pub struct Conn<T> {
     pub io: T,
-    generation: u32,
+    generation_slot: u32,
     /// Bytes of an incomplete frame carried over to the next read.
     inbuf: Vec<u8>,
     /// Output not yet handed to the kernel.
@@ -65,6 +65,14 @@ pub struct Conn<T> {
     inflight: VecDeque<u64>,
     /// Sequence number of the next input relayed for this connection (Join is 1).
     next_seq: u64,
+    /// The player's name, last acknowledged position and ownership generation, kept to
+    /// restore the player on another shard if its shard dies.
+    name: String,
+    last_position: Option<(u32, u32)>,
+    generation: u64,
+    /// A restore was sent and its ViewReset has not come back: moves are refused until
+    /// then, so every move unanswered at the ViewReset was indeed not applied.
+    restoring: bool,
     /// Output from a shard that is taking the player over, held until the current owner's
     /// `released_to` marker, so the player's messages stay in order across a handoff.
     held: Vec<(ShardId, Delivery)>,
@@ -108,13 +116,7 @@ impl<T> Core<T> {
             slots: Vec::new(),
             generations: Vec::new(),
             free: Vec::new(),
-            ctx: Ctx {
-                worker,
-                shared,
-                outgoing: Vec::new(),
-                ids: 0..0,
-                dirty: Vec::new(),
-            },
+            ctx: Ctx { worker, shared, outgoing: Vec::new(), ids: 0..0, dirty: Vec::new() },
             mail,
             open: 0,
         }
@@ -141,12 +143,16 @@ impl<T> Core<T> {
         let generation = self.generations[slot as usize];
         self.slots[slot as usize] = Some(Conn {
             io,
-            generation,
+            generation_slot: generation,
             inbuf: Vec::new(),
             out: Vec::new(),
             session: Session::Anonymous,
             inflight: VecDeque::new(),
             next_seq: 1,
+            name: String::new(),
+            last_position: None,
+            generation: 0,
+            restoring: false,
             held: Vec::new(),
             closing: Closing::No,
             closing_since: None,
@@ -166,7 +172,7 @@ impl<T> Core<T> {
     /// and completions addressed to the old connection are recognised and dropped.
     pub fn remove(&mut self, slot: u32) -> Option<Conn<T>> {
         let conn = self.slots.get_mut(slot as usize)?.take()?;
-        self.generations[slot as usize] = (conn.generation + 1) & 0x00ff_ffff;
+        self.generations[slot as usize] = (conn.generation_slot + 1) & 0x00ff_ffff;
         self.free.push(slot);
         self.open -= 1;
         self.ctx.shared.metrics.connections.add(-1);
@@ -174,10 +180,7 @@ impl<T> Core<T> {
     }
 
     pub fn generation(&self, slot: u32) -> u32 {
-        self.generations
-            .get(slot as usize)
-            .copied()
-            .unwrap_or(u32::MAX)
+        self.generations.get(slot as usize).copied().unwrap_or(u32::MAX)
     }
 
     /// Bytes read from a connection.
@@ -189,7 +192,7 @@ impl<T> Core<T> {
         if conn.closing != Closing::No {
             return; // Lingering before close: input is discarded.
         }
-        let session = session_id(self.ctx.worker, slot, conn.generation);
+        let session = session_id(self.ctx.worker, slot, conn.generation_slot);
         if conn.inbuf.is_empty() {
             let used = self.ctx.handle_frames(conn, slot, session, data);
             if conn.closing == Closing::No {
@@ -207,7 +210,7 @@ impl<T> Core<T> {
     /// The peer closed its side, or the socket failed: the player leaves the world now.
     pub fn on_peer_closed(&mut self, slot: u32) {
         if let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) {
-            let session = session_id(self.ctx.worker, slot, conn.generation);
+            let session = session_id(self.ctx.worker, slot, conn.generation_slot);
             self.ctx.close(conn, slot, session, Closing::Abort);
         }
     }
@@ -222,13 +225,17 @@ impl<T> Core<T> {
                     let _ = done.send(());
                     continue;
                 }
+                Mail::Restore { dead } => {
+                    self.restore(dead);
+                    continue;
+                }
             };
             for delivery in deliveries {
                 let (_, slot, generation) = session_parts(delivery.session);
                 let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
                     continue;
                 };
-                if conn.generation != generation || conn.closing == Closing::Abort {
+                if conn.generation_slot != generation || conn.closing == Closing::Abort {
                     continue;
                 }
                 let owner = match &conn.session {
@@ -245,12 +252,46 @@ impl<T> Core<T> {
         }
     }
 
+    /// Brings every player of a dead shard back on the shards that now own their last
+    /// acknowledged positions (the coordinator has already reassigned the dead region).
+    fn restore(&mut self, dead: ShardId) {
+        let mut restored = 0;
+        for slot in 0..self.slots.len() as u32 {
+            let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
+            let Session::Playing { player, link } = &conn.session else { continue };
+            if link.id != dead {
+                continue;
+            }
+            let player = *player;
+            let Some((x, y)) = conn.last_position else { continue };
+            let target = self.ctx.shared.routing.read(|t| t.owner_link(x, y).cloned());
+            let Some(target) = target.filter(|l| l.accepts_inputs()) else {
+                warn!(player, x, y, "no shard to restore a player on yet");
+                continue;
+            };
+            let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+            let join = Join {
+                name: conn.name.clone(),
+                spawn: Some(meridian_protocol::pb::Position { x, y }),
+                restore: true,
+                generation: conn.generation,
+            };
+            conn.held.clear();
+            conn.restoring = true;
+            let seq = conn.take_seq();
+            self.ctx.relay(&target, session, player, seq, Input::Join(join));
+            conn.session = Session::Playing { player, link: target };
+            restored += 1;
+        }
+        if restored > 0 {
+            tracing::info!(worker = self.ctx.worker, %dead, restored, "restoring players of a dead shard");
+        }
+    }
+
     /// Answers every move in flight on a failed link with UNAVAILABLE, in order, and drops
     /// this iteration's inputs for it.
     fn link_down(&mut self, link: &Arc<ShardLink>) {
-        self.ctx
-            .outgoing
-            .retain(|(queued, _)| !Arc::ptr_eq(queued, link));
+        self.ctx.outgoing.retain(|(queued, _)| !Arc::ptr_eq(queued, link));
         for slot in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[slot as usize].as_mut() else {
                 continue;
@@ -284,11 +325,7 @@ impl<T> Core<T> {
                 // shard will not answer them; log loudly, count, and let the players'
                 // clients see UNAVAILABLE on their next inputs if the link is down.
                 let inputs = error.into_inner();
-                self.ctx
-                    .shared
-                    .metrics
-                    .relay_queue_full
-                    .add(inputs.len() as u64);
+                self.ctx.shared.metrics.relay_queue_full.add(inputs.len() as u64);
                 tracing::warn!(shard = %link.id, dropped = inputs.len(), "relay queue full");
             }
         }
@@ -317,11 +354,7 @@ impl<T> Core<T> {
 
     /// Every open slot, for periodic checks (lingering closes) and shutdown.
     pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.is_some())
-            .map(|(i, _)| i as u32)
+        self.slots.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(i, _)| i as u32)
     }
 
     /// Connections that have been closing for longer than [`LINGER`]: their clients never
@@ -333,9 +366,7 @@ impl<T> Core<T> {
             .filter_map(|(slot, conn)| {
                 let conn = conn.as_ref()?;
                 let expired = conn.closing != Closing::No
-                    && conn
-                        .closing_since
-                        .is_some_and(|since| since.elapsed() > LINGER);
+                    && conn.closing_since.is_some_and(|since| since.elapsed() > LINGER);
                 expired.then_some(slot as u32)
             })
             .collect()
@@ -347,7 +378,7 @@ impl<T> Core<T> {
         for slot in 0..self.slots.len() as u32 {
             if let Some(conn) = self.slots[slot as usize].as_mut() {
                 if conn.closing == Closing::No {
-                    let session = session_id(self.ctx.worker, slot, conn.generation);
+                    let session = session_id(self.ctx.worker, slot, conn.generation_slot);
                     self.ctx.reply(conn, slot, &message);
                     self.ctx.close(conn, slot, session, Closing::AfterFlush);
                 }
@@ -360,7 +391,12 @@ impl Ctx {
     /// Writes a shard's delivery for a connection and follows a handoff marker, then
     /// releases anything the new owner sent meanwhile.
     fn deliver<T>(&mut self, conn: &mut Conn<T>, slot: u32, delivery: Delivery) {
+        conn.restoring = false;
         conn.out.extend_from_slice(&delivery.frames);
+        if let Some(at) = delivery.position {
+            conn.last_position = Some((at.x, at.y));
+            conn.generation = delivery.generation;
+        }
         for _ in 0..delivery.move_answers {
             conn.inflight.pop_front();
         }
@@ -449,13 +485,7 @@ impl Ctx {
     ) {
         trace!(session, ?message, "client message");
         let Some(kind) = message.kind else {
-            return self.refuse(
-                conn,
-                slot,
-                ErrorCode::InvalidArgument,
-                "message has no kind",
-                0,
-            );
+            return self.refuse(conn, slot, ErrorCode::InvalidArgument, "message has no kind", 0);
         };
         match kind {
             C::Ping(ping) => match &conn.session {
@@ -502,13 +532,9 @@ impl Ctx {
                 }
                 _ => self.close(conn, slot, session, Closing::AfterFlush),
             },
-            C::Resume(_) => self.refuse(
-                conn,
-                slot,
-                ErrorCode::InvalidToken,
-                "resume token not recognised",
-                0,
-            ),
+            C::Resume(_) => {
+                self.refuse(conn, slot, ErrorCode::InvalidToken, "resume token not recognised", 0)
+            }
         }
     }
 
@@ -520,13 +546,7 @@ impl Ctx {
         login: meridian_protocol::pb::Login,
     ) {
         if !matches!(conn.session, Session::Anonymous) {
-            return self.refuse(
-                conn,
-                slot,
-                ErrorCode::AlreadyLoggedIn,
-                "already logged in",
-                0,
-            );
+            return self.refuse(conn, slot, ErrorCode::AlreadyLoggedIn, "already logged in", 0);
         }
         if let Err(invalid) = validate_name(&login.name) {
             return self.refuse(conn, slot, invalid.code(), &invalid.to_string(), 0);
@@ -539,23 +559,13 @@ impl Ctx {
                 if spawn.x >= width || spawn.y >= height {
                     return Some(Err((spawn, width, height)));
                 }
-                return table
-                    .owner_link(spawn.x, spawn.y)
-                    .filter(|l| l.is_up())
-                    .cloned()
-                    .map(Ok);
+                return table.owner_link(spawn.x, spawn.y).filter(|l| l.is_up()).cloned().map(Ok);
             }
             let owns_a_region = |l: &ShardLink| {
-                table
-                    .partition
-                    .as_ref()
-                    .is_some_and(|p| p.regions_of(l.id).next().is_some())
+                table.partition.as_ref().is_some_and(|p| p.regions_of(l.id).next().is_some())
             };
-            let open: Vec<&Arc<ShardLink>> = table
-                .links
-                .iter()
-                .filter(|l| l.takes_players() && owns_a_region(l))
-                .collect();
+            let open: Vec<&Arc<ShardLink>> =
+                table.links.iter().filter(|l| l.takes_players() && owns_a_region(l)).collect();
             if open.is_empty() {
                 return None;
             }
@@ -588,13 +598,7 @@ impl Ctx {
             Some(Ok(link)) => link,
         };
         let Some(player) = self.next_player_id() else {
-            return self.refuse(
-                conn,
-                slot,
-                ErrorCode::Unavailable,
-                "no player ids available",
-                0,
-            );
+            return self.refuse(conn, slot, ErrorCode::Unavailable, "no player ids available", 0);
         };
         self.shared.metrics.logins.inc();
         self.relay(
@@ -602,11 +606,9 @@ impl Ctx {
             session,
             player,
             conn.take_seq(),
-            Input::Join(Join {
-                name: login.name,
-                spawn,
-            }),
+            Input::Join(Join { name: login.name.clone(), spawn, restore: false, generation: 0 }),
         );
+        conn.name = login.name;
         conn.session = Session::Playing { player, link };
     }
 
@@ -625,27 +627,20 @@ impl Ctx {
         client_time: u64,
     ) -> Option<(u64, Arc<ShardLink>)> {
         match &conn.session {
-            Session::Playing { player, link } if link.accepts_inputs() => {
+            Session::Playing { player, link } if link.accepts_inputs() && !conn.restoring => {
                 Some((*player, Arc::clone(link)))
             }
             Session::Playing { .. } => {
-                self.refuse(
-                    conn,
-                    slot,
-                    ErrorCode::Unavailable,
-                    "shard unavailable",
-                    client_time,
-                );
+                let detail = if conn.restoring {
+                    "restoring after a shard failure"
+                } else {
+                    "shard unavailable"
+                };
+                self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
                 None
             }
             Session::Anonymous => {
-                self.refuse(
-                    conn,
-                    slot,
-                    ErrorCode::NotLoggedIn,
-                    "log in first",
-                    client_time,
-                );
+                self.refuse(conn, slot, ErrorCode::NotLoggedIn, "log in first", client_time);
                 None
             }
             Session::Gone => None,
@@ -653,12 +648,7 @@ impl Ctx {
     }
 
     fn relay(&mut self, link: &Arc<ShardLink>, session: u64, player: u64, seq: u64, input: Input) {
-        let input = PlayerInput {
-            session,
-            player_id: player,
-            seq,
-            kind: Some(input),
-        };
+        let input = PlayerInput { session, player_id: player, seq, kind: Some(input) };
         match self.outgoing.iter_mut().find(|(l, _)| Arc::ptr_eq(l, link)) {
             Some((_, batch)) => batch.push(input),
             None => self.outgoing.push((Arc::clone(link), vec![input])),
@@ -679,18 +669,14 @@ impl Ctx {
 
     fn reply<T>(&mut self, conn: &mut Conn<T>, slot: u32, message: &ServerMessage) {
         encode_frame(message, &mut conn.out);
-        let session = session_id(self.worker, slot, conn.generation);
+        let session = session_id(self.worker, slot, conn.generation_slot);
         self.after_output(conn, slot, session);
     }
 
     /// Enforces the output bound and queues the connection for writing.
     fn after_output<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) {
         if conn.out.len() > self.shared.config.max_output_bytes && conn.closing != Closing::Abort {
-            debug!(
-                session,
-                queued = conn.out.len(),
-                "client not keeping up; cutting it off"
-            );
+            debug!(session, queued = conn.out.len(), "client not keeping up; cutting it off");
             self.shared.metrics.slow_clients_cut.inc();
             conn.out.clear();
             self.close(conn, slot, session, Closing::Abort);
@@ -714,10 +700,8 @@ impl Ctx {
                 Input::Leave(Leave { logout: false }),
             );
         }
-        let stronger = matches!(
-            (conn.closing, how),
-            (Closing::No, _) | (Closing::AfterFlush, Closing::Abort)
-        );
+        let stronger =
+            matches!((conn.closing, how), (Closing::No, _) | (Closing::AfterFlush, Closing::Abort));
         if stronger {
             conn.closing = how;
             conn.closing_since.get_or_insert_with(Instant::now);

@@ -50,15 +50,9 @@ fn untoken(token: Token) -> (u32, u32) {
 }
 
 fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
-    let WorkerStart {
-        index,
-        listener,
-        shared,
-        mail,
-    } = start;
+    let WorkerStart { index, listener, shared, mail } = start;
     let mut listener = TcpListener::from_std(listener);
-    poll.registry()
-        .register(&mut listener, LISTENER, Interest::READABLE)?;
+    poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
     let mut core: Core<EpollConn> = Core::new(index, Arc::clone(&shared), mail);
     let mut events = Events::with_capacity(1024);
     let mut buf = vec![0u8; READ_CHUNK];
@@ -206,16 +200,11 @@ fn write_out(poll: &mut Poll, core: &mut Core<EpollConn>, slot: u32) {
     }
     if drained == conn.io.wants_write {
         conn.io.wants_write = !drained;
-        let interest = if drained {
-            Interest::READABLE
-        } else {
-            Interest::READABLE | Interest::WRITABLE
-        };
+        let interest =
+            if drained { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
         let generation = core.generation(slot);
         let conn = core.get_mut(slot).expect("invariant: present above");
-        let _ = poll
-            .registry()
-            .reregister(&mut conn.io.stream, token(slot, generation), interest);
+        let _ = poll.registry().reregister(&mut conn.io.stream, token(slot, generation), interest);
     }
     let conn = core.get_mut(slot).expect("invariant: present above");
     if drained && conn.closing == Closing::AfterFlush && !conn.io.write_shut {

@@ -30,10 +30,7 @@ impl IdPool {
         for _ in 0..BLOCKS_AHEAD {
             blocks.push_back(allocator.claim_block().await?);
         }
-        let pool = Arc::new(IdPool {
-            blocks: Mutex::new(blocks),
-            refill: Notify::new(),
-        });
+        let pool = Arc::new(IdPool { blocks: Mutex::new(blocks), refill: Notify::new() });
         let background = Arc::clone(&pool);
         tokio::spawn(async move {
             loop {
@@ -53,9 +50,7 @@ impl IdPool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Range<u64>>> {
-        self.blocks
-            .lock()
-            .expect("invariant: id pool lock is never poisoned")
+        self.blocks.lock().expect("invariant: id pool lock is never poisoned")
     }
 
     fn len(&self) -> usize {

@@ -84,15 +84,9 @@ pub enum GatewayError {
     #[error("etcd: {0}")]
     Cluster(#[from] ClusterError),
     #[error("cannot set up the game listener on {addr}: {source}")]
-    Listen {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Listen { addr: SocketAddr, source: std::io::Error },
     #[error("cannot start worker {index}: {source}")]
-    Worker {
-        index: usize,
-        source: std::io::Error,
-    },
+    Worker { index: usize, source: std::io::Error },
     #[error("cannot read a listener's address: {0}")]
     Listener(#[source] std::io::Error),
 }
@@ -116,12 +110,8 @@ pub async fn run(
     let metrics = Arc::new(GatewayMetrics::new(&registry, config.id, io));
     let ids = ids::IdPool::start(client.clone(), &keys).await?;
     let routing = routing::Routing::new();
-    let listeners = worker::reuseport_listeners(game, config.workers).map_err(|source| {
-        GatewayError::Listen {
-            addr: game_addr,
-            source,
-        }
-    })?;
+    let listeners = worker::reuseport_listeners(game, config.workers)
+        .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
     let stopping = Arc::new(AtomicBool::new(false));
     let shared = Arc::new(worker::Shared {
         config: config.clone(),
@@ -143,19 +133,12 @@ pub async fn run(
 
     let record = GatewayRecord {
         id: config.id,
-        game: config
-            .advertise
-            .clone()
-            .unwrap_or_else(|| game_addr.to_string()),
+        game: config.advertise.clone().unwrap_or_else(|| game_addr.to_string()),
         admin: admin_addr.to_string(),
     };
-    let registration = Registration::start(
-        client,
-        keys.gateway(config.id),
-        record.to_json(),
-        config.lease_ttl,
-    )
-    .await?;
+    let registration =
+        Registration::start(client, keys.gateway(config.id), record.to_json(), config.lease_ttl)
+            .await?;
     let status = registration.status();
     let table = Arc::clone(&shared.routing);
     let readiness: Readiness = Arc::new(move || {
@@ -168,10 +151,7 @@ pub async fn run(
             if owners.is_empty() {
                 return Err("no partition map yet".to_string());
             }
-            match owners
-                .iter()
-                .find(|id| !t.link(**id).is_some_and(|l| l.is_up()))
-            {
+            match owners.iter().find(|id| !t.link(**id).is_some_and(|l| l.is_up())) {
                 Some(id) => Err(format!("{id} not reachable")),
                 None => Ok(()),
             }

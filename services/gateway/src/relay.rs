@@ -37,17 +37,18 @@ pub async fn maintain_links(
     metrics: Arc<GatewayMetrics>,
 ) {
     let mut tasks: HashMap<ShardId, LinkTask> = HashMap::new();
+    let mut dead: std::collections::HashSet<ShardId> = Default::default();
     loop {
         let view = changes.borrow_and_update().clone();
         // A link to every registered shard, region or not: a draining shard still sends
         // its players' last output and handoff markers until it leaves.
-        let wanted: HashMap<ShardId, String> = view
-            .shards
-            .values()
-            .map(|record| (record.id, record.grpc.clone()))
-            .collect();
+        let wanted: HashMap<ShardId, String> =
+            view.shards.values().map(|record| (record.id, record.grpc.clone())).collect();
         tasks.retain(|id, task| {
             let keep = wanted.get(id) == Some(&task.addr);
+            if !keep && !view.shards.contains_key(id) {
+                dead.insert(*id);
+            }
             if !keep {
                 info!(shard = %id, "closing relay link");
                 task.link.set_up(false);
@@ -57,8 +58,7 @@ pub async fn maintain_links(
         });
         for (id, task) in &tasks {
             if let Some(record) = view.shards.get(id) {
-                task.link
-                    .set_serving(record.state == meridian_cluster::ShardState::Serving);
+                task.link.set_serving(record.state == meridian_cluster::ShardState::Serving);
                 task.link.set_load(record.players);
             }
         }
@@ -76,21 +76,23 @@ pub async fn maintain_links(
                 Arc::clone(&mailboxes),
                 Arc::clone(&metrics),
             ));
-            tasks.insert(
-                *id,
-                LinkTask {
-                    link,
-                    addr: addr.clone(),
-                    task,
-                },
-            );
+            tasks.insert(*id, LinkTask { link, addr: addr.clone(), task });
         }
+        // A dead shard's players are restored once the coordinator has given its region
+        // to others (restoring earlier would send them back to the dead shard's cells).
+        let owners = view.partition.as_ref().map(|p| p.owners()).unwrap_or_default();
+        let reassigned: Vec<ShardId> =
+            dead.iter().filter(|d| !owners.contains(d)).copied().collect();
         let mut links: Vec<Arc<ShardLink>> = tasks.values().map(|t| Arc::clone(&t.link)).collect();
         links.sort_by_key(|l| l.id);
-        routing.table.store(RoutingTable {
-            links,
-            partition: view.partition.clone(),
-        });
+        routing.table.store(RoutingTable { links, partition: view.partition.clone() });
+        for gone in reassigned {
+            dead.remove(&gone);
+            info!(shard = %gone, "shard gone and its region reassigned; restoring its players");
+            for mailbox in mailboxes.iter() {
+                mailbox.restore(gone).await;
+            }
+        }
         if changes.changed().await.is_err() {
             return;
         }
@@ -118,9 +120,7 @@ async fn run_link(
         // Workers answer the moves the dead stream took with it; once all have confirmed,
         // nothing queued before the failure can still arrive, and the queue is emptied so
         // none of it reaches the next stream (it was answered already).
-        let confirmations = mailboxes
-            .iter()
-            .map(|mailbox| mailbox.link_down(Arc::clone(&link)));
+        let confirmations = mailboxes.iter().map(|mailbox| mailbox.link_down(Arc::clone(&link)));
         if tokio::time::timeout(Duration::from_secs(2), futures_join_all(confirmations))
             .await
             .is_err()
@@ -160,16 +160,10 @@ async fn relay_once(
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
     let (upstream, upstream_rx) = mpsc::channel::<GatewayBatch>(64);
-    let hello = GatewayBatch {
-        gateway_id: gateway.0,
-        inputs: Vec::new(),
-    };
+    let hello = GatewayBatch { gateway_id: gateway.0, inputs: Vec::new() };
     // The receiver is alive (held just below), so this cannot fail.
     let _ = upstream.send(hello).await;
-    let mut downstream = client
-        .relay(ReceiverStream::new(upstream_rx))
-        .await?
-        .into_inner();
+    let mut downstream = client.relay(ReceiverStream::new(upstream_rx)).await?.into_inner();
     link.set_healthy(true);
     link.set_up(true);
     info!(shard = %link.id, %addr, "relay stream open");
@@ -234,9 +228,7 @@ impl HealthCheck {
             let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
             loop {
                 tick.tick().await;
-                let request = tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                };
+                let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
                 let answer = tokio::time::timeout(Duration::from_secs(1), client.check(request));
                 let healthy = matches!(
                     answer.await,

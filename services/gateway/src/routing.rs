@@ -115,8 +115,6 @@ pub struct Routing {
 
 impl Routing {
     pub fn new() -> Self {
-        Routing {
-            table: Arc::new(EpochCell::new(RoutingTable::default())),
-        }
+        Routing { table: Arc::new(EpochCell::new(RoutingTable::default())) }
     }
 }

@@ -45,15 +45,9 @@ pub fn probe() -> io::Result<()> {
     let ring = IoUring::new(8)?;
     let mut probe = Probe::new();
     ring.submitter().register_probe(&mut probe)?;
-    for (code, name) in [
-        (opcode::RecvMulti::CODE, "recv"),
-        (opcode::AcceptMulti::CODE, "accept"),
-    ] {
+    for (code, name) in [(opcode::RecvMulti::CODE, "recv"), (opcode::AcceptMulti::CODE, "accept")] {
         if !probe.is_supported(code) {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("no io_uring {name}"),
-            ));
+            return Err(io::Error::new(io::ErrorKind::Unsupported, format!("no io_uring {name}")));
         }
     }
     let buffers = BufRing::new(&ring, 8, 64)?;
@@ -137,8 +131,7 @@ impl BufRing {
         // SAFETY: the mapping lives until `buffers` is dropped, which happens after the ring
         // is dropped (the caller keeps that order) so the kernel never sees freed memory.
         unsafe {
-            ring.submitter()
-                .register_buf_ring_with_flags(ptr as u64, count, BUFFER_GROUP, 0)?;
+            ring.submitter().register_buf_ring_with_flags(ptr as u64, count, BUFFER_GROUP, 0)?;
         }
         for bid in 0..count {
             buffers.give_back(bid);
@@ -224,9 +217,7 @@ impl Loop {
     }
 
     fn arm_tick(&mut self) -> io::Result<()> {
-        let entry = opcode::Timeout::new(&*self.tick)
-            .build()
-            .user_data(user_data(OP_TICK, 0, 0));
+        let entry = opcode::Timeout::new(&*self.tick).build().user_data(user_data(OP_TICK, 0, 0));
         self.push(entry)
     }
 
@@ -418,16 +409,8 @@ fn set_nodelay(fd: RawFd) {
 }
 
 fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
-    let WorkerStart {
-        index,
-        listener,
-        shared,
-        mail,
-    } = start;
-    let ring = IoUring::builder()
-        .setup_coop_taskrun()
-        .setup_single_issuer()
-        .build(RING_ENTRIES)?;
+    let WorkerStart { index, listener, shared, mail } = start;
+    let ring = IoUring::builder().setup_coop_taskrun().setup_single_issuer().build(RING_ENTRIES)?;
     let mut buffers = BufRing::new(&ring, BUFFER_COUNT, BUFFER_SIZE)?;
     let mut this = Loop {
         ring,
@@ -453,11 +436,7 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
             Err(error) => break Err(error),
         }
         completions.clear();
-        completions.extend(
-            this.ring
-                .completion()
-                .map(|c| (c.user_data(), c.result(), c.flags())),
-        );
+        completions.extend(this.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())));
         let mut step = Ok(());
         for &(data, result, flags) in &completions {
             let (op, slot, generation) = parse_user_data(data);
@@ -507,10 +486,8 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         warn!(worker = index, %error, "io_uring worker failed");
     }
     let open: Vec<u32> = this.core.slots().collect();
-    let fds: Vec<RawFd> = open
-        .iter()
-        .filter_map(|&s| this.core.get_mut(s).map(|c| c.io.fd))
-        .collect();
+    let fds: Vec<RawFd> =
+        open.iter().filter_map(|&s| this.core.get_mut(s).map(|c| c.io.fd)).collect();
     // The ring goes first: no operation may outlive the buffers it points into.
     drop(this);
     drop(buffers);

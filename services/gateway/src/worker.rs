@@ -54,18 +54,14 @@ pub fn session_worker(session: u64) -> usize {
 /// What relay tasks tell a worker.
 pub enum Mail {
     /// Shard output for connections of this worker, in stream order.
-    Deliveries {
-        from: ShardId,
-        deliveries: Vec<Delivery>,
-    },
+    Deliveries { from: ShardId, deliveries: Vec<Delivery> },
     /// The stream to this shard failed: moves still in flight on it will never be answered
     /// by the shard, so the worker answers them (UNAVAILABLE) and confirms on `done`; the
     /// relay task reconnects only after every worker has confirmed, so no input queued
     /// before the failure can reach the next stream.
-    LinkDown {
-        link: Arc<ShardLink>,
-        done: tokio::sync::oneshot::Sender<()>,
-    },
+    LinkDown { link: Arc<ShardLink>, done: tokio::sync::oneshot::Sender<()> },
+    /// This shard is gone and its region reassigned: restore its players elsewhere.
+    Restore { dead: ShardId },
 }
 
 /// A worker's inbox for shard output, and the way to wake its event loop.
@@ -84,6 +80,11 @@ impl Mailbox {
     /// stays stuck) rather than dropping output that was already acknowledged.
     pub async fn deliver(&self, from: ShardId, deliveries: Vec<Delivery>) {
         self.send(Mail::Deliveries { from, deliveries }).await;
+    }
+
+    /// Tells the worker to restore the players of a dead shard.
+    pub async fn restore(&self, dead: ShardId) {
+        self.send(Mail::Restore { dead }).await;
     }
 
     /// Tells the worker a link failed; resolves once the worker has answered for it.
@@ -117,10 +118,7 @@ impl Workers {
     pub fn mailboxes(&self) -> Vec<Mailbox> {
         self.mailboxes
             .iter()
-            .map(|m| Mailbox {
-                sender: m.sender.clone(),
-                waker: Arc::clone(&m.waker),
-            })
+            .map(|m| Mailbox { sender: m.sender.clone(), waker: Arc::clone(&m.waker) })
             .collect()
     }
 
@@ -148,12 +146,7 @@ pub fn spawn_workers(
     let mut mailboxes = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
         let (sender, mail) = sync_channel(MAILBOX);
-        let start = WorkerStart {
-            index,
-            listener,
-            shared: Arc::clone(&shared),
-            mail,
-        };
+        let start = WorkerStart { index, listener, shared: Arc::clone(&shared), mail };
         let (waker, thread) = match io {
             IoBackend::Uring => crate::uring::spawn(start),
             IoBackend::Epoll => crate::epoll::spawn(start),
@@ -208,10 +201,6 @@ mod tests {
     fn session_ids_round_trip() {
         let id = session_id(3, 0x00ab_cdef, 0x0012_3456);
         assert_eq!(session_parts(id), (3, 0x00ab_cdef, 0x0012_3456));
-        assert_ne!(
-            session_id(0, 1, 0),
-            0,
-            "session ids are never zero for slot > 0"
-        );
+        assert_ne!(session_id(0, 1, 0), 0, "session ids are never zero for slot > 0");
     }
 }

@@ -18,9 +18,5 @@ pub fn init_tracing(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // A second call (tests that start nodes in-process) keeps the first subscriber.
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }

@@ -61,8 +61,7 @@ impl Histogram {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+        self.sum_micros.fetch_add((value * 1e6) as u64, Ordering::Relaxed);
     }
 }
 
@@ -93,16 +92,8 @@ impl Registry {
             .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
             .collect::<Vec<_>>()
             .join(",");
-        let entry = Entry {
-            name: name.to_string(),
-            help: help.to_string(),
-            labels,
-            metric,
-        };
-        self.entries
-            .lock()
-            .expect("invariant: metrics lock is never poisoned")
-            .push(entry);
+        let entry = Entry { name: name.to_string(), help: help.to_string(), labels, metric };
+        self.entries.lock().expect("invariant: metrics lock is never poisoned").push(entry);
     }
 
     pub fn counter(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Arc<Counter> {
@@ -125,10 +116,7 @@ impl Registry {
 
     /// Prometheus text exposition format, version 0.0.4.
     pub fn render(&self) -> String {
-        let entries = self
-            .entries
-            .lock()
-            .expect("invariant: metrics lock is never poisoned");
+        let entries = self.entries.lock().expect("invariant: metrics lock is never poisoned");
         let mut out = String::with_capacity(entries.len() * 96);
         let mut last_name = "";
         for entry in entries.iter() {
@@ -170,12 +158,7 @@ impl Registry {
                         let _ = writeln!(out, "{}_bucket{} {cumulative}", entry.name, braces(&le));
                     }
                     let count = h.count.load(Ordering::Relaxed);
-                    let _ = writeln!(
-                        out,
-                        "{}_bucket{} {count}",
-                        entry.name,
-                        braces("le=\"+Inf\"")
-                    );
+                    let _ = writeln!(out, "{}_bucket{} {count}", entry.name, braces("le=\"+Inf\""));
                     let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
                     let _ = writeln!(out, "{}_sum{} {sum}", entry.name, braces(""));
                     let _ = writeln!(out, "{}_count{} {count}", entry.name, braces(""));

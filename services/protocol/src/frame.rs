@@ -91,10 +91,7 @@ pub fn next_frame(buf: &[u8], max_body: usize) -> Result<Option<FrameHeader>, Fr
             return Err(FrameError::TooLarge { len, max: max_body });
         }
         if byte & 0x80 == 0 {
-            let header = FrameHeader {
-                prefix_len: i + 1,
-                body_len: len as usize,
-            };
+            let header = FrameHeader { prefix_len: i + 1, body_len: len as usize };
             return Ok((buf.len() >= header.total_len()).then_some(header));
         }
     }
@@ -111,9 +108,7 @@ pub fn decode_body<M: Message + Default>(body: &[u8]) -> Result<M, CodecError> {
 
 /// Appends `varint(len) || body` of `message` to `out`, reusing `out`'s capacity.
 pub fn encode_frame<M: Message>(message: &M, out: &mut Vec<u8>) {
-    message
-        .encode_length_delimited(out)
-        .expect("invariant: a Vec<u8> grows to fit any message");
+    message.encode_length_delimited(out).expect("invariant: a Vec<u8> grows to fit any message");
 }
 
 /// A reassembly buffer for a byte stream: push what the socket gave, pop whole messages.
@@ -129,11 +124,7 @@ pub struct FrameReader {
 
 impl FrameReader {
     pub fn new(max_body: usize) -> Self {
-        FrameReader {
-            buf: Vec::with_capacity(max_body + MAX_PREFIX_BYTES),
-            start: 0,
-            max_body,
-        }
+        FrameReader { buf: Vec::with_capacity(max_body + MAX_PREFIX_BYTES), start: 0, max_body }
     }
 
     /// Bytes received but not yet returned as frames.
@@ -190,18 +181,11 @@ mod tests {
     #[test]
     fn limit_is_inclusive_and_checked_on_the_prefix_alone() {
         let at_limit = prefix(4096);
-        assert_eq!(
-            next_frame(&at_limit, DEFAULT_MAX_FRAME),
-            Ok(None),
-            "4096 waits for its body"
-        );
+        assert_eq!(next_frame(&at_limit, DEFAULT_MAX_FRAME), Ok(None), "4096 waits for its body");
         let over = prefix(4097);
         assert_eq!(
             next_frame(&over, DEFAULT_MAX_FRAME),
-            Err(FrameError::TooLarge {
-                len: 4097,
-                max: 4096
-            }),
+            Err(FrameError::TooLarge { len: 4097, max: 4096 }),
             "4097 is refused before any body byte arrives"
         );
     }
@@ -209,10 +193,7 @@ mod tests {
     #[test]
     fn incomplete_prefix_that_already_exceeds_the_limit_is_refused() {
         // 0x80 0x80 0x01... : the third byte alone says >= 16384.
-        assert!(matches!(
-            next_frame(&[0x80, 0x80, 0x01], 4096),
-            Err(FrameError::TooLarge { .. })
-        ));
+        assert!(matches!(next_frame(&[0x80, 0x80, 0x01], 4096), Err(FrameError::TooLarge { .. })));
         // A lone continuation byte is just incomplete.
         assert_eq!(next_frame(&[0x80], 4096), Ok(None));
     }
@@ -226,13 +207,7 @@ mod tests {
 
     #[test]
     fn empty_body_is_a_frame() {
-        assert_eq!(
-            next_frame(&[0x00], 4096),
-            Ok(Some(FrameHeader {
-                prefix_len: 1,
-                body_len: 0
-            }))
-        );
+        assert_eq!(next_frame(&[0x00], 4096), Ok(Some(FrameHeader { prefix_len: 1, body_len: 0 })));
     }
 
     #[test]
@@ -258,10 +233,7 @@ mod tests {
                 kind: Some(if t % 2 == 0 {
                     Kind::Ping(Ping { client_time: t })
                 } else {
-                    Kind::Move(Move {
-                        direction: 1,
-                        client_time: t,
-                    })
+                    Kind::Move(Move { direction: 1, client_time: t })
                 }),
             })
             .collect();

@@ -13,11 +13,7 @@ pub mod server {
     }
 
     pub fn error(code: ErrorCode, detail: impl Into<String>, client_time: u64) -> ServerMessage {
-        wrap(Kind::Error(pb::Error {
-            code: code as i32,
-            detail: detail.into(),
-            client_time,
-        }))
+        wrap(Kind::Error(pb::Error { code: code as i32, detail: detail.into(), client_time }))
     }
 
     pub fn pong(client_time: u64) -> ServerMessage {
@@ -25,19 +21,11 @@ pub mod server {
     }
 
     pub fn entered(player_id: u64, x: u32, y: u32, name: impl Into<String>) -> ServerMessage {
-        wrap(Kind::Entered(pb::Entered {
-            player_id,
-            position: position(x, y),
-            name: name.into(),
-        }))
+        wrap(Kind::Entered(pb::Entered { player_id, position: position(x, y), name: name.into() }))
     }
 
     pub fn moved(player_id: u64, x: u32, y: u32, client_time: u64) -> ServerMessage {
-        wrap(Kind::Moved(pb::Moved {
-            player_id,
-            position: position(x, y),
-            client_time,
-        }))
+        wrap(Kind::Moved(pb::Moved { player_id, position: position(x, y), client_time }))
     }
 
     pub fn left(player_id: u64) -> ServerMessage {
@@ -45,16 +33,10 @@ pub mod server {
     }
 
     pub fn chat(player_id: u64, text: impl Into<String>) -> ServerMessage {
-        wrap(Kind::Chat(pb::ChatMessage {
-            player_id,
-            text: text.into(),
-        }))
+        wrap(Kind::Chat(pb::ChatMessage { player_id, text: text.into() }))
     }
 
     pub fn view_reset(player_id: u64, x: u32, y: u32) -> ServerMessage {
-        wrap(Kind::ViewReset(pb::ViewReset {
-            player_id,
-            position: position(x, y),
-        }))
+        wrap(Kind::ViewReset(pb::ViewReset { player_id, position: position(x, y) }))
     }
 }

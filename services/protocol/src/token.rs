@@ -72,9 +72,7 @@ impl TokenKey {
             Hmac::<Sha256>::new_from_slice(&self.0).expect("invariant: HMAC takes any key length");
         check.update(body);
         // Constant-time comparison of the truncated tag.
-        check
-            .verify_truncated_left(mac)
-            .map_err(|_| TokenError::BadSignature)?;
+        check.verify_truncated_left(mac).map_err(|_| TokenError::BadSignature)?;
         let player_id = u64::from_le_bytes(body[1..9].try_into().expect("invariant: 8 bytes"));
         let expires_at = u64::from_le_bytes(body[9..17].try_into().expect("invariant: 8 bytes"));
         if now > expires_at {
@@ -104,24 +102,13 @@ mod tests {
     #[test]
     fn forgeries_are_refused() {
         let token = key(1).mint(42, 1_000);
-        assert_eq!(
-            key(2).verify(&token, 0),
-            Err(TokenError::BadSignature),
-            "other key"
-        );
+        assert_eq!(key(2).verify(&token, 0), Err(TokenError::BadSignature), "other key");
         let mut other_player = token.clone();
         other_player[1] ^= 1;
-        assert_eq!(
-            key(1).verify(&other_player, 0),
-            Err(TokenError::BadSignature)
-        );
+        assert_eq!(key(1).verify(&other_player, 0), Err(TokenError::BadSignature));
         let mut later = token.clone();
         later[16] = 0xff;
-        assert_eq!(
-            key(1).verify(&later, 0),
-            Err(TokenError::BadSignature),
-            "extended expiry"
-        );
+        assert_eq!(key(1).verify(&later, 0), Err(TokenError::BadSignature), "extended expiry");
         assert_eq!(key(1).verify(&token[..20], 0), Err(TokenError::Malformed));
         assert_eq!(key(1).verify(&[], 0), Err(TokenError::Malformed));
     }

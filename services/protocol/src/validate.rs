@@ -16,12 +16,7 @@ pub enum InvalidArgument {
     #[error("name is {0} bytes, the limit is 32")]
     NameTooLong(usize),
     #[error("spawn ({x}, {y}) is outside the {width}x{height} map")]
-    SpawnOutsideMap {
-        x: u32,
-        y: u32,
-        width: u32,
-        height: u32,
-    },
+    SpawnOutsideMap { x: u32, y: u32, width: u32, height: u32 },
     #[error("chat text is empty")]
     EmptyChat,
     #[error("chat text is {0} bytes, the limit is 256")]
@@ -71,25 +66,16 @@ mod tests {
     fn name_limits_count_bytes_not_chars() {
         assert_eq!(validate_name(""), Err(InvalidArgument::EmptyName));
         assert_eq!(validate_name(&"a".repeat(32)), Ok(()));
-        assert_eq!(
-            validate_name(&"a".repeat(33)),
-            Err(InvalidArgument::NameTooLong(33))
-        );
+        assert_eq!(validate_name(&"a".repeat(33)), Err(InvalidArgument::NameTooLong(33)));
         // Eleven three-byte characters: 33 bytes.
-        assert_eq!(
-            validate_name(&"€".repeat(11)),
-            Err(InvalidArgument::NameTooLong(33))
-        );
+        assert_eq!(validate_name(&"€".repeat(11)), Err(InvalidArgument::NameTooLong(33)));
     }
 
     #[test]
     fn chat_limits() {
         assert_eq!(validate_chat(""), Err(InvalidArgument::EmptyChat));
         assert_eq!(validate_chat(&"x".repeat(256)), Ok(()));
-        assert_eq!(
-            validate_chat(&"x".repeat(257)),
-            Err(InvalidArgument::ChatTooLong(257))
-        );
+        assert_eq!(validate_chat(&"x".repeat(257)), Err(InvalidArgument::ChatTooLong(257)));
     }
 
     #[test]
@@ -98,9 +84,6 @@ mod tests {
         assert_eq!(validate_direction(4), Ok(Direction::Right));
         assert_eq!(validate_direction(0), Err(InvalidArgument::BadDirection(0)));
         assert_eq!(validate_direction(5), Err(InvalidArgument::BadDirection(5)));
-        assert_eq!(
-            validate_direction(-1),
-            Err(InvalidArgument::BadDirection(-1))
-        );
+        assert_eq!(validate_direction(-1), Err(InvalidArgument::BadDirection(-1)));
     }
 }

@@ -213,20 +213,14 @@ impl WorldActor {
                 let _ = reply.send(self.report());
             }
             Command::DrainStatus { reply } => {
-                let unconfirmed = self
-                    .handed_off
-                    .values()
-                    .filter(|h| h.acked.is_none())
-                    .count();
+                let unconfirmed = self.handed_off.values().filter(|h| h.acked.is_none()).count();
                 let _ = reply.send((self.seats.len(), unconfirmed));
             }
         }
     }
 
     fn refresh_geometry(&mut self) {
-        let epoch = self
-            .view
-            .read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
+        let epoch = self.view.read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
         if epoch != self.geometry.epoch {
             let config = self.world.config().clone();
             self.geometry = self.view.read(|v| Geometry::from_view(v, self.id, &config));
@@ -239,16 +233,21 @@ impl WorldActor {
     /// now standing in another shard's region is handed to it, exactly as if it had walked
     /// across a border.
     fn rebalance(&mut self) {
+        let live: std::collections::HashSet<ShardId> =
+            self.view.read(|v| v.shards.keys().copied().collect());
+        self.ghosts.sources_gone(
+            &mut self.world,
+            |s| s == self.id || live.contains(&s),
+            &mut self.envelopes,
+        );
+        self.route_envelopes();
         let players: Vec<PlayerId> = self.seats.keys().copied().collect();
         for player in &players {
             self.mirror(*player);
         }
         let mut moved = 0;
         for player in players {
-            let owned = self
-                .world
-                .position(player)
-                .is_some_and(|at| self.geometry.owns(at));
+            let owned = self.world.position(player).is_some_and(|at| self.geometry.owns(at));
             if !owned {
                 self.hand_off(player);
                 moved += 1;
@@ -273,8 +272,7 @@ impl WorldActor {
             // A ghost update. A player owned here never takes updates from elsewhere: such a
             // message is from a previous owner and already superseded.
             Some(_) if self.world.is_local(player) != Some(true) => {
-                self.ghosts
-                    .apply(&mut self.world, message, &mut self.envelopes);
+                self.ghosts.apply(&mut self.world, from, message, &mut self.envelopes);
                 self.route_envelopes();
             }
             Some(_) | None => {}
@@ -303,10 +301,7 @@ impl WorldActor {
             self.peer_out.push(handed.to, message);
             return;
         }
-        let entry = self
-            .early
-            .entry(player)
-            .or_insert_with(|| (Instant::now(), Vec::new()));
+        let entry = self.early.entry(player).or_insert_with(|| (Instant::now(), Vec::new()));
         if entry.1.len() < EARLY_LIMIT {
             entry.1.push((link, input));
         } else {
@@ -345,10 +340,7 @@ impl WorldActor {
     /// Answers an input for a player this shard does not know and cannot wait for.
     fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
         let Some(link) = link else {
-            debug!(
-                player = input.player_id,
-                "forwarded input for an unknown player dropped"
-            );
+            debug!(player = input.player_id, "forwarded input for an unknown player dropped");
             return;
         };
         use meridian_rpc::pb::player_input::Kind as Input;
@@ -359,8 +351,7 @@ impl WorldActor {
                 self.outbox.push_move_answer(link, input.session, &error);
             }
             Some(Input::Ping(ping)) => {
-                self.outbox
-                    .push(link, input.session, &server::pong(ping.client_time));
+                self.outbox.push(link, input.session, &server::pong(ping.client_time));
             }
             _ => {}
         }
@@ -394,22 +385,18 @@ impl WorldActor {
             let Some(seat) = self.seats.get(&envelope.to) else {
                 continue;
             };
-            let (link, session) = (seat.link, seat.session);
+            let (link, session, generation) = (seat.link, seat.session, seat.generation);
             let message = match envelope.note {
-                Notification::Entered {
-                    subject,
-                    position,
-                    name,
-                } => server::entered(subject.0, position.x, position.y, &*name),
-                Notification::Moved {
-                    subject,
-                    position,
-                    client_time,
-                } => {
+                Notification::Entered { subject, position, name } => {
+                    server::entered(subject.0, position.x, position.y, &*name)
+                }
+                Notification::Moved { subject, position, client_time } => {
                     let message = server::moved(subject.0, position.x, position.y, client_time);
                     if subject == envelope.to {
-                        // The mover's own ack: counted so the gateway knows it is answered.
+                        // The mover's own ack: counted so the gateway knows it is answered,
+                        // and its position kept there in case this shard dies.
                         self.outbox.push_move_answer(link, session, &message);
+                        self.outbox.track(link, session, position.x, position.y, generation);
                         continue;
                     }
                     message
@@ -428,12 +415,8 @@ impl WorldActor {
             }
         }
         self.outbox.forget_link(link);
-        let gone: Vec<PlayerId> = self
-            .seats
-            .iter()
-            .filter(|(_, seat)| seat.link == link)
-            .map(|(id, _)| *id)
-            .collect();
+        let gone: Vec<PlayerId> =
+            self.seats.iter().filter(|(_, seat)| seat.link == link).map(|(id, _)| *id).collect();
         for player in gone {
             self.remove(player);
         }
@@ -477,10 +460,7 @@ impl WorldActor {
             })
             .collect();
         for (id, handed) in &self.handed_off {
-            if handed
-                .acked
-                .is_none_or(|acked| now - acked < LISTED_AFTER_ACK)
-            {
+            if handed.acked.is_none_or(|acked| now - acked < LISTED_AFTER_ACK) {
                 players.push(format!(
                     "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
                     id.0, handed.generation, handed.at.x, handed.at.y

@@ -37,11 +37,7 @@ pub struct Geometry {
 impl Geometry {
     pub fn from_view(view: &ClusterView, me: ShardId, config: &WorldConfig) -> Geometry {
         match &view.partition {
-            None => Geometry {
-                me: Some(me),
-                margin: ghost_margin(config),
-                ..Geometry::default()
-            },
+            None => Geometry { me: Some(me), margin: ghost_margin(config), ..Geometry::default() },
             Some(map) => Geometry {
                 epoch: map.epoch,
                 me: Some(me),
@@ -52,10 +48,7 @@ impl Geometry {
     }
 
     pub fn owner_of(&self, at: Position) -> Option<ShardId> {
-        self.regions
-            .iter()
-            .find(|r| r.contains(at.x, at.y))
-            .map(|r| r.shard)
+        self.regions.iter().find(|r| r.contains(at.x, at.y)).map(|r| r.shard)
     }
 
     pub fn owns(&self, at: Position) -> bool {
@@ -76,12 +69,8 @@ impl Geometry {
 
     /// Every other shard that owns a region.
     pub fn peers(&self) -> Vec<ShardId> {
-        let mut peers: Vec<ShardId> = self
-            .regions
-            .iter()
-            .map(|r| r.shard)
-            .filter(|s| Some(*s) != self.me)
-            .collect();
+        let mut peers: Vec<ShardId> =
+            self.regions.iter().map(|r| r.shard).filter(|s| Some(*s) != self.me).collect();
         peers.sort_unstable();
         peers.dedup();
         peers
@@ -89,11 +78,7 @@ impl Geometry {
 
     /// A uniformly random cell of this shard's regions (by area).
     pub fn random_cell(&self, rng: &mut impl Rng) -> Option<Position> {
-        let mine: Vec<&Region> = self
-            .regions
-            .iter()
-            .filter(|r| Some(r.shard) == self.me)
-            .collect();
+        let mine: Vec<&Region> = self.regions.iter().filter(|r| Some(r.shard) == self.me).collect();
         let total: u64 = mine.iter().map(|r| r.area()).sum();
         if total == 0 {
             return None;
@@ -120,28 +105,11 @@ mod tests {
 
     fn two_columns() -> ClusterView {
         let regions = vec![
-            Region {
-                shard: ShardId(1),
-                x0: 0,
-                y0: 0,
-                x1: 200,
-                y1: 400,
-            },
-            Region {
-                shard: ShardId(2),
-                x0: 200,
-                y0: 0,
-                x1: 400,
-                y1: 400,
-            },
+            Region { shard: ShardId(1), x0: 0, y0: 0, x1: 200, y1: 400 },
+            Region { shard: ShardId(2), x0: 200, y0: 0, x1: 400, y1: 400 },
         ];
         ClusterView {
-            partition: Some(PartitionMap {
-                epoch: 3,
-                width: 400,
-                height: 400,
-                regions,
-            }),
+            partition: Some(PartitionMap { epoch: 3, width: 400, height: 400, regions }),
             ..ClusterView::default()
         }
     }
@@ -154,22 +122,13 @@ mod tests {
         assert_eq!(out, vec![ShardId(2)], "179 is 21 cells from x=200");
         geometry.ghost_holders(Position { x: 178, y: 5 }, &mut out);
         assert!(out.is_empty(), "178 is 22 cells away");
-        assert_eq!(
-            geometry.owner_of(Position { x: 200, y: 0 }),
-            Some(ShardId(2))
-        );
+        assert_eq!(geometry.owner_of(Position { x: 200, y: 0 }), Some(ShardId(2)));
         assert!(geometry.owns(Position { x: 199, y: 399 }));
     }
 
     #[test]
     fn distance_is_chebyshev_to_the_rectangle() {
-        let region = Region {
-            shard: ShardId(1),
-            x0: 10,
-            y0: 10,
-            x1: 20,
-            y1: 20,
-        };
+        let region = Region { shard: ShardId(1), x0: 10, y0: 10, x1: 20, y1: 20 };
         assert_eq!(distance(&region, Position { x: 15, y: 15 }), 0);
         assert_eq!(distance(&region, Position { x: 20, y: 15 }), 1);
         assert_eq!(distance(&region, Position { x: 5, y: 25 }), 6);

@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use meridian_cluster::ShardId;
 use meridian_rpc::pb::{peer_message::Kind, PeerMessage};
 use meridian_world::{Envelope, PlayerId, Position, World};
 use tracing::{debug, warn};
@@ -23,15 +24,22 @@ const HOLD_LIMIT: Duration = Duration::from_secs(2);
 const TOMBSTONE_LIFETIME: Duration = Duration::from_secs(60);
 /// Messages held per player at most; beyond this the oldest generation is given up on.
 const MAX_HELD: usize = 4096;
+/// How long the ghost of a player whose owner died stays, waiting for the player to be
+/// restored elsewhere (which replaces it); after that it is removed (observers get Left).
+const ORPHAN_LIMIT: Duration = Duration::from_secs(5);
 
 struct Track {
     generation: u64,
     present: bool,
     /// The old owner said this generation is complete.
     closed: bool,
-    held: VecDeque<PeerMessage>,
+    held: VecDeque<(ShardId, PeerMessage)>,
     held_since: Option<Instant>,
     touched: Instant,
+    /// The shard whose messages the current generation comes from.
+    source: ShardId,
+    /// Since when `source` is known to be dead.
+    orphaned: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -50,7 +58,7 @@ impl Ghosts {
     }
 
     /// This shard handed the player off and keeps it as a ghost of the new generation.
-    pub fn demoted(&mut self, id: PlayerId, generation: u64) {
+    pub fn demoted(&mut self, id: PlayerId, generation: u64, new_owner: ShardId) {
         self.tracks.insert(
             id,
             Track {
@@ -60,12 +68,20 @@ impl Ghosts {
                 held: VecDeque::new(),
                 held_since: None,
                 touched: Instant::now(),
+                source: new_owner,
+                orphaned: None,
             },
         );
     }
 
     /// Applies one message about a player owned elsewhere.
-    pub fn apply(&mut self, world: &mut World, message: PeerMessage, out: &mut Vec<Envelope>) {
+    pub fn apply(
+        &mut self,
+        world: &mut World,
+        from: ShardId,
+        message: PeerMessage,
+        out: &mut Vec<Envelope>,
+    ) {
         let id = PlayerId(message.player_id);
         let now = Instant::now();
         let track = self.tracks.entry(id).or_insert_with(|| Track {
@@ -75,6 +91,8 @@ impl Ghosts {
             held: VecDeque::new(),
             held_since: None,
             touched: now,
+            source: from,
+            orphaned: None,
         });
         track.touched = now;
         if message.generation < track.generation {
@@ -87,7 +105,7 @@ impl Ghosts {
                     warn!(player = %id, "too many held ghost messages; releasing the old generation");
                     track.closed = true;
                 } else {
-                    track.held.push_back(message);
+                    track.held.push_back((from, message));
                     track.held_since.get_or_insert(now);
                     return;
                 }
@@ -95,6 +113,8 @@ impl Ghosts {
             track.generation = message.generation;
             track.closed = false;
         }
+        track.source = from;
+        track.orphaned = None;
         let released = apply_now(track, world, id, message, out);
         if released {
             self.release(world, id, out);
@@ -109,14 +129,51 @@ impl Ghosts {
         track.closed = true;
         track.held_since = None;
         let held = std::mem::take(&mut track.held);
-        for message in held {
-            self.apply(world, message, out);
+        for (from, message) in held {
+            self.apply(world, from, message, out);
         }
     }
 
-    /// Releases holds that waited too long and forgets old tombstones.
+    /// Shards that left the cluster will never release or update their players: what they
+    /// held back is released now, and their ghosts are orphaned (removed if no new owner
+    /// takes them over within [`ORPHAN_LIMIT`]).
+    pub fn sources_gone(
+        &mut self,
+        world: &mut World,
+        live: impl Fn(ShardId) -> bool,
+        out: &mut Vec<Envelope>,
+    ) {
+        let waiting: Vec<PlayerId> = self
+            .tracks
+            .iter()
+            .filter(|(_, t)| !live(t.source) && !t.held.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            self.release(world, id, out);
+        }
+        let now = Instant::now();
+        for track in self.tracks.values_mut() {
+            if track.present && !live(track.source) && track.orphaned.is_none() {
+                track.orphaned = Some(now);
+            }
+        }
+    }
+
+    /// Releases holds that waited too long, removes orphans nobody took over, and forgets
+    /// old tombstones.
     pub fn expire(&mut self, world: &mut World, out: &mut Vec<Envelope>) {
         let now = Instant::now();
+        for (id, track) in self.tracks.iter_mut() {
+            if track.present && track.orphaned.is_some_and(|since| now - since > ORPHAN_LIMIT) {
+                warn!(player = %id, owner = %track.source, "owner died and nobody restored the player; removing its ghost");
+                track.present = false;
+                track.orphaned = None;
+                if let Err(error) = world.remove_ghost(*id, out) {
+                    warn!(player = %id, %error, "cannot remove an orphaned ghost");
+                }
+            }
+        }
         let overdue: Vec<PlayerId> = self
             .tracks
             .iter()
@@ -178,42 +235,22 @@ mod tests {
     const WATCHER: PlayerId = PlayerId(1);
 
     fn world_with_watcher() -> World {
-        let mut world = World::new(WorldConfig {
-            width: 100,
-            height: 100,
-            view_range: 5,
-            move_rate: 20,
-        });
+        let mut world =
+            World::new(WorldConfig { width: 100, height: 100, view_range: 5, move_rate: 20 });
         let mut out = Vec::new();
         world
-            .login(
-                WATCHER,
-                "watcher".into(),
-                Position { x: 10, y: 10 },
-                Duration::ZERO,
-                &mut out,
-            )
+            .login(WATCHER, "watcher".into(), Position { x: 10, y: 10 }, Duration::ZERO, &mut out)
             .unwrap();
         world
     }
 
     fn message(generation: u64, kind: Kind) -> PeerMessage {
-        PeerMessage {
-            player_id: GHOST,
-            generation,
-            kind: Some(kind),
-        }
+        PeerMessage { player_id: GHOST, generation, kind: Some(kind) }
     }
 
     fn upsert(generation: u64, x: u32) -> PeerMessage {
         let position = Some(WirePosition { x, y: 10 });
-        message(
-            generation,
-            Kind::Upsert(GhostUpsert {
-                name: "ghost".into(),
-                position,
-            }),
-        )
+        message(generation, Kind::Upsert(GhostUpsert { name: "ghost".into(), position }))
     }
 
     fn moved(generation: u64, x: u32) -> PeerMessage {
@@ -242,22 +279,19 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, upsert(0, 12), &mut out);
+        ghosts.apply(&mut world, ShardId(9), upsert(0, 12), &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
         // The new owner's first update overtakes the old owner's last move.
-        ghosts.apply(&mut world, upsert(1, 14), &mut out);
+        ghosts.apply(&mut world, ShardId(9), upsert(1, 14), &mut out);
         assert_eq!(told(&mut out), [], "held until generation 0 is released");
-        ghosts.apply(&mut world, moved(0, 13), &mut out);
+        ghosts.apply(&mut world, ShardId(9), moved(0, 13), &mut out);
         assert_eq!(told(&mut out), [("moved", 13)]);
-        ghosts.apply(&mut world, released(0), &mut out);
+        ghosts.apply(&mut world, ShardId(9), released(0), &mut out);
         assert_eq!(told(&mut out), [("moved", 14)], "no jump, nothing lost");
         // Anything from the old generation after that is stale.
-        ghosts.apply(&mut world, moved(0, 40), &mut out);
+        ghosts.apply(&mut world, ShardId(9), moved(0, 40), &mut out);
         assert_eq!(told(&mut out), []);
-        assert_eq!(
-            world.position(PlayerId(GHOST)),
-            Some(Position { x: 14, y: 10 })
-        );
+        assert_eq!(world.position(PlayerId(GHOST)), Some(Position { x: 14, y: 10 }));
     }
 
     #[test]
@@ -265,23 +299,12 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, upsert(3, 12), &mut out);
+        ghosts.apply(&mut world, ShardId(9), upsert(3, 12), &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, upsert(2, 11), &mut out);
-        ghosts.apply(
-            &mut world,
-            message(2, Kind::Remove(GhostRemove {})),
-            &mut out,
-        );
-        assert_eq!(
-            told(&mut out),
-            [],
-            "an older owner's late messages change nothing"
-        );
-        assert_eq!(
-            world.position(PlayerId(GHOST)),
-            Some(Position { x: 12, y: 10 })
-        );
+        ghosts.apply(&mut world, ShardId(9), upsert(2, 11), &mut out);
+        ghosts.apply(&mut world, ShardId(9), message(2, Kind::Remove(GhostRemove {})), &mut out);
+        assert_eq!(told(&mut out), [], "an older owner's late messages change nothing");
+        assert_eq!(world.position(PlayerId(GHOST)), Some(Position { x: 12, y: 10 }));
     }
 
     #[test]
@@ -289,23 +312,15 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, upsert(0, 12), &mut out);
-        ghosts.apply(
-            &mut world,
-            message(1, Kind::Remove(GhostRemove {})),
-            &mut out,
-        );
+        ghosts.apply(&mut world, ShardId(9), upsert(0, 12), &mut out);
+        ghosts.apply(&mut world, ShardId(9), message(1, Kind::Remove(GhostRemove {})), &mut out);
         // Generation 1 is held (the ghost of generation 0 is shown, not yet released).
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, released(0), &mut out);
+        ghosts.apply(&mut world, ShardId(9), released(0), &mut out);
         assert_eq!(told(&mut out), [("left", 0)]);
-        ghosts.apply(&mut world, moved(0, 13), &mut out);
-        ghosts.apply(&mut world, upsert(0, 13), &mut out);
-        assert_eq!(
-            told(&mut out),
-            [],
-            "tombstone of generation 1 drops generation 0"
-        );
+        ghosts.apply(&mut world, ShardId(9), moved(0, 13), &mut out);
+        ghosts.apply(&mut world, ShardId(9), upsert(0, 13), &mut out);
+        assert_eq!(told(&mut out), [], "tombstone of generation 1 drops generation 0");
         assert_eq!(world.position(PlayerId(GHOST)), None);
     }
 }

@@ -65,11 +65,7 @@ pub enum ShardError {
     Serve(#[from] tonic::transport::Error),
     /// The drain deadline passed with players still here: they were not handed off.
     #[error("drain incomplete after {waited:?}: {players} players still here, {unconfirmed} handoffs unconfirmed")]
-    DrainIncomplete {
-        waited: Duration,
-        players: usize,
-        unconfirmed: usize,
-    },
+    DrainIncomplete { waited: Duration, players: usize, unconfirmed: usize },
 }
 
 /// Runs a shard on already-bound listeners. When `shutdown` resolves (SIGTERM, as
@@ -90,10 +86,7 @@ pub async fn run(
     let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
     let record = ShardRecord {
         id: config.id,
-        grpc: config
-            .advertise
-            .clone()
-            .unwrap_or_else(|| grpc_addr.to_string()),
+        grpc: config.advertise.clone().unwrap_or_else(|| grpc_addr.to_string()),
         admin: admin_addr.to_string(),
         state: ShardState::Serving,
         players: 0,
@@ -117,12 +110,8 @@ pub async fn run(
         Arc::clone(&peer_senders),
         Arc::clone(&metrics),
     ));
-    let (commands, actor) = actor::WorldActor::new(
-        &config,
-        Arc::clone(&view),
-        peer_senders,
-        Arc::clone(&metrics),
-    );
+    let (commands, actor) =
+        actor::WorldActor::new(&config, Arc::clone(&view), peer_senders, Arc::clone(&metrics));
     tokio::spawn(actor.run());
 
     let lease = registration.lease_source();
@@ -142,11 +131,8 @@ pub async fn run(
         if !status.is_registered() {
             return Err("not registered in etcd".into());
         }
-        let holds_region = view.read(|v| {
-            v.partition
-                .as_ref()
-                .is_some_and(|p| p.regions_of(me).next().is_some())
-        });
+        let holds_region =
+            view.read(|v| v.partition.as_ref().is_some_and(|p| p.regions_of(me).next().is_some()));
         if holds_region {
             Ok(())
         } else {
@@ -161,11 +147,7 @@ pub async fn run(
         let commands = report_commands.clone();
         let body: JsonFuture = Box::pin(async move {
             let (reply, answer) = tokio::sync::oneshot::channel();
-            if commands
-                .send(actor::Command::Report { reply })
-                .await
-                .is_err()
-            {
+            if commands.send(actor::Command::Report { reply }).await.is_err() {
                 return "{}".to_string();
             }
             answer.await.unwrap_or_else(|_| "{}".to_string())
@@ -208,13 +190,7 @@ pub async fn run(
         _ = changes.wait_for(|v| v.drains.contains(&me)) => info!(shard = %me, "drain requested"),
     }
     draining.store(true, std::sync::atomic::Ordering::SeqCst);
-    registration.update(
-        ShardRecord {
-            state: ShardState::Draining,
-            ..record.clone()
-        }
-        .to_json(),
-    );
+    registration.update(ShardRecord { state: ShardState::Draining, ..record.clone() }.to_json());
     let outcome = drain(&commands, config.drain_timeout, me).await;
     let _ = client.clone().delete(keys.drain(me), None).await;
     info!(shard = %me, "shard stopping; deregistering");
@@ -236,11 +212,7 @@ async fn drain(
     let mut last_report = started;
     loop {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        if commands
-            .send(actor::Command::DrainStatus { reply })
-            .await
-            .is_err()
-        {
+        if commands.send(actor::Command::DrainStatus { reply }).await.is_err() {
             return Ok(());
         }
         let (players, unconfirmed) = answer.await.unwrap_or((0, 0));
@@ -251,11 +223,7 @@ async fn drain(
         if started.elapsed() > deadline {
             let waited = started.elapsed();
             tracing::error!(shard = %me, players, unconfirmed, ?waited, "drain incomplete");
-            return Err(ShardError::DrainIncomplete {
-                waited,
-                players,
-                unconfirmed,
-            });
+            return Err(ShardError::DrainIncomplete { waited, players, unconfirmed });
         }
         if last_report.elapsed() >= Duration::from_secs(1) {
             last_report = std::time::Instant::now();

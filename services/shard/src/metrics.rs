@@ -21,6 +21,7 @@ pub struct ShardMetrics {
     pub ghosts: Arc<Gauge>,
     pub handoffs_out: Arc<Counter>,
     pub handoffs_in: Arc<Counter>,
+    pub restores: Arc<Counter>,
     pub inputs_forwarded: Arc<Counter>,
     pub peer_messages_in: Arc<Counter>,
     pub peer_messages_out: Arc<Counter>,
@@ -62,11 +63,7 @@ impl ShardMetrics {
                 "Gateway streams cut because they did not keep up.",
                 l,
             ),
-            ghosts: registry.gauge(
-                "meridian_shard_ghosts",
-                "Ghosts of other shards' players.",
-                l,
-            ),
+            ghosts: registry.gauge("meridian_shard_ghosts", "Ghosts of other shards' players.", l),
             handoffs_out: registry.counter(
                 "meridian_shard_handoffs_out_total",
                 "Players handed to another shard.",
@@ -75,6 +72,11 @@ impl ShardMetrics {
             handoffs_in: registry.counter(
                 "meridian_shard_handoffs_in_total",
                 "Players taken over from another shard.",
+                l,
+            ),
+            restores: registry.counter(
+                "meridian_shard_restores_total",
+                "Players restored here after their shard died.",
                 l,
             ),
             inputs_forwarded: registry.counter(
@@ -102,11 +104,7 @@ impl ShardMetrics {
                 "Peer batches refused for carrying an older partition epoch.",
                 l,
             ),
-            epoch: registry.gauge(
-                "meridian_shard_partition_epoch",
-                "Partition epoch in use.",
-                l,
-            ),
+            epoch: registry.gauge("meridian_shard_partition_epoch", "Partition epoch in use.", l),
         }
     }
 }

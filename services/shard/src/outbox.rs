@@ -27,10 +27,7 @@ impl Outbox {
     fn slot(&mut self, link: LinkId, session: u64) -> (&mut LinkOut, usize) {
         let out = self.links.entry(link).or_default();
         let index = *out.by_session.entry(session).or_insert_with(|| {
-            out.deliveries.push(Delivery {
-                session,
-                ..Default::default()
-            });
+            out.deliveries.push(Delivery { session, ..Default::default() });
             out.frames.push(Vec::new());
             out.deliveries.len() - 1
         });
@@ -52,6 +49,13 @@ impl Outbox {
         self.n_messages += 1;
     }
 
+    /// Records the player's latest position and ownership generation for the gateway.
+    pub fn track(&mut self, link: LinkId, session: u64, x: u32, y: u32, generation: u64) {
+        let (out, index) = self.slot(link, session);
+        out.deliveries[index].position = Some(meridian_protocol::pb::Position { x, y });
+        out.deliveries[index].generation = generation;
+    }
+
     /// Tells the gateway the player now belongs to shard `to` (after these frames).
     pub fn release(&mut self, link: LinkId, session: u64, to: u32) {
         let (out, index) = self.slot(link, session);
@@ -67,19 +71,16 @@ impl Outbox {
     /// Takes the batches to send, one per link with output; leaves the outbox empty.
     pub fn drain(&mut self) -> impl Iterator<Item = (LinkId, ShardBatch, u64)> + '_ {
         self.n_messages = 0;
-        self.links
-            .iter_mut()
-            .filter(|(_, out)| !out.deliveries.is_empty())
-            .map(|(link, out)| {
-                out.by_session.clear();
-                let mut bytes = 0;
-                for (delivery, frames) in out.deliveries.iter_mut().zip(out.frames.drain(..)) {
-                    bytes += frames.len() as u64;
-                    delivery.frames = frames.into();
-                }
-                let deliveries = std::mem::take(&mut out.deliveries);
-                (*link, ShardBatch { deliveries }, bytes)
-            })
+        self.links.iter_mut().filter(|(_, out)| !out.deliveries.is_empty()).map(|(link, out)| {
+            out.by_session.clear();
+            let mut bytes = 0;
+            for (delivery, frames) in out.deliveries.iter_mut().zip(out.frames.drain(..)) {
+                bytes += frames.len() as u64;
+                delivery.frames = frames.into();
+            }
+            let deliveries = std::mem::take(&mut out.deliveries);
+            (*link, ShardBatch { deliveries }, bytes)
+        })
     }
 
     pub fn forget_link(&mut self, link: LinkId) {

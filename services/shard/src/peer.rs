@@ -37,12 +37,8 @@ pub async fn maintain_peers(
         let view = changes.borrow_and_update().clone();
         // Every registered shard, region or not: a draining shard still hands players off
         // and must hear their new owners confirm.
-        let wanted: HashMap<ShardId, String> = view
-            .shards
-            .values()
-            .filter(|s| s.id != me)
-            .map(|s| (s.id, s.grpc.clone()))
-            .collect();
+        let wanted: HashMap<ShardId, String> =
+            view.shards.values().filter(|s| s.id != me).map(|s| (s.id, s.grpc.clone())).collect();
         let before = current.len();
         tasks.retain(|id, (addr, task)| {
             let keep = wanted.get(id) == Some(addr);
@@ -86,11 +82,7 @@ async fn run_peer(
     mut view: watch::Receiver<ClusterView>,
     metrics: Arc<ShardMetrics>,
 ) {
-    let mut sender = PeerSender {
-        me,
-        unconfirmed: VecDeque::new(),
-        next_seq: 1,
-    };
+    let mut sender = PeerSender { me, unconfirmed: VecDeque::new(), next_seq: 1 };
     let mut backoff = Duration::from_millis(50);
     loop {
         match sender.stream_once(&addr, &mut queue, &view, &metrics).await {
@@ -100,10 +92,7 @@ async fn run_peer(
                 info!(%peer, theirs, "peer is at a newer epoch; catching up before resending");
                 let caught_up =
                     view.wait_for(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0) >= theirs);
-                if tokio::time::timeout(Duration::from_secs(5), caught_up)
-                    .await
-                    .is_err()
-                {
+                if tokio::time::timeout(Duration::from_secs(5), caught_up).await.is_err() {
                     warn!(%peer, theirs, "did not see the peer's epoch within 5 s; retrying anyway");
                 }
                 continue;
@@ -153,22 +142,13 @@ impl PeerSender {
             .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
             .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
         let (upstream, upstream_rx) = mpsc::channel::<PeerBatch>(PEER_QUEUE);
-        let epoch = || {
-            view.borrow()
-                .partition
-                .as_ref()
-                .map(|p| p.epoch)
-                .unwrap_or(0)
-        };
+        let epoch = || view.borrow().partition.as_ref().map(|p| p.epoch).unwrap_or(0);
         // Whatever was not acknowledged goes first, under the epoch we have now.
         for batch in self.unconfirmed.iter_mut() {
             batch.epoch = epoch();
             let _ = upstream.try_send(batch.clone());
         }
-        let mut acks = client
-            .peer(ReceiverStream::new(upstream_rx))
-            .await?
-            .into_inner();
+        let mut acks = client.peer(ReceiverStream::new(upstream_rx)).await?.into_inner();
         info!(%addr, resent = self.unconfirmed.len(), "peer stream open");
         let mut rounds = Vec::with_capacity(MERGE);
         loop {

@@ -19,7 +19,7 @@ use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
     peer_message::Kind as Peer, player_input::Kind as Input, GhostRemove, GhostUpsert, Handoff,
-    HandoffAck, PeerMessage, PlayerInput, Released, ViewEntry,
+    HandoffAck, Join, PeerMessage, PlayerInput, Released, ViewEntry,
 };
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::warn;
@@ -48,6 +48,9 @@ impl WorldActor {
         let Some(Input::Join(join)) = input.kind else {
             return;
         };
+        if join.restore {
+            return self.restore(link, input.seq, session, player, join);
+        }
         let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
         let spawn = match join.spawn {
             Some(p) if self.dev_mode => Some(Position { x: p.x, y: p.y }),
@@ -61,28 +64,22 @@ impl WorldActor {
         };
         let config = self.world.config().clone();
         let login_ok = ServerMessage {
-            kind: Some(client_pb::server_message::Kind::LoginOk(
-                client_pb::LoginOk {
-                    player_id: player.0,
-                    position: wire(at),
-                    resume_token: self
-                        .resume_key
-                        .mint(player.0, unix_now() + TOKEN_LIFETIME_SECS),
-                    map_width: config.width,
-                    map_height: config.height,
-                    view_range: config.view_range,
-                },
-            )),
+            kind: Some(client_pb::server_message::Kind::LoginOk(client_pb::LoginOk {
+                player_id: player.0,
+                position: wire(at),
+                resume_token: self.resume_key.mint(player.0, unix_now() + TOKEN_LIFETIME_SECS),
+                map_width: config.width,
+                map_height: config.height,
+                view_range: config.view_range,
+            })),
         };
         let name: Arc<str> = join.name.into();
         let now = self.started.elapsed();
         // LoginOk goes first: the Entered messages the login causes for this player follow.
-        match self
-            .world
-            .login(player, Arc::clone(&name), at, now, &mut self.envelopes)
-        {
+        match self.world.login(player, Arc::clone(&name), at, now, &mut self.envelopes) {
             Ok(()) => {
                 self.outbox.push(link, session, &login_ok);
+                self.outbox.track(link, session, at.x, at.y, 0);
                 self.seats.insert(
                     player,
                     Seat {
@@ -165,30 +162,21 @@ impl WorldActor {
             Some(Input::Chat(chat)) => {
                 self.metrics.chats.inc();
                 let text: Arc<str> = chat.text.into();
-                if let Err(error) = self
-                    .world
-                    .chat(player, Arc::clone(&text), &mut self.envelopes)
+                if let Err(error) = self.world.chat(player, Arc::clone(&text), &mut self.envelopes)
                 {
                     warn!(%player, %error, "chat refused by the world");
                 }
                 self.route_envelopes();
                 let generation = self.seats.get(&player).map(|s| s.generation).unwrap_or(0);
-                for holder in self
-                    .seats
-                    .get(&player)
-                    .map(|s| s.ghosted_at.clone())
-                    .unwrap_or_default()
+                for holder in
+                    self.seats.get(&player).map(|s| s.ghosted_at.clone()).unwrap_or_default()
                 {
-                    let chat = client_pb::Chat {
-                        text: text.to_string(),
-                    };
-                    self.peer_out
-                        .push(holder, peer(player, generation, Peer::Chat(chat)));
+                    let chat = client_pb::Chat { text: text.to_string() };
+                    self.peer_out.push(holder, peer(player, generation, Peer::Chat(chat)));
                 }
             }
             Some(Input::Ping(ping)) => {
-                self.outbox
-                    .push(link, session, &server::pong(ping.client_time))
+                self.outbox.push(link, session, &server::pong(ping.client_time))
             }
             Some(Input::Leave(leave)) => {
                 self.remove(player);
@@ -209,10 +197,7 @@ impl WorldActor {
         }
         self.route_envelopes();
         for holder in seat.ghosted_at {
-            self.peer_out.push(
-                holder,
-                peer(player, seat.generation, Peer::Remove(GhostRemove {})),
-            );
+            self.peer_out.push(holder, peer(player, seat.generation, Peer::Remove(GhostRemove {})));
         }
         self.metrics.leaves.inc();
         self.metrics.players.set(self.seats.len() as i64);
@@ -238,18 +223,12 @@ impl WorldActor {
             let kind = if before.contains(holder) {
                 Peer::Moved(client_pb::Position { x: at.x, y: at.y })
             } else {
-                Peer::Upsert(GhostUpsert {
-                    name: name.to_string(),
-                    position: wire(at),
-                })
+                Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) })
             };
             self.peer_out.push(*holder, peer(player, generation, kind));
         }
         for gone in before.iter().filter(|s| !self.holders.contains(s)) {
-            self.peer_out.push(
-                *gone,
-                peer(player, generation, Peer::Remove(GhostRemove {})),
-            );
+            self.peer_out.push(*gone, peer(player, generation, Peer::Remove(GhostRemove {})));
         }
     }
 
@@ -267,33 +246,25 @@ impl WorldActor {
         let Some(seat) = self.seats.remove(&player) else {
             return;
         };
-        let name = self
-            .world
-            .name(player)
-            .map(|n| n.to_string())
-            .unwrap_or_default();
+        let name = self.world.name(player).map(|n| n.to_string()).unwrap_or_default();
         let mut visible = Vec::new();
         self.world.visible_to(player, &mut visible);
         let view: Vec<ViewEntry> = visible
             .iter()
             .filter_map(|id| {
                 let position = self.world.position(*id)?;
-                Some(ViewEntry {
-                    player_id: id.0,
-                    position: wire(position),
-                })
+                Some(ViewEntry { player_id: id.0, position: wire(position) })
             })
             .collect();
         if let Err(error) = self.world.demote_to_ghost(player) {
             warn!(%player, %error, "cannot demote a player being handed off");
         }
         let next_generation = seat.generation + 1;
-        self.ghosts.demoted(player, next_generation);
+        self.ghosts.demoted(player, next_generation, to);
         for other in self.geometry.peers() {
             if other != to {
                 let released = Peer::Released(Released { new_owner: to.0 });
-                self.peer_out
-                    .push(other, peer(player, seat.generation, released));
+                self.peer_out.push(other, peer(player, seat.generation, released));
             }
         }
         let handoff = Handoff {
@@ -304,23 +275,15 @@ impl WorldActor {
             next_seq: seat.next_seq,
             view,
         };
-        self.peer_out
-            .push(to, peer(player, next_generation, Peer::Handoff(handoff)));
+        self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for (_, input) in seat.pending {
-            self.peer_out
-                .push(to, peer(player, next_generation, Peer::Forwarded(input)));
+            self.peer_out.push(to, peer(player, next_generation, Peer::Forwarded(input)));
         }
         self.outbox.release(seat.link, seat.session, to.0);
         let now = Instant::now();
         self.handed_off.insert(
             player,
-            HandedOff {
-                to,
-                generation: seat.generation,
-                at,
-                acked: None,
-                since: now,
-            },
+            HandedOff { to, generation: seat.generation, at, acked: None, since: now },
         );
         self.metrics.handoffs_out.inc();
         self.metrics.players.set(self.seats.len() as i64);
@@ -342,10 +305,7 @@ impl WorldActor {
             warn!(%player, gateway = handoff.gateway_id, "handoff from a gateway not linked here");
             return;
         };
-        let at = handoff
-            .position
-            .map(|p| Position { x: p.x, y: p.y })
-            .unwrap_or_default();
+        let at = handoff.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
         let name: Arc<str> = handoff.name.into();
         self.ghosts.forget(player);
         // Observers here see the ghost arrive at (or move to) the handoff position...
@@ -371,13 +331,11 @@ impl WorldActor {
         );
         self.handed_off.remove(&player);
         self.route_envelopes();
+        self.outbox.track(link, handoff.session, at.x, at.y, generation);
         // ...and the player itself learns what this world shows that it was not told.
         self.reconcile_view(player, link, handoff.session, &handoff.view);
         self.mirror(player);
-        self.peer_out.push(
-            from,
-            peer(player, generation, Peer::HandoffAck(HandoffAck {})),
-        );
+        self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
         self.metrics.handoffs_in.inc();
         self.metrics.players.set(self.seats.len() as i64);
         if let Some((_, inputs)) = self.early.remove(&player) {
@@ -385,6 +343,55 @@ impl WorldActor {
                 self.on_input(link, input);
             }
         }
+        if !self.geometry.owns(at) {
+            self.hand_off(player);
+        }
+    }
+
+    /// Brings back a player whose shard died, at its last acknowledged position: the
+    /// client gets ViewReset and then Entered for everything in sight; observers here get
+    /// Entered (or Moved, if they still showed the dead shard's ghost of it).
+    fn restore(&mut self, link: LinkId, seq: u64, session: u64, player: PlayerId, join: Join) {
+        let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
+        let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        let name: Arc<str> = join.name.into();
+        let generation = join.generation + 1;
+        let now = self.started.elapsed();
+        self.ghosts.forget(player);
+        let placed = if self.world.is_local(player) == Some(false) {
+            self.world
+                .upsert_ghost(player, Arc::clone(&name), at, &mut self.envelopes)
+                .and_then(|()| self.world.promote_to_local(player))
+        } else {
+            // Observers get Entered; the player's own view is rebuilt below instead.
+            let result = self.world.login(player, Arc::clone(&name), at, now, &mut self.envelopes);
+            self.envelopes.retain(|e| e.to != player);
+            result
+        };
+        if let Err(error) = placed {
+            warn!(%player, %error, "cannot restore a player");
+            let message = server::error(ErrorCode::Unavailable, error.to_string(), 0);
+            return self.outbox.push(link, session, &message);
+        }
+        self.seats.insert(
+            player,
+            Seat {
+                link,
+                session,
+                gateway,
+                generation,
+                next_seq: seq + 1,
+                pending: Default::default(),
+                ghosted_at: Vec::new(),
+            },
+        );
+        self.route_envelopes();
+        self.outbox.push(link, session, &server::view_reset(player.0, at.x, at.y));
+        self.reconcile_view(player, link, session, &[]);
+        self.outbox.track(link, session, at.x, at.y, generation);
+        self.mirror(player);
+        self.metrics.restores.inc();
+        self.metrics.players.set(self.seats.len() as i64);
         if !self.geometry.owns(at) {
             self.hand_off(player);
         }
@@ -401,17 +408,10 @@ impl WorldActor {
             };
             match told.get(&id.0) {
                 Some(seen) if *seen == wire(at) => {}
-                Some(_) => self
-                    .outbox
-                    .push(link, session, &server::moved(id.0, at.x, at.y, 0)),
+                Some(_) => self.outbox.push(link, session, &server::moved(id.0, at.x, at.y, 0)),
                 None => {
-                    let name = self
-                        .world
-                        .name(*id)
-                        .map(|n| n.to_string())
-                        .unwrap_or_default();
-                    self.outbox
-                        .push(link, session, &server::entered(id.0, at.x, at.y, name));
+                    let name = self.world.name(*id).map(|n| n.to_string()).unwrap_or_default();
+                    self.outbox.push(link, session, &server::entered(id.0, at.x, at.y, name));
                 }
             }
         }
@@ -424,9 +424,5 @@ impl WorldActor {
 }
 
 fn peer(player: PlayerId, generation: u64, kind: Peer) -> PeerMessage {
-    PeerMessage {
-        player_id: player.0,
-        generation,
-        kind: Some(kind),
-    }
+    PeerMessage { player_id: player.0, generation, kind: Some(kind) }
 }

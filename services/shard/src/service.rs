@@ -68,13 +68,7 @@ impl Shard for ShardService {
         let first = hello.inputs;
         tokio::spawn(async move {
             if !first.is_empty()
-                && commands
-                    .send(Command::Inputs {
-                        link,
-                        inputs: first,
-                    })
-                    .await
-                    .is_err()
+                && commands.send(Command::Inputs { link, inputs: first }).await.is_err()
             {
                 return;
             }
@@ -84,11 +78,7 @@ impl Shard for ShardService {
                         // Awaiting here is the backpressure policy: a full world queue slows
                         // the gateway's stream through HTTP/2 flow control; nothing is dropped.
                         let inputs = batch.inputs;
-                        if commands
-                            .send(Command::Inputs { link, inputs })
-                            .await
-                            .is_err()
-                        {
+                        if commands.send(Command::Inputs { link, inputs }).await.is_err() {
                             return;
                         }
                     }
@@ -151,21 +141,13 @@ impl Shard for ShardService {
                     fresh
                 };
                 if fresh {
-                    let command = Command::Peer {
-                        from: ShardId(batch.from_shard),
-                        messages: batch.messages,
-                    };
+                    let command =
+                        Command::Peer { from: ShardId(batch.from_shard), messages: batch.messages };
                     if commands.send(command).await.is_err() {
                         return;
                     }
                 }
-                if acks
-                    .send(Ok(PeerAck {
-                        applied_seq: batch.seq,
-                    }))
-                    .await
-                    .is_err()
-                {
+                if acks.send(Ok(PeerAck { applied_seq: batch.seq })).await.is_err() {
                     return;
                 }
             }

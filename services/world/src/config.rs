@@ -25,12 +25,7 @@ pub struct WorldConfig {
 
 impl Default for WorldConfig {
     fn default() -> WorldConfig {
-        WorldConfig {
-            width: 400,
-            height: 400,
-            view_range: 20,
-            move_rate: 20,
-        }
+        WorldConfig { width: 400, height: 400, view_range: 20, move_rate: 20 }
     }
 }
 
@@ -108,10 +103,7 @@ impl WorldConfig {
     /// Sector columns and rows, in `u64` so that validation cannot overflow.
     fn sector_grid_size(&self) -> (u64, u64) {
         let side = u64::from(self.sector_side());
-        (
-            u64::from(self.width).div_ceil(side),
-            u64::from(self.height).div_ceil(side),
-        )
+        (u64::from(self.width).div_ceil(side), u64::from(self.height).div_ceil(side))
     }
 
     /// Whether `position` is a cell of the map.
@@ -146,12 +138,7 @@ mod tests {
     fn default_is_the_design_world() {
         let config = WorldConfig::default();
         assert_eq!(
-            (
-                config.width,
-                config.height,
-                config.view_range,
-                config.move_rate
-            ),
+            (config.width, config.height, config.view_range, config.move_rate),
             (400, 400, 20, 20)
         );
         assert_eq!(config.validate(), Ok(()));
@@ -159,22 +146,11 @@ mod tests {
 
     #[test]
     fn validate_lists_every_problem() {
-        let config = WorldConfig {
-            width: 0,
-            height: 0,
-            view_range: 5,
-            move_rate: 0,
-        };
-        let error = config
-            .validate()
-            .expect_err("an all-zero config is invalid");
+        let config = WorldConfig { width: 0, height: 0, view_range: 5, move_rate: 0 };
+        let error = config.validate().expect_err("an all-zero config is invalid");
         assert_eq!(
             error.problems,
-            vec![
-                ConfigProblem::ZeroWidth,
-                ConfigProblem::ZeroHeight,
-                ConfigProblem::ZeroMoveRate
-            ]
+            vec![ConfigProblem::ZeroWidth, ConfigProblem::ZeroHeight, ConfigProblem::ZeroMoveRate]
         );
         let text = error.to_string();
         assert!(text.contains("width") && text.contains("height") && text.contains("move_rate"));
@@ -182,23 +158,10 @@ mod tests {
 
     #[test]
     fn validate_refuses_too_many_sectors() {
-        let config = WorldConfig {
-            width: u32::MAX,
-            height: u32::MAX,
-            view_range: 0,
-            move_rate: 1,
-        };
-        let error = config
-            .validate()
-            .expect_err("4e9 x 4e9 sectors is too many");
-        assert!(matches!(
-            error.problems[..],
-            [ConfigProblem::TooManySectors { .. }]
-        ));
-        let huge_range = WorldConfig {
-            view_range: u32::MAX,
-            ..config
-        };
+        let config = WorldConfig { width: u32::MAX, height: u32::MAX, view_range: 0, move_rate: 1 };
+        let error = config.validate().expect_err("4e9 x 4e9 sectors is too many");
+        assert!(matches!(error.problems[..], [ConfigProblem::TooManySectors { .. }]));
+        let huge_range = WorldConfig { view_range: u32::MAX, ..config };
         assert_eq!(huge_range.validate(), Ok(()));
     }
 
@@ -210,21 +173,14 @@ mod tests {
         assert!(config.in_sight(centre, Position::new(80, 80)));
         assert!(!config.in_sight(centre, Position::new(121, 100)));
         assert!(!config.in_sight(centre, Position::new(100, 79)));
-        let blind = WorldConfig {
-            view_range: 0,
-            ..config
-        };
+        let blind = WorldConfig { view_range: 0, ..config };
         assert!(blind.in_sight(centre, centre));
         assert!(!blind.in_sight(centre, Position::new(101, 100)));
     }
 
     #[test]
     fn steps_clamp_at_every_edge() {
-        let config = WorldConfig {
-            width: 3,
-            height: 2,
-            ..WorldConfig::default()
-        };
+        let config = WorldConfig { width: 3, height: 2, ..WorldConfig::default() };
         let top_left = Position::new(0, 0);
         let bottom_right = Position::new(2, 1);
         assert_eq!(config.step(top_left, Direction::Up), top_left);
@@ -233,13 +189,7 @@ mod tests {
         assert_eq!(config.step(bottom_right, Direction::Right), bottom_right);
         assert_eq!(config.step(top_left, Direction::Down), Position::new(0, 1));
         assert_eq!(config.step(top_left, Direction::Right), Position::new(1, 0));
-        assert_eq!(
-            config.step(bottom_right, Direction::Up),
-            Position::new(2, 0)
-        );
-        assert_eq!(
-            config.step(bottom_right, Direction::Left),
-            Position::new(1, 1)
-        );
+        assert_eq!(config.step(bottom_right, Direction::Up), Position::new(2, 0));
+        assert_eq!(config.step(bottom_right, Direction::Left), Position::new(1, 1));
     }
 }

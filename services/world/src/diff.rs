@@ -35,10 +35,7 @@ impl World {
         let at = self.position_of_slot(slot);
         self.grid.for_each_near(at, |member| {
             if member.local && member.slot != slot && self.config.in_sight(member.position, at) {
-                out.push(Envelope {
-                    to: member.id,
-                    note: Notification::Left { subject },
-                });
+                out.push(Envelope { to: member.id, note: Notification::Left { subject } });
             }
         });
     }
@@ -49,14 +46,8 @@ impl World {
         let at = self.position_of_slot(slot);
         self.grid.for_each_near(at, |member| {
             if member.local && member.slot != slot && self.config.in_sight(member.position, at) {
-                let note = Notification::Chat {
-                    speaker,
-                    text: Arc::clone(&text),
-                };
-                out.push(Envelope {
-                    to: member.id,
-                    note,
-                });
+                let note = Notification::Chat { speaker, text: Arc::clone(&text) };
+                out.push(Envelope { to: member.id, note });
             }
         });
     }
@@ -105,10 +96,7 @@ impl World {
                             position: to,
                             client_time: 0,
                         };
-                        out.push(Envelope {
-                            to: member.id,
-                            note,
-                        });
+                        out.push(Envelope { to: member.id, note });
                     }
                 }
                 (false, true) => {
@@ -122,20 +110,12 @@ impl World {
                 }
                 (true, false) => {
                     if member.local {
-                        let note = Notification::Left {
-                            subject: subject.id,
-                        };
-                        out.push(Envelope {
-                            to: member.id,
-                            note,
-                        });
+                        let note = Notification::Left { subject: subject.id };
+                        out.push(Envelope { to: member.id, note });
                     }
                     if subject_local {
                         let note = Notification::Left { subject: member.id };
-                        out.push(Envelope {
-                            to: subject.id,
-                            note,
-                        });
+                        out.push(Envelope { to: subject.id, note });
                     }
                 }
                 (false, false) => {}
@@ -145,12 +125,5 @@ impl World {
 }
 
 fn entered(to: PlayerId, subject: PlayerId, position: Position, name: &Arc<str>) -> Envelope {
-    Envelope {
-        to,
-        note: Notification::Entered {
-            subject,
-            position,
-            name: Arc::clone(name),
-        },
-    }
+    Envelope { to, note: Notification::Entered { subject, position, name: Arc::clone(name) } }
 }

@@ -52,12 +52,7 @@ impl SectorGrid {
         let rows = config.height.div_ceil(side);
         let count = usize::try_from(u64::from(columns) * u64::from(rows))
             .expect("invariant: a validated config has at most MAX_SECTORS sectors");
-        SectorGrid {
-            side,
-            columns,
-            rows,
-            sectors: (0..count).map(|_| Vec::new()).collect(),
-        }
+        SectorGrid { side, columns, rows, sectors: (0..count).map(|_| Vec::new()).collect() }
     }
 
     /// The sector coordinates of a cell. Cells past the map's edge are clamped to the edge
@@ -116,9 +111,7 @@ impl SectorGrid {
                 if skip.is_some_and(|skip| skip.contains(column, row)) {
                     continue;
                 }
-                self.sectors[row_start + column as usize]
-                    .iter()
-                    .for_each(&mut *f);
+                self.sectors[row_start + column as usize].iter().for_each(&mut *f);
             }
         }
     }
@@ -192,21 +185,11 @@ mod tests {
     use std::collections::BTreeSet;
 
     fn grid(width: u32, height: u32, view_range: u32) -> SectorGrid {
-        SectorGrid::new(&WorldConfig {
-            width,
-            height,
-            view_range,
-            move_rate: 1,
-        })
+        SectorGrid::new(&WorldConfig { width, height, view_range, move_rate: 1 })
     }
 
     fn member(id: u64, x: u32, y: u32) -> Member {
-        Member {
-            id: PlayerId(id),
-            position: Position::new(x, y),
-            slot: id as u32,
-            local: true,
-        }
+        Member { id: PlayerId(id), position: Position::new(x, y), slot: id as u32, local: true }
     }
 
     #[test]
@@ -214,11 +197,7 @@ mod tests {
         let grid = grid(45, 20, 10);
         assert_eq!((grid.columns, grid.rows), (5, 2));
         assert_eq!(grid.sector_of(Position::new(44, 19)), 9);
-        assert_eq!(
-            grid.sector_of(Position::new(1000, 1000)),
-            9,
-            "past the edge clamps"
-        );
+        assert_eq!(grid.sector_of(Position::new(1000, 1000)), 9, "past the edge clamps");
         let blind = self::grid(3, 3, 0);
         assert_eq!((blind.side, blind.columns, blind.rows), (1, 3, 3));
     }
@@ -231,11 +210,7 @@ mod tests {
         }
         assert_eq!(grid.remove(0, 0), Some(2));
         assert_eq!(grid.member(0, 0).id, PlayerId(2));
-        assert_eq!(
-            grid.remove(0, 1),
-            None,
-            "removing the last member moves nobody"
-        );
+        assert_eq!(grid.remove(0, 1), None, "removing the last member moves nobody");
         assert_eq!(grid.n_members(), 1);
     }
 
@@ -275,10 +250,6 @@ mod tests {
                 hasher.finish() >> 57
             })
             .collect();
-        assert_eq!(
-            hashes.len(),
-            128,
-            "the top 7 bits, which hashbrown uses as tags, all occur"
-        );
+        assert_eq!(hashes.len(), 128, "the top 7 bits, which hashbrown uses as tags, all occur");
     }
 }

@@ -23,18 +23,12 @@ pub(crate) struct MoveBudget {
 impl MoveBudget {
     /// A full budget whose refill clock starts at `now`.
     pub(crate) fn full_at(now: Duration, move_rate: u32) -> MoveBudget {
-        MoveBudget {
-            credit: capacity(move_rate),
-            refilled_at: Some(now),
-        }
+        MoveBudget { credit: capacity(move_rate), refilled_at: Some(now) }
     }
 
     /// A full budget whose refill clock starts at the first move.
     pub(crate) fn full(move_rate: u32) -> MoveBudget {
-        MoveBudget {
-            credit: capacity(move_rate),
-            refilled_at: None,
-        }
+        MoveBudget { credit: capacity(move_rate), refilled_at: None }
     }
 
     /// Spends one move if the budget allows it at `now`; a refused move spends nothing.
@@ -84,10 +78,7 @@ mod tests {
             assert!(budget.try_take(millis(0), 20));
         }
         assert!(!budget.try_take(millis(0), 20));
-        assert!(
-            !budget.try_take(millis(49), 20),
-            "a move needs 50 ms of refill at 20/s"
-        );
+        assert!(!budget.try_take(millis(49), 20), "a move needs 50 ms of refill at 20/s");
         assert!(budget.try_take(millis(50), 20));
         assert!(!budget.try_take(millis(50), 20));
     }

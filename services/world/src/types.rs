@@ -44,12 +44,8 @@ pub enum Direction {
 
 impl Direction {
     /// Every direction, so tests and bots can pick one without a match.
-    pub const ALL: [Direction; 4] = [
-        Direction::Up,
-        Direction::Down,
-        Direction::Left,
-        Direction::Right,
-    ];
+    pub const ALL: [Direction; 4] =
+        [Direction::Up, Direction::Down, Direction::Left, Direction::Right];
 }
 
 /// Whether an entity belongs to this world (`Local`: it moves here and receives notifications)
@@ -71,18 +67,10 @@ impl EntityKind {
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Notification {
     /// `subject` came into sight at `position`.
-    Entered {
-        subject: PlayerId,
-        position: Position,
-        name: Arc<str>,
-    },
+    Entered { subject: PlayerId, position: Position, name: Arc<str> },
     /// `subject`, already in sight, is now at `position`. `client_time` is non-zero only in the
     /// mover's own acknowledgement, where it echoes the value the client sent.
-    Moved {
-        subject: PlayerId,
-        position: Position,
-        client_time: u64,
-    },
+    Moved { subject: PlayerId, position: Position, client_time: u64 },
     /// `subject` left sight or left the world.
     Left { subject: PlayerId },
     /// `speaker` said `text`.

@@ -113,11 +113,7 @@ impl World {
         let to = self.config.step(from, direction);
         out.push(Envelope {
             to: id,
-            note: Notification::Moved {
-                subject: id,
-                position: to,
-                client_time,
-            },
+            note: Notification::Moved { subject: id, position: to, client_time },
         });
         self.relocate(slot, to, out);
         Ok(to)
@@ -133,10 +129,7 @@ impl World {
         let slot = self.local_slot(id)?;
         out.push(Envelope {
             to: id,
-            note: Notification::Chat {
-                speaker: id,
-                text: Arc::clone(&text),
-            },
+            note: Notification::Chat { speaker: id, text: Arc::clone(&text) },
         });
         self.broadcast_chat(slot, text, out);
         Ok(())
@@ -208,12 +201,7 @@ impl World {
             .iter()
             .flatten()
             .filter(|entity| entity.kind.is_local())
-            .map(|entity| {
-                (
-                    entity.id,
-                    self.grid.member(entity.sector, entity.index).position,
-                )
-            })
+            .map(|entity| (entity.id, self.grid.member(entity.sector, entity.index).position))
     }
 
     /// Every ghost and its position, in no particular order.
@@ -222,12 +210,7 @@ impl World {
             .iter()
             .flatten()
             .filter(|entity| !entity.kind.is_local())
-            .map(|entity| {
-                (
-                    entity.id,
-                    self.grid.member(entity.sector, entity.index).position,
-                )
-            })
+            .map(|entity| (entity.id, self.grid.member(entity.sector, entity.index).position))
     }
 
     /// Checks the internal indexes against each other and panics on the first inconsistency.
@@ -239,11 +222,7 @@ impl World {
         for (slot, entity) in self.slots.iter().enumerate() {
             let Some(entity) = entity else { continue };
             let member = self.grid.member(entity.sector, entity.index);
-            assert_eq!(
-                member.slot as usize, slot,
-                "member of {} points to its slot",
-                entity.id
-            );
+            assert_eq!(member.slot as usize, slot, "member of {} points to its slot", entity.id);
             assert_eq!(member.id, entity.id);
             assert_eq!(member.local, entity.kind.is_local());
             assert_eq!(
@@ -268,15 +247,11 @@ impl World {
     // ----- the entity store, shared with `ghost.rs` and `diff.rs` -----
 
     pub(crate) fn entity(&self, slot: u32) -> &Entity {
-        self.slots[slot as usize]
-            .as_ref()
-            .expect("invariant: a referenced slot is occupied")
+        self.slots[slot as usize].as_ref().expect("invariant: a referenced slot is occupied")
     }
 
     pub(crate) fn entity_mut(&mut self, slot: u32) -> &mut Entity {
-        self.slots[slot as usize]
-            .as_mut()
-            .expect("invariant: a referenced slot is occupied")
+        self.slots[slot as usize].as_mut().expect("invariant: a referenced slot is occupied")
     }
 
     pub(crate) fn position_of_slot(&self, slot: u32) -> Position {
@@ -285,10 +260,7 @@ impl World {
     }
 
     pub(crate) fn slot_of(&self, id: PlayerId) -> Result<u32, WorldError> {
-        self.by_id
-            .get(&id)
-            .copied()
-            .ok_or(WorldError::UnknownPlayer(id))
+        self.by_id.get(&id).copied().ok_or(WorldError::UnknownPlayer(id))
     }
 
     /// The slot of a local player, or why `id` cannot act as one.
@@ -319,21 +291,9 @@ impl World {
             }
         };
         let sector = self.grid.sector_of(at);
-        let member = Member {
-            id,
-            position: at,
-            slot,
-            local: kind.is_local(),
-        };
+        let member = Member { id, position: at, slot, local: kind.is_local() };
         let index = self.grid.insert(sector, member);
-        self.slots[slot as usize] = Some(Entity {
-            id,
-            name,
-            kind,
-            sector,
-            index,
-            budget,
-        });
+        self.slots[slot as usize] = Some(Entity { id, name, kind, sector, index, budget });
         self.by_id.insert(id, slot);
         match kind {
             EntityKind::Local => self.n_local += 1,
@@ -344,9 +304,7 @@ impl World {
 
     /// Forgets an entity without telling anyone.
     pub(crate) fn remove_entity(&mut self, slot: u32) {
-        let entity = self.slots[slot as usize]
-            .take()
-            .expect("invariant: removing a live slot");
+        let entity = self.slots[slot as usize].take().expect("invariant: removing a live slot");
         if let Some(moved) = self.grid.remove(entity.sector, entity.index) {
             self.entity_mut(moved).index = entity.index;
         }

@@ -13,19 +13,9 @@ const NOW: Duration = Duration::ZERO;
 
 #[test]
 fn try_new_reports_every_problem_and_new_accepts_the_default() {
-    let bad = WorldConfig {
-        width: 0,
-        height: 10,
-        view_range: 3,
-        move_rate: 0,
-    };
-    let error = World::try_new(bad)
-        .err()
-        .expect("a zero width and rate are refused");
-    assert_eq!(
-        error.problems,
-        vec![ConfigProblem::ZeroWidth, ConfigProblem::ZeroMoveRate]
-    );
+    let bad = WorldConfig { width: 0, height: 10, view_range: 3, move_rate: 0 };
+    let error = World::try_new(bad).err().expect("a zero width and rate are refused");
+    assert_eq!(error.problems, vec![ConfigProblem::ZeroWidth, ConfigProblem::ZeroMoveRate]);
     let world = World::new(WorldConfig::default());
     assert_eq!(*world.config(), WorldConfig::default());
     assert_eq!((world.n_local(), world.n_ghosts()), (0, 0));
@@ -34,10 +24,7 @@ fn try_new_reports_every_problem_and_new_accepts_the_default() {
 #[test]
 #[should_panic(expected = "valid config")]
 fn new_panics_on_an_invalid_config() {
-    let _ = World::new(WorldConfig {
-        height: 0,
-        ..WorldConfig::default()
-    });
+    let _ = World::new(WorldConfig { height: 0, ..WorldConfig::default() });
 }
 
 #[test]
@@ -46,15 +33,9 @@ fn names_and_texts_are_shared_not_copied() {
     let mut out = Vec::new();
     let (a, b, c) = (PlayerId(1), PlayerId(2), PlayerId(3));
     let name_a: Arc<str> = Arc::from("alice");
-    world
-        .login(a, Arc::clone(&name_a), Position::new(5, 5), NOW, &mut out)
-        .expect("login a");
-    world
-        .login(b, Arc::from("bob"), Position::new(6, 5), NOW, &mut out)
-        .expect("login b");
-    world
-        .login(c, Arc::from("carol"), Position::new(7, 5), NOW, &mut out)
-        .expect("login c");
+    world.login(a, Arc::clone(&name_a), Position::new(5, 5), NOW, &mut out).expect("login a");
+    world.login(b, Arc::from("bob"), Position::new(6, 5), NOW, &mut out).expect("login b");
+    world.login(c, Arc::from("carol"), Position::new(7, 5), NOW, &mut out).expect("login c");
     let entered_a: Vec<&Arc<str>> = out
         .iter()
         .filter_map(|envelope| match &envelope.note {
@@ -80,32 +61,18 @@ fn queries_report_kinds_positions_and_players() {
     let mut world = World::new(WorldConfig::default());
     let mut out = Vec::new();
     let (a, g) = (PlayerId(1), PlayerId(2));
-    world
-        .login(a, Arc::from("a"), Position::new(3, 4), NOW, &mut out)
-        .expect("login");
-    world
-        .upsert_ghost(g, Arc::from("g"), Position::new(30, 4), &mut out)
-        .expect("ghost");
+    world.login(a, Arc::from("a"), Position::new(3, 4), NOW, &mut out).expect("login");
+    world.upsert_ghost(g, Arc::from("g"), Position::new(30, 4), &mut out).expect("ghost");
     assert_eq!(world.is_local(a), Some(true));
     assert_eq!(world.is_local(g), Some(false));
     assert_eq!(world.kind(g), Some(EntityKind::Ghost));
     assert_eq!(world.is_local(PlayerId(9)), None);
     assert_eq!(world.position(g), Some(Position::new(30, 4)));
-    assert_eq!(
-        world.local_players().collect::<Vec<_>>(),
-        vec![(a, Position::new(3, 4))]
-    );
-    assert_eq!(
-        world.ghosts().collect::<Vec<_>>(),
-        vec![(g, Position::new(30, 4))]
-    );
+    assert_eq!(world.local_players().collect::<Vec<_>>(), vec![(a, Position::new(3, 4))]);
+    assert_eq!(world.ghosts().collect::<Vec<_>>(), vec![(g, Position::new(30, 4))]);
     let mut seen = vec![PlayerId(77)];
     world.visible_to(PlayerId(9), &mut seen);
-    assert_eq!(
-        seen,
-        vec![PlayerId(77)],
-        "an absent player sees nothing, and out is appended to"
-    );
+    assert_eq!(seen, vec![PlayerId(77)], "an absent player sees nothing, and out is appended to");
     assert!(out.is_empty(), "a and g are 27 cells apart");
 }
 
@@ -114,22 +81,12 @@ fn a_move_returns_the_new_position_and_acks_first() {
     let mut world = World::new(WorldConfig::default());
     let mut out = Vec::new();
     let (a, b) = (PlayerId(1), PlayerId(2));
-    world
-        .login(a, Arc::from("a"), Position::new(10, 10), NOW, &mut out)
-        .expect("login a");
-    world
-        .login(b, Arc::from("b"), Position::new(31, 10), NOW, &mut out)
-        .expect("login b");
+    world.login(a, Arc::from("a"), Position::new(10, 10), NOW, &mut out).expect("login a");
+    world.login(b, Arc::from("b"), Position::new(31, 10), NOW, &mut out).expect("login b");
     out.clear();
-    let position = world
-        .move_player(a, Direction::Right, 42, NOW, &mut out)
-        .expect("move");
+    let position = world.move_player(a, Direction::Right, 42, NOW, &mut out).expect("move");
     assert_eq!(position, Position::new(11, 10));
-    let ack = Notification::Moved {
-        subject: a,
-        position,
-        client_time: 42,
-    };
+    let ack = Notification::Moved { subject: a, position, client_time: 42 };
     assert_eq!(out[0], Envelope { to: a, note: ack });
     assert_eq!(out.len(), 3, "the ack, then Entered both ways");
     assert_eq!(

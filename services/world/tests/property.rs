@@ -31,24 +31,9 @@ const SEEDS_PER_CONFIG: u64 = 4;
 /// The maps tried: sectors of 5 on a 60x60 map, a map that does not divide into sectors
 /// evenly, and a view range of 0 (sectors of 1, sight only on one's own cell).
 const CONFIGS: [WorldConfig; 3] = [
-    WorldConfig {
-        width: 60,
-        height: 60,
-        view_range: 5,
-        move_rate: 20,
-    },
-    WorldConfig {
-        width: 37,
-        height: 23,
-        view_range: 4,
-        move_rate: 20,
-    },
-    WorldConfig {
-        width: 12,
-        height: 9,
-        view_range: 0,
-        move_rate: 20,
-    },
+    WorldConfig { width: 60, height: 60, view_range: 5, move_rate: 20 },
+    WorldConfig { width: 37, height: 23, view_range: 4, move_rate: 20 },
+    WorldConfig { width: 12, height: 9, view_range: 0, move_rate: 20 },
 ];
 
 /// The independent model: where every entity is and what kind it is.
@@ -59,18 +44,11 @@ struct Model {
 
 impl Model {
     fn ids_of(&self, kind: EntityKind) -> Vec<PlayerId> {
-        self.entities
-            .iter()
-            .filter(|(_, (_, k))| *k == kind)
-            .map(|(id, _)| *id)
-            .collect()
+        self.entities.iter().filter(|(_, (_, k))| *k == kind).map(|(id, _)| *id).collect()
     }
 
     fn positions(&self) -> BTreeMap<PlayerId, Position> {
-        self.entities
-            .iter()
-            .map(|(id, (position, _))| (*id, *position))
-            .collect()
+        self.entities.iter().map(|(id, (position, _))| (*id, *position)).collect()
     }
 }
 
@@ -88,10 +66,7 @@ struct Run {
 impl Run {
     fn random_position(&mut self) -> Position {
         let (width, height) = (self.model.config.width, self.model.config.height);
-        Position::new(
-            self.rng.random_range(0..width),
-            self.rng.random_range(0..height),
-        )
+        Position::new(self.rng.random_range(0..width), self.rng.random_range(0..height))
     }
 
     fn pick(&mut self, ids: &[PlayerId]) -> Option<PlayerId> {
@@ -99,10 +74,8 @@ impl Run {
     }
 
     fn absent_id(&mut self) -> Option<PlayerId> {
-        let absent: Vec<PlayerId> = (1..=N_IDS)
-            .map(PlayerId)
-            .filter(|id| !self.model.entities.contains_key(id))
-            .collect();
+        let absent: Vec<PlayerId> =
+            (1..=N_IDS).map(PlayerId).filter(|id| !self.model.entities.contains_key(id)).collect();
         self.pick(&absent)
     }
 
@@ -114,11 +87,7 @@ impl Run {
         let locals = self.model.ids_of(EntityKind::Local);
         let ghosts = self.model.ids_of(EntityKind::Ghost);
         let roll = self.rng.random_range(0..100);
-        let ghost_roll = if self.with_ghosts {
-            self.rng.random_range(0..100)
-        } else {
-            100
-        };
+        let ghost_roll = if self.with_ghosts { self.rng.random_range(0..100) } else { 100 };
         let mut jumps_allowed = false;
         let description = if ghost_roll < 25 {
             jumps_allowed = true;
@@ -128,8 +97,7 @@ impl Run {
                 return Ok("no free id".into());
             };
             let at = self.random_position();
-            self.world
-                .login(id, name_of(id), at, self.now, &mut self.out)?;
+            self.world.login(id, name_of(id), at, self.now, &mut self.out)?;
             self.model.entities.insert(id, (at, EntityKind::Local));
             self.clients.connect(id);
             format!("login {id} at {at}")
@@ -151,11 +119,7 @@ impl Run {
             // Mostly one player at a time, but sometimes a burst from one player, so that
             // the rate limit is hit too.
             let id = self.pick(&locals).context("a local exists")?;
-            let burst = if self.rng.random_range(0..20) == 0 {
-                25
-            } else {
-                1
-            };
+            let burst = if self.rng.random_range(0..20) == 0 { 25 } else { 1 };
             let mut moves = Vec::new();
             for _ in 0..burst {
                 let before = self.out.len();
@@ -179,16 +143,9 @@ impl Run {
         let direction = Direction::ALL[self.rng.random_range(0..4)];
         let client_time = self.rng.random_range(1..u64::MAX);
         let before = self.out.len();
-        match self
-            .world
-            .move_player(id, direction, client_time, self.now, &mut self.out)
-        {
+        match self.world.move_player(id, direction, client_time, self.now, &mut self.out) {
             Ok(position) => {
-                let entry = self
-                    .model
-                    .entities
-                    .get_mut(&id)
-                    .context("the mover is modelled")?;
+                let entry = self.model.entities.get_mut(&id).context("the mover is modelled")?;
                 let expected = self.model.config.step(entry.0, direction);
                 ensure!(
                     position == expected,
@@ -198,11 +155,7 @@ impl Run {
                     self.coverage.clamped_moves += 1;
                 }
                 entry.0 = position;
-                let ack = Notification::Moved {
-                    subject: id,
-                    position,
-                    client_time,
-                };
+                let ack = Notification::Moved { subject: id, position, client_time };
                 ensure!(
                     self.out.get(before) == Some(&Envelope { to: id, note: ack }),
                     "the first envelope of a move is the mover's ack"
@@ -210,10 +163,7 @@ impl Run {
                 Ok(format!("{direction:?}"))
             }
             Err(WorldError::RateLimited) => {
-                ensure!(
-                    self.out.len() == before,
-                    "a refused move emitted notifications"
-                );
+                ensure!(self.out.len() == before, "a refused move emitted notifications");
                 self.coverage.refused_moves += 1;
                 Ok("refused".into())
             }
@@ -228,8 +178,7 @@ impl Run {
                 return Ok("no free id".into());
             };
             let at = self.random_position();
-            self.world
-                .upsert_ghost(id, name_of(id), at, &mut self.out)?;
+            self.world.upsert_ghost(id, name_of(id), at, &mut self.out)?;
             self.model.entities.insert(id, (at, EntityKind::Ghost));
             return Ok(format!("new ghost {id} at {at}"));
         }
@@ -238,15 +187,12 @@ impl Run {
             // Ghosts mostly step like players, and sometimes jump (a coalesced update).
             let from = self.model.entities[&id].0;
             let at = if roll < 60 {
-                self.model
-                    .config
-                    .step(from, Direction::ALL[self.rng.random_range(0..4)])
+                self.model.config.step(from, Direction::ALL[self.rng.random_range(0..4)])
             } else {
                 self.coverage.ghost_jumps += 1;
                 self.random_position()
             };
-            self.world
-                .upsert_ghost(id, name_of(id), at, &mut self.out)?;
+            self.world.upsert_ghost(id, name_of(id), at, &mut self.out)?;
             self.model.entities.insert(id, (at, EntityKind::Ghost));
             Ok(format!("ghost {id} {from} -> {at}"))
         } else if roll < 78 {
@@ -261,11 +207,7 @@ impl Run {
         } else if roll < 93 {
             self.world.promote_to_local(id)?;
             ensure!(self.out.is_empty(), "promote emits nothing");
-            let entry = self
-                .model
-                .entities
-                .get_mut(&id)
-                .context("the ghost is modelled")?;
+            let entry = self.model.entities.get_mut(&id).context("the ghost is modelled")?;
             entry.1 = EntityKind::Local;
             let view = expected_view(&self.model.config, &self.model.positions(), id);
             self.clients.adopt(id, view);
@@ -277,11 +219,7 @@ impl Run {
             };
             self.world.demote_to_ghost(id)?;
             ensure!(self.out.is_empty(), "demote emits nothing");
-            let entry = self
-                .model
-                .entities
-                .get_mut(&id)
-                .context("the local is modelled")?;
+            let entry = self.model.entities.get_mut(&id).context("the local is modelled")?;
             entry.1 = EntityKind::Ghost;
             self.clients.disconnect(id);
             self.coverage.demotions += 1;
@@ -296,35 +234,19 @@ impl Run {
         let (width, height) = (self.model.config.width, self.model.config.height);
         let outside = Position::new(width, self.rng.random_range(0..height));
         let results = [
-            self.world
-                .move_player(absent, Direction::Up, 1, self.now, out)
-                .map(|_| ()),
+            self.world.move_player(absent, Direction::Up, 1, self.now, out).map(|_| ()),
             self.world.chat(absent, Arc::from("x"), out),
             self.world.logout(absent, out),
-            self.world
-                .login(absent, name_of(absent), outside, self.now, out),
-            self.world
-                .upsert_ghost(absent, name_of(absent), outside, out),
+            self.world.login(absent, name_of(absent), outside, self.now, out),
+            self.world.upsert_ghost(absent, name_of(absent), outside, out),
         ];
-        ensure!(
-            results.iter().all(Result::is_err),
-            "invalid operations are refused: {results:?}"
-        );
+        ensure!(results.iter().all(Result::is_err), "invalid operations are refused: {results:?}");
         if let Some(&id) = locals.first() {
             let at = self.model.entities[&id].0;
-            let again = self
-                .world
-                .login(id, name_of(id), at, self.now, &mut self.out);
-            ensure!(
-                again == Err(WorldError::AlreadyPresent(id)),
-                "a second login: {again:?}"
-            );
+            let again = self.world.login(id, name_of(id), at, self.now, &mut self.out);
+            ensure!(again == Err(WorldError::AlreadyPresent(id)), "a second login: {again:?}");
         }
-        ensure!(
-            self.out.is_empty(),
-            "refused operations emitted {:?}",
-            self.out
-        );
+        ensure!(self.out.is_empty(), "refused operations emitted {:?}", self.out);
         Ok("invalid operations".into())
     }
 
@@ -336,20 +258,11 @@ impl Run {
             "the world's positions differ from the model"
         );
         for (id, (_, kind)) in &self.model.entities {
-            ensure!(
-                self.world.kind(*id) == Some(*kind),
-                "{id} should be {kind:?}"
-            );
+            ensure!(self.world.kind(*id) == Some(*kind), "{id} should be {kind:?}");
         }
         let (n_local, n_ghosts) = (self.world.n_local(), self.world.n_ghosts());
-        ensure!(
-            n_local == self.model.ids_of(EntityKind::Local).len(),
-            "n_local {n_local}"
-        );
-        ensure!(
-            n_ghosts == self.model.ids_of(EntityKind::Ghost).len(),
-            "n_ghosts {n_ghosts}"
-        );
+        ensure!(n_local == self.model.ids_of(EntityKind::Local).len(), "n_local {n_local}");
+        ensure!(n_ghosts == self.model.ids_of(EntityKind::Ghost).len(), "n_ghosts {n_ghosts}");
         self.clients.check(&self.model.config, &self.world)
     }
 
@@ -363,10 +276,7 @@ impl Run {
             self.world.visible_to(id, &mut visible);
             let expected: BTreeSet<PlayerId> =
                 expected_view(&config, &positions, id).into_keys().collect();
-            ensure!(
-                sorted(&visible) == expected,
-                "visible_to({id}) = {visible:?}"
-            );
+            ensure!(sorted(&visible) == expected, "visible_to({id}) = {visible:?}");
         }
         let cell = self.random_position();
         let mut observers = Vec::new();
@@ -378,10 +288,7 @@ impl Run {
             .filter(|(_, (at, kind))| *kind == EntityKind::Local && config.in_sight(*at, cell))
             .map(|(id, _)| *id)
             .collect();
-        ensure!(
-            sorted(&observers) == expected,
-            "observers_of({cell}) = {observers:?}"
-        );
+        ensure!(sorted(&observers) == expected, "observers_of({cell}) = {observers:?}");
         Ok(())
     }
 }
@@ -395,10 +302,7 @@ fn run_seed(config: WorldConfig, seed: u64, with_ghosts: bool, coverage: &mut Co
         coverage: std::mem::take(coverage),
         rng: SmallRng::seed_from_u64(seed),
         world: World::new(config.clone()),
-        model: Model {
-            config: config.clone(),
-            entities: BTreeMap::new(),
-        },
+        model: Model { config: config.clone(), entities: BTreeMap::new() },
         clients: Clients::default(),
         now: Duration::ZERO,
         out: Vec::new(),
@@ -427,11 +331,7 @@ fn run_seed(config: WorldConfig, seed: u64, with_ghosts: bool, coverage: &mut Co
 }
 
 fn seeds() -> Vec<u64> {
-    let env = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|value| value.parse::<u64>().ok())
-    };
+    let env = |name: &str| std::env::var(name).ok().and_then(|value| value.parse::<u64>().ok());
     match (env("MERIDIAN_WORLD_SEED"), env("MERIDIAN_WORLD_SEEDS")) {
         (Some(seed), _) => vec![seed],
         (None, Some(count)) => (0..count).collect(),
@@ -452,35 +352,14 @@ fn run_all(with_ghosts: bool) -> Coverage {
 #[test]
 fn views_follow_the_truth_with_local_players_only() {
     let c = run_all(false);
-    let exercised = [
-        c.entered,
-        c.moved,
-        c.left,
-        c.chat,
-        c.refused_moves,
-        c.clamped_moves,
-    ];
-    assert!(
-        exercised.iter().all(|&n| n > 0),
-        "not everything was exercised: {c:?}"
-    );
+    let exercised = [c.entered, c.moved, c.left, c.chat, c.refused_moves, c.clamped_moves];
+    assert!(exercised.iter().all(|&n| n > 0), "not everything was exercised: {c:?}");
     assert!(c.most_entities >= 40, "the world never got crowded: {c:?}");
 }
 
 #[test]
 fn views_follow_the_truth_with_ghosts_and_handoffs() {
     let c = run_all(true);
-    let exercised = [
-        c.entered,
-        c.moved,
-        c.left,
-        c.chat,
-        c.ghost_jumps,
-        c.promotions,
-        c.demotions,
-    ];
-    assert!(
-        exercised.iter().all(|&n| n > 0),
-        "not everything was exercised: {c:?}"
-    );
+    let exercised = [c.entered, c.moved, c.left, c.chat, c.ghost_jumps, c.promotions, c.demotions];
+    assert!(exercised.iter().all(|&n| n > 0), "not everything was exercised: {c:?}");
 }

@@ -45,24 +45,14 @@ impl Runner {
                 world.login(*who, labels.name(*who), *at, self.now, out)?;
                 self.clients.connect(*who);
             }
-            Command::Move {
-                who,
-                direction,
-                client_time,
-            } => {
+            Command::Move { who, direction, client_time } => {
                 let before = out.len();
                 let position = world.move_player(*who, *direction, *client_time, self.now, out)?;
-                let ack = Notification::Moved {
-                    subject: *who,
-                    position,
-                    client_time: *client_time,
-                };
+                let ack =
+                    Notification::Moved { subject: *who, position, client_time: *client_time };
                 assert_eq!(
                     out.get(before),
-                    Some(&Envelope {
-                        to: *who,
-                        note: ack
-                    }),
+                    Some(&Envelope { to: *who, note: ack }),
                     "the mover's acknowledgement comes first"
                 );
             }
@@ -108,10 +98,7 @@ impl Runner {
                 let mut visible = Vec::new();
                 self.world.visible_to(*who, &mut visible);
                 let actual: BTreeSet<PlayerId> = visible.iter().copied().collect();
-                ensure!(
-                    actual.len() == visible.len(),
-                    "visible_to repeats an id: {visible:?}"
-                );
+                ensure!(actual.len() == visible.len(), "visible_to repeats an id: {visible:?}");
                 ensure!(
                     actual == *expected,
                     "sees {:?}, expected {:?}",
@@ -123,10 +110,7 @@ impl Runner {
                 let mut observers = Vec::new();
                 self.world.observers_of(*at, &mut observers);
                 let actual: BTreeSet<PlayerId> = observers.iter().copied().collect();
-                ensure!(
-                    actual.len() == observers.len(),
-                    "observers_of repeats an id"
-                );
+                ensure!(actual.len() == observers.len(), "observers_of repeats an id");
                 ensure!(
                     actual == *expected,
                     "observers {:?}, expected {:?}",
@@ -136,17 +120,11 @@ impl Runner {
             }
             Command::At(who, expected) => {
                 let actual = self.world.position(*who);
-                ensure!(
-                    actual == *expected,
-                    "position {actual:?}, expected {expected:?}"
-                );
+                ensure!(actual == *expected, "position {actual:?}, expected {expected:?}");
             }
             Command::Counts { local, ghosts } => {
                 let actual = (self.world.n_local(), self.world.n_ghosts());
-                ensure!(
-                    actual == (*local, *ghosts),
-                    "counts (local, ghosts) = {actual:?}"
-                );
+                ensure!(actual == (*local, *ghosts), "counts (local, ghosts) = {actual:?}");
             }
             _ => {}
         }
@@ -161,10 +139,7 @@ impl Runner {
             let jumps_allowed = match (&step.error, result) {
                 (None, Ok(jumps)) => jumps,
                 (Some(expected), Err(error)) if error_name(&error) == expected => {
-                    ensure!(
-                        self.out.len() == before,
-                        "a failed command emitted notifications"
-                    );
+                    ensure!(self.out.len() == before, "a failed command emitted notifications");
                     false
                 }
                 (expected, result) => {
@@ -197,27 +172,16 @@ impl Runner {
 }
 
 fn run(name: &str, text: &str) {
-    let Scenario {
-        config,
-        steps,
-        labels,
-    } = match scenario::parse(text) {
+    let Scenario { config, steps, labels } = match scenario::parse(text) {
         Ok(scenario) => scenario,
         Err(error) => panic!("scenario {name} does not parse: {error:#}"),
     };
     let world = World::try_new(config).unwrap_or_else(|error| panic!("scenario {name}: {error}"));
-    let mut runner = Runner {
-        world,
-        clients: Clients::default(),
-        now: Duration::ZERO,
-        out: Vec::new(),
-    };
+    let mut runner =
+        Runner { world, clients: Clients::default(), now: Duration::ZERO, out: Vec::new() };
     for step in &steps {
         if let Err(error) = runner.run_step(&labels, step) {
-            panic!(
-                "scenario {name}, line {}: `{}`\n{error:#}",
-                step.line, step.text
-            );
+            panic!("scenario {name}, line {}: `{}`\n{error:#}", step.line, step.text);
         }
     }
 }
@@ -270,10 +234,7 @@ scenarios!(
 fn a_wrong_expectation_fails() {
     let wrong = "login a 1,1\nlogin b 2,2\n  a: entered b 2,2\n  b: entered a 1,2\n";
     let result = std::panic::catch_unwind(|| run("wrong", wrong));
-    assert!(
-        result.is_err(),
-        "a wrong position in an expectation must fail the scenario"
-    );
+    assert!(result.is_err(), "a wrong position in an expectation must fail the scenario");
     let missing = "login a 1,1\nlogin b 2,2\n  a: entered b 2,2\n";
     assert!(std::panic::catch_unwind(|| run("missing", missing)).is_err());
     let extra_error = "login a 1,1 => already-present\n";

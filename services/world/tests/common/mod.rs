@@ -57,10 +57,7 @@ impl Clients {
         let truth = truth_of(world);
         let locals: BTreeSet<PlayerId> = world.local_players().map(|(id, _)| id).collect();
         let clients: BTreeSet<PlayerId> = self.views.keys().copied().collect();
-        ensure!(
-            locals == clients,
-            "local players {locals:?} but clients {clients:?}"
-        );
+        ensure!(locals == clients, "local players {locals:?} but clients {clients:?}");
         for (&id, view) in &self.views {
             let expected = expected_view(config, &truth, id);
             ensure!(
@@ -75,54 +72,30 @@ impl Clients {
 
 fn apply(view: &mut View, to: PlayerId, note: &Notification, jumps: bool) -> anyhow::Result<()> {
     match note {
-        Notification::Entered {
-            subject,
-            position,
-            name,
-        } => {
+        Notification::Entered { subject, position, name } => {
             ensure!(*subject != to, "Entered about itself");
             ensure!(!name.is_empty(), "Entered without a name");
             if let Some(old) = view.insert(*subject, *position) {
                 bail!("Entered for {subject}, already in view at {old:?}");
             }
         }
-        Notification::Moved {
-            subject,
-            position,
-            client_time,
-        } if *subject == to => {
+        Notification::Moved { subject, position, client_time } if *subject == to => {
             // The mover's own acknowledgement; the position is checked against the truth by
             // the caller, which knows where the mover was.
             let _ = (position, client_time);
         }
-        Notification::Moved {
-            subject,
-            position,
-            client_time,
-        } => {
-            ensure!(
-                *client_time == 0,
-                "an observer's Moved carries client_time {client_time}"
-            );
+        Notification::Moved { subject, position, client_time } => {
+            ensure!(*client_time == 0, "an observer's Moved carries client_time {client_time}");
             let Some(old) = view.get_mut(subject) else {
                 bail!("Moved for {subject}, which is not in view");
             };
             let distance = old.x.abs_diff(position.x) + old.y.abs_diff(position.y);
-            ensure!(
-                distance != 0,
-                "Moved for {subject} without a change of position"
-            );
-            ensure!(
-                jumps || distance == 1,
-                "Moved {subject} {distance} cells at once"
-            );
+            ensure!(distance != 0, "Moved for {subject} without a change of position");
+            ensure!(jumps || distance == 1, "Moved {subject} {distance} cells at once");
             *old = *position;
         }
         Notification::Left { subject } => {
-            ensure!(
-                view.remove(subject).is_some(),
-                "Left for {subject}, which is not in view"
-            );
+            ensure!(view.remove(subject).is_some(), "Left for {subject}, which is not in view");
         }
         Notification::Chat { speaker, .. } => {
             ensure!(
@@ -161,9 +134,7 @@ pub fn expected_chat_audience(
     world: &World,
     speaker: PlayerId,
 ) -> BTreeSet<PlayerId> {
-    let at = world
-        .position(speaker)
-        .expect("the speaker is in the world");
+    let at = world.position(speaker).expect("the speaker is in the world");
     let mut audience: BTreeSet<PlayerId> = world
         .local_players()
         .filter(|&(id, position)| id != speaker && config.in_sight(at, position))
@@ -189,13 +160,9 @@ pub fn check_chat(
     audience: &BTreeSet<PlayerId>,
 ) -> anyhow::Result<()> {
     let recipients: Vec<PlayerId> = out.iter().map(|envelope| envelope.to).collect();
+    ensure!(sorted(&recipients) == *audience, "chat of {speaker} reached {recipients:?}");
     ensure!(
-        sorted(&recipients) == *audience,
-        "chat of {speaker} reached {recipients:?}"
-    );
-    ensure!(
-        out.iter()
-            .all(|e| matches!(e.note, Notification::Chat { speaker: s, .. } if s == speaker)),
+        out.iter().all(|e| matches!(e.note, Notification::Chat { speaker: s, .. } if s == speaker)),
         "a chat emits only chat lines"
     );
     Ok(())

@@ -12,9 +12,7 @@ use super::Labels;
 pub(super) fn parse_config(tokens: &[String]) -> anyhow::Result<WorldConfig> {
     let mut config = WorldConfig::default();
     for token in tokens {
-        let (key, value) = token
-            .split_once('=')
-            .context("world settings are key=value")?;
+        let (key, value) = token.split_once('=').context("world settings are key=value")?;
         let value: u32 = value.parse()?;
         match key {
             "width" => config.width = value,
@@ -53,11 +51,7 @@ pub(super) fn parse_direction(token: &str) -> anyhow::Result<Direction> {
 pub(super) fn parse_seconds(token: &str) -> anyhow::Result<Duration> {
     let (whole, fraction) = token.split_once('.').unwrap_or((token, ""));
     ensure!(fraction.len() <= 9, "at most nine decimals in {token:?}");
-    let nanos = if fraction.is_empty() {
-        0
-    } else {
-        format!("{fraction:0<9}").parse()?
-    };
+    let nanos = if fraction.is_empty() { 0 } else { format!("{fraction:0<9}").parse()? };
     Ok(Duration::new(whole.parse()?, nanos))
 }
 

@@ -37,11 +37,7 @@ use meridian_world::{Direction, Envelope, Notification, PlayerId, Position, Worl
 pub enum Command {
     Time(Duration),
     Login(PlayerId, Position),
-    Move {
-        who: PlayerId,
-        direction: Direction,
-        client_time: u64,
-    },
+    Move { who: PlayerId, direction: Direction, client_time: u64 },
     Chat(PlayerId, Arc<str>),
     Logout(PlayerId),
     Ghost(PlayerId, Position),
@@ -52,10 +48,7 @@ pub enum Command {
     Sees(PlayerId, BTreeSet<PlayerId>),
     Observers(Position, BTreeSet<PlayerId>),
     At(PlayerId, Option<Position>),
-    Counts {
-        local: usize,
-        ghosts: usize,
-    },
+    Counts { local: usize, ghosts: usize },
 }
 
 pub struct Step {
@@ -99,48 +92,23 @@ impl Labels {
 
     /// A player's name, which is its label.
     pub fn name(&self, id: PlayerId) -> Arc<str> {
-        self.names
-            .get(&id)
-            .cloned()
-            .unwrap_or_else(|| Arc::from(format!("#{id}")))
+        self.names.get(&id).cloned().unwrap_or_else(|| Arc::from(format!("#{id}")))
     }
 
     pub fn render(&self, note: &Notification) -> String {
         match note {
-            Notification::Entered {
-                subject,
-                position,
-                name,
-            } => {
+            Notification::Entered { subject, position, name } => {
                 let extra = if **name == *self.name(*subject) {
                     String::new()
                 } else {
                     format!(" name={name:?}")
                 };
-                format!(
-                    "entered {} {},{}{extra}",
-                    self.name(*subject),
-                    position.x,
-                    position.y
-                )
+                format!("entered {} {},{}{extra}", self.name(*subject), position.x, position.y)
             }
-            Notification::Moved {
-                subject,
-                position,
-                client_time: 0,
-            } => {
-                format!(
-                    "moved {} {},{}",
-                    self.name(*subject),
-                    position.x,
-                    position.y
-                )
+            Notification::Moved { subject, position, client_time: 0 } => {
+                format!("moved {} {},{}", self.name(*subject), position.x, position.y)
             }
-            Notification::Moved {
-                subject,
-                position,
-                client_time,
-            } => {
+            Notification::Moved { subject, position, client_time } => {
                 format!(
                     "moved {} {},{} t={client_time}",
                     self.name(*subject),
@@ -188,10 +156,7 @@ pub fn by_recipient_and_subject(
     let mut grouped: BTreeMap<(PlayerId, PlayerId), Vec<Notification>> = BTreeMap::new();
     for (to, notes) in by_recipient {
         for note in notes {
-            grouped
-                .entry((*to, subject_of(note)))
-                .or_default()
-                .push(note.clone());
+            grouped.entry((*to, subject_of(note))).or_default().push(note.clone());
         }
     }
     grouped
@@ -201,20 +166,14 @@ pub fn by_recipient_and_subject(
 pub fn by_recipient(envelopes: &[Envelope]) -> BTreeMap<PlayerId, Vec<Notification>> {
     let mut grouped: BTreeMap<PlayerId, Vec<Notification>> = BTreeMap::new();
     for envelope in envelopes {
-        grouped
-            .entry(envelope.to)
-            .or_default()
-            .push(envelope.note.clone());
+        grouped.entry(envelope.to).or_default().push(envelope.note.clone());
     }
     grouped
 }
 
 pub fn parse(text: &str) -> anyhow::Result<Scenario> {
-    let mut scenario = Scenario {
-        config: WorldConfig::default(),
-        steps: Vec::new(),
-        labels: Labels::default(),
-    };
+    let mut scenario =
+        Scenario { config: WorldConfig::default(), steps: Vec::new(), labels: Labels::default() };
     for (index, raw) in text.lines().enumerate() {
         let line = index + 1;
         parse_line(&mut scenario, raw, line).with_context(|| format!("line {line}: {raw:?}"))?;
@@ -229,32 +188,21 @@ fn parse_line(scenario: &mut Scenario, raw: &str, line: usize) -> anyhow::Result
     };
     let labels = &mut scenario.labels;
     if raw.starts_with(char::is_whitespace) {
-        let recipient = first
-            .strip_suffix(':')
-            .context("an expectation starts with `name:`")?;
+        let recipient = first.strip_suffix(':').context("an expectation starts with `name:`")?;
         let to = labels.id(recipient)?;
         let note = parse_note(labels, &tokens[1..])?;
-        let step = scenario
-            .steps
-            .last_mut()
-            .context("an expectation before any command")?;
+        let step = scenario.steps.last_mut().context("an expectation before any command")?;
         step.expected.entry(to).or_default().push(note);
         return Ok(());
     }
     if first == "world" {
-        ensure!(
-            scenario.steps.is_empty(),
-            "`world` must come before any command"
-        );
+        ensure!(scenario.steps.is_empty(), "`world` must come before any command");
         scenario.config = parse_config(&tokens[1..])?;
         return Ok(());
     }
     let (tokens, error) = match tokens.iter().position(|token| token == "=>") {
         Some(at) => {
-            ensure!(
-                at + 2 == tokens.len(),
-                "`=>` is followed by exactly one error name"
-            );
+            ensure!(at + 2 == tokens.len(), "`=>` is followed by exactly one error name");
             (&tokens[..at], Some(tokens[at + 1].clone()))
         }
         None => (&tokens[..], None),
@@ -268,14 +216,7 @@ fn parse_line(scenario: &mut Scenario, raw: &str, line: usize) -> anyhow::Result
     let command = parse_command(labels, tokens)?;
     let text = raw.trim().to_owned();
     let expected = BTreeMap::new();
-    scenario.steps.push(Step {
-        line,
-        text,
-        command,
-        repeat,
-        error,
-        expected,
-    });
+    scenario.steps.push(Step { line, text, command, repeat, error, expected });
     Ok(())
 }
 
@@ -295,15 +236,11 @@ fn parse_command(labels: &mut Labels, tokens: &[String]) -> anyhow::Result<Comma
             Command::Login(labels.id(&args[0])?, parse_position(&args[1])?)
         }
         "move" => {
-            ensure!(
-                matches!(args.len(), 2 | 3),
-                "`move` takes a player, a direction and t="
-            );
+            ensure!(matches!(args.len(), 2 | 3), "`move` takes a player, a direction and t=");
             let client_time = match args.get(2) {
-                Some(token) => token
-                    .strip_prefix("t=")
-                    .context("expected t=<client time>")?
-                    .parse()?,
+                Some(token) => {
+                    token.strip_prefix("t=").context("expected t=<client time>")?.parse()?
+                }
                 None => 1,
             };
             Command::Move {
@@ -341,40 +278,24 @@ fn parse_command(labels: &mut Labels, tokens: &[String]) -> anyhow::Result<Comma
             Command::Demote(labels.id(&args[0])?)
         }
         "sees" => {
-            let who = args
-                .first()
-                .and_then(|a| a.strip_suffix(':'))
-                .context("sees <name>: ...")?;
+            let who = args.first().and_then(|a| a.strip_suffix(':')).context("sees <name>: ...")?;
             Command::Sees(labels.id(who)?, parse_set(labels, &args[1..])?)
         }
         "observers" => {
-            let at = args
-                .first()
-                .and_then(|a| a.strip_suffix(':'))
-                .context("observers x,y: ...")?;
+            let at =
+                args.first().and_then(|a| a.strip_suffix(':')).context("observers x,y: ...")?;
             Command::Observers(parse_position(at)?, parse_set(labels, &args[1..])?)
         }
         "at" => {
             arity(2)?;
-            let position = if args[1] == "absent" {
-                None
-            } else {
-                Some(parse_position(&args[1])?)
-            };
+            let position = if args[1] == "absent" { None } else { Some(parse_position(&args[1])?) };
             Command::At(labels.id(&args[0])?, position)
         }
         "counts" => {
             arity(2)?;
-            let local = args[0]
-                .strip_prefix("local=")
-                .context("counts local=N ghosts=M")?;
-            let ghosts = args[1]
-                .strip_prefix("ghosts=")
-                .context("counts local=N ghosts=M")?;
-            Command::Counts {
-                local: local.parse()?,
-                ghosts: ghosts.parse()?,
-            }
+            let local = args[0].strip_prefix("local=").context("counts local=N ghosts=M")?;
+            let ghosts = args[1].strip_prefix("ghosts=").context("counts local=N ghosts=M")?;
+            Command::Counts { local: local.parse()?, ghosts: ghosts.parse()? }
         }
         other => bail!("unknown command {other:?}"),
     };
@@ -382,38 +303,25 @@ fn parse_command(labels: &mut Labels, tokens: &[String]) -> anyhow::Result<Comma
 }
 
 fn parse_note(labels: &mut Labels, tokens: &[String]) -> anyhow::Result<Notification> {
-    let kind = tokens
-        .first()
-        .context("an expectation names a notification")?;
+    let kind = tokens.first().context("an expectation names a notification")?;
     let args = &tokens[1..];
     let note = match (kind.as_str(), args.len()) {
         ("entered", 2) => {
             let subject = labels.id(&args[0])?;
             let position = parse_position(&args[1])?;
-            Notification::Entered {
-                subject,
-                position,
-                name: labels.name(subject),
-            }
+            Notification::Entered { subject, position, name: labels.name(subject) }
         }
         ("moved", 2 | 3) => {
             let client_time = match args.get(2) {
-                Some(token) => token
-                    .strip_prefix("t=")
-                    .context("expected t=<client time>")?
-                    .parse()?,
+                Some(token) => {
+                    token.strip_prefix("t=").context("expected t=<client time>")?.parse()?
+                }
                 None => 0,
             };
             let position = parse_position(&args[1])?;
-            Notification::Moved {
-                subject: labels.id(&args[0])?,
-                position,
-                client_time,
-            }
+            Notification::Moved { subject: labels.id(&args[0])?, position, client_time }
         }
-        ("left", 1) => Notification::Left {
-            subject: labels.id(&args[0])?,
-        },
+        ("left", 1) => Notification::Left { subject: labels.id(&args[0])? },
         ("chat", 2) => Notification::Chat {
             speaker: labels.id(&args[0])?,
             text: Arc::from(unquote(&args[1])?),
