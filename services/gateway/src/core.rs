@@ -18,7 +18,9 @@ use meridian_protocol::pb::{client_message::Kind as C, ClientMessage, ErrorCode,
 use meridian_protocol::{
     decode_body, encode_frame, next_frame, server, validate_chat, validate_name,
 };
-use meridian_rpc::pb::{player_input::Kind as Input, Delivery, Join, Leave, PlayerInput};
+use meridian_rpc::pb::{
+    player_input::Kind as Input, Delivery, Join, Leave, PlayerInput, ResumeRequest,
+};
 use tracing::{debug, trace, warn};
 
 use crate::routing::ShardLink;
@@ -49,9 +51,18 @@ pub enum Session {
         player: u64,
         link: Arc<ShardLink>,
     },
+    /// A valid resume token was presented; every shard was asked who holds the player.
+    Resuming {
+        player: u64,
+        waiting: usize,
+        since: Instant,
+    },
     /// The shard has let the player go (logout); nothing more is relayed.
     Gone,
 }
+
+/// How long a resume may wait for the shards' answers.
+const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub struct Conn<T> {
     pub io: T,
@@ -238,6 +249,23 @@ impl<T> Core<T> {
                 if conn.generation_slot != generation || conn.closing == Closing::Abort {
                     continue;
                 }
+                if let Session::Resuming { player, waiting, .. } = &mut conn.session {
+                    let player = *player;
+                    if delivery.resume_refused {
+                        *waiting = waiting.saturating_sub(1);
+                        if *waiting == 0 {
+                            conn.session = Session::Anonymous;
+                            let detail = "nothing to resume: the resume window has passed";
+                            self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
+                        }
+                        continue;
+                    }
+                    // The shard that held the player took it back: it owns the player now.
+                    match self.ctx.shared.routing.read(|t| t.link(from).cloned()) {
+                        Some(link) => conn.session = Session::Playing { player, link },
+                        None => continue,
+                    }
+                }
                 let owner = match &conn.session {
                     Session::Playing { link, .. } => Some(link.id),
                     _ => None,
@@ -355,6 +383,20 @@ impl<T> Core<T> {
     /// Every open slot, for periodic checks (lingering closes) and shutdown.
     pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
         self.slots.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(i, _)| i as u32)
+    }
+
+    /// Periodic work: resumes that no shard answered in time are refused.
+    pub fn tick(&mut self) {
+        for slot in 0..self.slots.len() as u32 {
+            let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
+            if let Session::Resuming { since, .. } = conn.session {
+                if since.elapsed() > RESUME_WAIT {
+                    conn.session = Session::Anonymous;
+                    let detail = "no shard answered the resume";
+                    self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
+                }
+            }
+        }
     }
 
     /// Connections that have been closing for longer than [`LINGER`]: their clients never
@@ -532,10 +574,35 @@ impl Ctx {
                 }
                 _ => self.close(conn, slot, session, Closing::AfterFlush),
             },
-            C::Resume(_) => {
-                self.refuse(conn, slot, ErrorCode::InvalidToken, "resume token not recognised", 0)
-            }
+            C::Resume(resume) => self.resume(conn, slot, session, &resume.token),
         }
+    }
+
+    /// Checks a resume token and asks every shard which of them holds the player.
+    fn resume<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64, token: &[u8]) {
+        if !matches!(conn.session, Session::Anonymous) {
+            return self.refuse(conn, slot, ErrorCode::AlreadyLoggedIn, "already logged in", 0);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let player = match self.shared.config.resume_key.verify(token, now) {
+            Ok(player) => player,
+            Err(error) => {
+                return self.refuse(conn, slot, ErrorCode::InvalidToken, &error.to_string(), 0)
+            }
+        };
+        let links: Vec<Arc<ShardLink>> =
+            self.shared.routing.read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
+        if links.is_empty() {
+            return self.refuse(conn, slot, ErrorCode::Unavailable, "no shard available", 0);
+        }
+        let seq = conn.take_seq();
+        for link in &links {
+            self.relay(link, session, player, seq, Input::Resume(ResumeRequest {}));
+        }
+        conn.session = Session::Resuming { player, waiting: links.len(), since: Instant::now() };
     }
 
     fn login<T>(
@@ -636,6 +703,11 @@ impl Ctx {
                 } else {
                     "shard unavailable"
                 };
+                self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
+                None
+            }
+            Session::Resuming { .. } => {
+                let detail = "resuming: wait for ViewReset";
                 self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
                 None
             }

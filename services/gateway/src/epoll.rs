@@ -97,6 +97,7 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
         }
         if last_tick.elapsed() >= TICK {
             last_tick = Instant::now();
+            core.tick();
             for slot in core.lingering_too_long() {
                 finish(&mut poll, &mut core, slot);
             }

@@ -384,6 +384,7 @@ impl Loop {
     }
 
     fn on_tick(&mut self) -> io::Result<()> {
+        self.core.tick();
         for slot in self.core.lingering_too_long() {
             if let Some(conn) = self.core.get_mut(slot) {
                 conn.closing = Closing::Abort;

@@ -14,11 +14,7 @@ use meridian_shard::ShardConfig;
 use meridian_world::WorldConfig;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "meridian",
-    version,
-    about = "A seamless sharded MMO server cluster"
-)]
+#[command(name = "meridian", version, about = "A seamless sharded MMO server cluster")]
 pub struct Cli {
     /// Log JSON lines instead of human-readable text.
     #[arg(long, global = true, env = "MERIDIAN_LOG_JSON")]
@@ -117,6 +113,9 @@ pub struct ShardArgs {
     /// Seed for random spawns.
     #[arg(long, env = "MERIDIAN_SEED", default_value_t = 1)]
     pub seed: u64,
+    /// Seconds after a connection drops during which its player can be resumed.
+    #[arg(long, env = "MERIDIAN_RESUME_WINDOW", default_value_t = 30)]
+    pub resume_window: u64,
     /// Seconds a drain (SIGTERM or `meridian drain`) may take before it is reported as
     /// incomplete and the shard exits non-zero.
     #[arg(long, env = "MERIDIAN_DRAIN_TIMEOUT", default_value_t = 60)]
@@ -140,12 +139,7 @@ pub struct GatewayArgs {
     #[arg(long, env = "MERIDIAN_IO", value_enum, default_value = "uring")]
     pub io: Io,
     /// Where new logins go: round-robin over healthy shards, or the least loaded.
-    #[arg(
-        long,
-        env = "MERIDIAN_PLACEMENT",
-        value_enum,
-        default_value = "round-robin"
-    )]
+    #[arg(long, env = "MERIDIAN_PLACEMENT", value_enum, default_value = "round-robin")]
     pub placement: PlacementArg,
     /// Worker threads (default: one per core).
     #[arg(long, env = "MERIDIAN_WORKERS")]
@@ -179,6 +173,12 @@ pub struct UpArgs {
     /// The etcd binary to start.
     #[arg(long, default_value = "etcd")]
     pub etcd_bin: String,
+    /// Seconds after a connection drops during which its player can be resumed.
+    #[arg(long, default_value_t = 30)]
+    pub resume_window: u64,
+    /// The resume-token key for every node (hex); a random one if not given.
+    #[arg(long, env = "MERIDIAN_RESUME_KEY", hide_env_values = true)]
+    pub resume_key: Option<String>,
     /// Write the cluster's addresses and pids as JSON here once everything is ready.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
@@ -226,19 +226,14 @@ pub struct StatusArgs {
 
 fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
     if common.cluster.is_empty() || common.cluster.contains('/') {
-        problems.push(format!(
-            "--cluster {:?} must be non-empty and contain no '/'",
-            common.cluster
-        ));
+        problems
+            .push(format!("--cluster {:?} must be non-empty and contain no '/'", common.cluster));
     }
     if common.etcd.is_empty() || common.etcd.iter().any(|e| e.is_empty()) {
         problems.push("--etcd needs at least one endpoint".into());
     }
     if common.lease_ttl == 0 || common.lease_ttl > 60 {
-        problems.push(format!(
-            "--lease-ttl {} must be between 1 and 60 seconds",
-            common.lease_ttl
-        ));
+        problems.push(format!("--lease-ttl {} must be between 1 and 60 seconds", common.lease_ttl));
     }
 }
 
@@ -256,10 +251,7 @@ fn resume_key(common: &CommonArgs, problems: &mut Vec<String>) -> TokenKey {
     };
     let bytes: Option<Vec<u8>> = (hex.len() % 2 == 0)
         .then(|| {
-            (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
-                .collect()
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect()
         })
         .flatten();
     match bytes.and_then(TokenKey::new) {
@@ -322,16 +314,10 @@ impl ShardArgs {
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             seed: self.seed,
             drain_timeout: Duration::from_secs(self.drain_timeout),
+            resume_window: Duration::from_secs(self.resume_window),
             advertise: self.advertise,
         };
-        finish(
-            ShardNode {
-                config,
-                listen: self.listen,
-                common: self.common,
-            },
-            problems,
-        )
+        finish(ShardNode { config, listen: self.listen, common: self.common }, problems)
     }
 }
 
@@ -342,25 +328,17 @@ impl GatewayArgs {
         if self.id == 0 {
             problems.push("--id must be greater than 0".into());
         }
-        let workers = self.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        });
+        let workers = self
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         if workers == 0 || workers > 256 {
             problems.push(format!("--workers {workers} must be between 1 and 256"));
         }
         if self.max_frame < 64 || self.max_frame > 1 << 20 {
-            problems.push(format!(
-                "--max-frame {} must be between 64 and 1048576",
-                self.max_frame
-            ));
+            problems.push(format!("--max-frame {} must be between 64 and 1048576", self.max_frame));
         }
         if self.max_output < 4 * self.max_frame {
-            problems.push(format!(
-                "--max-output {} must be at least 4 frames",
-                self.max_output
-            ));
+            problems.push(format!("--max-output {} must be at least 4 frames", self.max_output));
         }
         let resume_key = resume_key(&self.common, &mut problems);
         let config = GatewayConfig {
@@ -380,14 +358,7 @@ impl GatewayArgs {
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             advertise: self.advertise,
         };
-        finish(
-            GatewayNode {
-                config,
-                listen: self.listen,
-                common: self.common,
-            },
-            problems,
-        )
+        finish(GatewayNode { config, listen: self.listen, common: self.common }, problems)
     }
 }
 
@@ -398,16 +369,11 @@ impl UpArgs {
             problems.push(format!("--shards {} must be between 1 and 64", self.shards));
         }
         if self.gateways == 0 || self.gateways > 16 {
-            problems.push(format!(
-                "--gateways {} must be between 1 and 16",
-                self.gateways
-            ));
+            problems.push(format!("--gateways {} must be between 1 and 16", self.gateways));
         }
         if self.lease_ttl == 0 || self.lease_ttl > 60 {
-            problems.push(format!(
-                "--lease-ttl {} must be between 1 and 60 seconds",
-                self.lease_ttl
-            ));
+            problems
+                .push(format!("--lease-ttl {} must be between 1 and 60 seconds", self.lease_ttl));
         }
         finish(self, problems)
     }

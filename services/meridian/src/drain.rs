@@ -8,9 +8,7 @@ use meridian_cluster::{ClusterKeys, ClusterWatch, ShardId};
 use crate::cli::DrainArgs;
 
 pub fn run(args: DrainArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let keys = ClusterKeys::new(&args.cluster);
         let shard = ShardId(args.shard.or(args.id).context("which shard? give its id")?);

@@ -30,9 +30,7 @@ pub fn write_json_atomically(path: &Path, value: &serde_json::Value) -> anyhow::
 }
 
 pub fn run_shard(node: ShardNode) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let grpc = tokio::net::TcpListener::bind(node.listen)
             .await
@@ -55,9 +53,7 @@ pub fn run_shard(node: ShardNode) -> anyhow::Result<()> {
 }
 
 pub fn run_gateway(node: GatewayNode) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let game = meridian_gateway::bind_game_listener(node.listen)
             .with_context(|| format!("binding game listener {}", node.listen))?;

@@ -7,9 +7,7 @@ use serde_json::json;
 use crate::cli::StatusArgs;
 
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (view, health) = runtime.block_on(async {
         let client = meridian_cluster::connect(&args.etcd)
             .await
@@ -19,10 +17,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         // Health as each shard reports it on its admin port (/readyz).
         let mut health = std::collections::BTreeMap::new();
         for shard in view.shards.values() {
-            health.insert(
-                shard.id.0,
-                crate::http::status(&shard.admin, "/readyz").await,
-            );
+            health.insert(shard.id.0, crate::http::status(&shard.admin, "/readyz").await);
         }
         anyhow::Ok((view, health))
     })?;
@@ -60,18 +55,12 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
     println!("gateways ({}):", view.gateways.len());
     for gateway in view.gateways.values() {
-        println!(
-            "  {:<10} game {}  admin {}",
-            gateway.id, gateway.game, gateway.admin
-        );
+        println!("  {:<10} game {}  admin {}", gateway.id, gateway.game, gateway.admin);
     }
     match &view.partition {
         None => println!("partition: none published yet"),
         Some(map) => {
-            println!(
-                "partition: epoch {} ({}x{})",
-                map.epoch, map.width, map.height
-            );
+            println!("partition: epoch {} ({}x{})", map.epoch, map.width, map.height);
             for region in &map.regions {
                 println!(
                     "  {:<10} x {}..{}  y {}..{}",

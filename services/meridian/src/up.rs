@@ -43,10 +43,7 @@ impl Drop for Nodes {
                 match node.child.try_wait() {
                     Ok(Some(_)) | Err(_) => break,
                     Ok(None) if Instant::now() > deadline => {
-                        eprintln!(
-                            "meridian up: {} did not stop in time; killing it",
-                            node.name
-                        );
+                        eprintln!("meridian up: {} did not stop in time; killing it", node.name);
                         let _ = node.child.kill();
                         let _ = node.child.wait();
                         break;
@@ -72,26 +69,15 @@ fn spawn(command: &mut Command, name: &str, ready_file: PathBuf) -> anyhow::Resu
             Ok(())
         });
     }
-    let child = command
-        .spawn()
-        .with_context(|| format!("starting {name}"))?;
-    Ok(Node {
-        name: name.to_string(),
-        child,
-        ready_file,
-    })
+    let child = command.spawn().with_context(|| format!("starting {name}"))?;
+    Ok(Node { name: name.to_string(), child, ready_file })
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .subsec_nanos();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
     let data_dir = std::env::temp_dir().join(format!("meridian-up-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&data_dir)?;
-    let mut nodes = Nodes {
-        list: Vec::new(),
-        data_dir: data_dir.clone(),
-    };
+    let mut nodes = Nodes { list: Vec::new(), data_dir: data_dir.clone() };
     let me = std::env::current_exe().context("locating the meridian binary")?;
 
     let (client_port, peer_port) = (free_port()?, free_port()?);
@@ -100,48 +86,32 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut etcd = Command::new(&args.etcd_bin);
     etcd.args(["--name", "up", "--data-dir"])
         .arg(data_dir.join("etcd"))
-        .args([
-            "--listen-client-urls",
-            &etcd_url,
-            "--advertise-client-urls",
-            &etcd_url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer_url,
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ])
+        .args(["--listen-client-urls", &etcd_url, "--advertise-client-urls", &etcd_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
         .args(["--initial-cluster", &format!("up={peer_url}")])
         .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
         .args(["--logger", "zap", "--log-level", "warn"]);
-    nodes
-        .list
-        .push(spawn(&mut etcd, "etcd", PathBuf::new()).with_context(|| {
-            format!(
-                "is etcd installed? (apt-get install etcd-server; tried {:?})",
-                args.etcd_bin
-            )
-        })?);
+    // Kept for the ready file: a test that stops etcd starts it again exactly like this.
+    let etcd_args: Vec<String> =
+        etcd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    nodes.list.push(spawn(&mut etcd, "etcd", PathBuf::new()).with_context(|| {
+        format!("is etcd installed? (apt-get install etcd-server; tried {:?})", args.etcd_bin)
+    })?);
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(wait_for_etcd(&etcd_url, &mut nodes))?;
 
     // One random resume-token key for the whole local cluster, passed in the environment
     // (not on the command line, where `ps` would show it).
-    let resume_key = random_hex_key()?;
+    let resume_key = match &args.resume_key {
+        Some(key) => key.clone(),
+        None => random_hex_key()?,
+    };
     let common = |command: &mut Command, ready: &Path| {
         command
             .env("MERIDIAN_RESUME_KEY", &resume_key)
             .args(["--cluster", &args.cluster, "--etcd", &etcd_url, "--dev"])
-            .args([
-                "--lease-ttl",
-                &args.lease_ttl.to_string(),
-                "--admin",
-                "127.0.0.1:0",
-            ])
+            .args(["--lease-ttl", &args.lease_ttl.to_string(), "--admin", "127.0.0.1:0"])
             .arg("--ready-file")
             .arg(ready);
     };
@@ -149,10 +119,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         let ready = data_dir.join(format!("shard-{id}.json"));
         let mut command = Command::new(&me);
         command.args(["shard", "--id", &id.to_string(), "--listen", "127.0.0.1:0"]);
+        command.args(["--resume-window".to_string(), args.resume_window.to_string()]);
         common(&mut command, &ready);
-        nodes
-            .list
-            .push(spawn(&mut command, &format!("shard-{id}"), ready)?);
+        nodes.list.push(spawn(&mut command, &format!("shard-{id}"), ready)?);
     }
     let io = match args.io {
         crate::cli::Io::Uring => "uring",
@@ -166,12 +135,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             .args(["gateway", "--id", &id.to_string(), "--io", io])
             .args(["--listen", &format!("127.0.0.1:{port}")]);
         common(&mut command, &ready);
-        nodes
-            .list
-            .push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
+        nodes.list.push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
     }
 
-    let summary = runtime.block_on(wait_until_ready(&mut nodes, &args, &etcd_url))?;
+    let mut summary = runtime.block_on(wait_until_ready(&mut nodes, &args, &etcd_url))?;
+    summary["etcd_pid"] = json!(nodes.list[0].child.id());
+    summary["etcd_command"] =
+        json!([args.etcd_bin.clone()].into_iter().chain(etcd_args).collect::<Vec<_>>());
     println!("meridian up: cluster {:?} is ready", args.cluster);
     println!("  etcd      {etcd_url}");
     for shard in summary["shards"].as_array().into_iter().flatten() {
@@ -190,10 +160,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             gateway["admin"].as_str().unwrap_or("?")
         );
     }
-    println!(
-        "  status:   meridian status --cluster {} --etcd {etcd_url}",
-        args.cluster
-    );
+    println!("  status:   meridian status --cluster {} --etcd {etcd_url}", args.cluster);
     println!("Ctrl-C stops the cluster.");
     if let Some(path) = &args.ready_file {
         write_json_atomically(path, &summary)?;
@@ -270,10 +237,7 @@ async fn wait_until_ready(
                 }
             }
             if Instant::now() > deadline {
-                bail!(
-                    "{} was not ready within {START_DEADLINE:?}",
-                    nodes.list[index].name
-                );
+                bail!("{} was not ready within {START_DEADLINE:?}", nodes.list[index].name);
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }

@@ -94,6 +94,14 @@ pub(crate) struct Seat {
     pub ghosted_at: Vec<ShardId>,
 }
 
+/// A player whose connection dropped, kept for the resume window.
+pub(crate) struct Parked {
+    pub name: String,
+    pub at: Position,
+    pub generation: u64,
+    pub since: Instant,
+}
+
 /// Inputs for a player whose handoff has not arrived yet: since when, from which link.
 pub(crate) type EarlyInputs = (Instant, Vec<(Option<LinkId>, PlayerInput)>);
 
@@ -127,6 +135,8 @@ pub struct WorldActor {
     pub(crate) rng: SmallRng,
     pub(crate) started: Instant,
     pub(crate) resume_key: TokenKey,
+    pub(crate) parked: HashMap<PlayerId, Parked>,
+    pub(crate) resume_window: Duration,
 }
 
 impl WorldActor {
@@ -160,6 +170,8 @@ impl WorldActor {
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: Instant::now(),
             resume_key: config.resume_key.clone(),
+            parked: HashMap::new(),
+            resume_window: config.resume_window,
         };
         (sender, actor)
     }
@@ -283,10 +295,11 @@ impl WorldActor {
     /// was handed off, held briefly if its handoff has not arrived yet.
     pub(crate) fn on_input(&mut self, link: Option<LinkId>, input: PlayerInput) {
         let player = PlayerId(input.player_id);
-        if let (Some(link), Some(meridian_rpc::pb::player_input::Kind::Join(_))) =
-            (link, &input.kind)
-        {
-            return self.join(link, input);
+        use meridian_rpc::pb::player_input::Kind as Input;
+        match (link, &input.kind) {
+            (Some(link), Some(Input::Join(_))) => return self.join(link, input),
+            (Some(link), Some(Input::Resume(_))) => return self.resume(link, input),
+            _ => {}
         }
         if self.seats.contains_key(&player) {
             return self.sequence(player, input);
@@ -377,6 +390,8 @@ impl WorldActor {
             }
         }
         self.handed_off.retain(|_, h| now - h.since < FORWARD_FOR);
+        let window = self.resume_window;
+        self.parked.retain(|_, p| now - p.since <= window);
     }
 
     /// Turns the world's envelopes into frames for their recipients' connections.
@@ -418,7 +433,7 @@ impl WorldActor {
         let gone: Vec<PlayerId> =
             self.seats.iter().filter(|(_, seat)| seat.link == link).map(|(id, _)| *id).collect();
         for player in gone {
-            self.remove(player);
+            self.remove(player, true);
         }
         self.metrics.links.set(self.links.len() as i64);
     }

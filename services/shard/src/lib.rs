@@ -46,6 +46,8 @@ pub struct ShardConfig {
     pub lease_ttl: Duration,
     /// Seeds random spawns.
     pub seed: u64,
+    /// How long a player whose connection dropped can be resumed with its token.
+    pub resume_window: Duration,
     /// How long a drain may take before it is reported as incomplete.
     pub drain_timeout: Duration,
     /// Signs the resume tokens handed out in LoginOk.

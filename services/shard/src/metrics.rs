@@ -22,6 +22,7 @@ pub struct ShardMetrics {
     pub handoffs_out: Arc<Counter>,
     pub handoffs_in: Arc<Counter>,
     pub restores: Arc<Counter>,
+    pub resumes: Arc<Counter>,
     pub inputs_forwarded: Arc<Counter>,
     pub peer_messages_in: Arc<Counter>,
     pub peer_messages_out: Arc<Counter>,
@@ -72,6 +73,11 @@ impl ShardMetrics {
             handoffs_in: registry.counter(
                 "meridian_shard_handoffs_in_total",
                 "Players taken over from another shard.",
+                l,
+            ),
+            resumes: registry.counter(
+                "meridian_shard_resumes_total",
+                "Players taken back by a resume token after their connection dropped.",
                 l,
             ),
             restores: registry.counter(

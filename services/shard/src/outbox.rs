@@ -56,6 +56,12 @@ impl Outbox {
         out.deliveries[index].generation = generation;
     }
 
+    /// Answers a resume request for a player this shard does not hold.
+    pub fn refuse_resume(&mut self, link: LinkId, session: u64) {
+        let (out, index) = self.slot(link, session);
+        out.deliveries[index].resume_refused = true;
+    }
+
     /// Tells the gateway the player now belongs to shard `to` (after these frames).
     pub fn release(&mut self, link: LinkId, session: u64, to: u32) {
         let (out, index) = self.slot(link, session);

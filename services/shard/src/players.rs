@@ -24,7 +24,7 @@ use meridian_rpc::pb::{
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::warn;
 
-use crate::actor::{world_direction, HandedOff, LinkId, Seat, WorldActor};
+use crate::actor::{world_direction, HandedOff, LinkId, Parked, Seat, WorldActor};
 
 /// How long a resume token stays valid; the resume window after a drop is shorter and is
 /// enforced by the server separately.
@@ -178,8 +178,10 @@ impl WorldActor {
             Some(Input::Ping(ping)) => {
                 self.outbox.push(link, session, &server::pong(ping.client_time))
             }
+            Some(Input::Resume(_)) => {}
             Some(Input::Leave(leave)) => {
-                self.remove(player);
+                // A dropped connection parks the player for the resume window; a logout ends it.
+                self.remove(player, !leave.logout);
                 if leave.logout {
                     self.outbox.close(link, session);
                 }
@@ -187,11 +189,23 @@ impl WorldActor {
         }
     }
 
-    /// The player leaves the world: observers here and on neighbours get Left.
-    pub(crate) fn remove(&mut self, player: PlayerId) {
+    /// The player leaves the world: observers here and on neighbours get Left. With `park`,
+    /// its name, cell and generation are kept for the resume window.
+    pub(crate) fn remove(&mut self, player: PlayerId, park: bool) {
         let Some(seat) = self.seats.remove(&player) else {
             return;
         };
+        if park {
+            if let (Some(name), Some(at)) = (self.world.name(player), self.world.position(player)) {
+                let parked = Parked {
+                    name: name.to_string(),
+                    at,
+                    generation: seat.generation,
+                    since: Instant::now(),
+                };
+                self.parked.insert(player, parked);
+            }
+        }
         if let Err(error) = self.world.logout(player, &mut self.envelopes) {
             warn!(%player, %error, "leave refused by the world");
         }
@@ -345,6 +359,32 @@ impl WorldActor {
         }
         if !self.geometry.owns(at) {
             self.hand_off(player);
+        }
+    }
+
+    /// A client came back with a valid resume token on a new connection. If this shard
+    /// holds the player (parked, or still attached to an old connection, which is closed so
+    /// the player never exists twice), it is placed back at its last position exactly like
+    /// a restore; otherwise the gateway is told so.
+    pub(crate) fn resume(&mut self, link: LinkId, input: PlayerInput) {
+        let player = PlayerId(input.player_id);
+        if let Some(seat) = self.seats.get(&player) {
+            let (old_link, old_session) = (seat.link, seat.session);
+            self.remove(player, true);
+            self.outbox.close(old_link, old_session);
+        }
+        match self.parked.remove(&player) {
+            Some(parked) if parked.since.elapsed() <= self.resume_window => {
+                let join = Join {
+                    name: parked.name,
+                    spawn: Some(client_pb::Position { x: parked.at.x, y: parked.at.y }),
+                    restore: true,
+                    generation: parked.generation,
+                };
+                self.metrics.resumes.inc();
+                self.restore(link, input.seq, input.session, player, join);
+            }
+            _ => self.outbox.refuse_resume(link, input.session),
         }
     }
 

@@ -89,10 +89,7 @@ impl View {
                         seen.position
                     );
                 }
-                let seen = Seen {
-                    name: entered.name.clone(),
-                    position: xy(&entered.position),
-                };
+                let seen = Seen { name: entered.name.clone(), position: xy(&entered.position) };
                 self.others.insert(entered.player_id, seen);
             }
             S::Moved(moved) => {
@@ -122,7 +119,11 @@ impl View {
                 }
             }
             S::ViewReset(reset) => {
-                let own_id = self.require_login("ViewReset", message)?;
+                // A resumed connection starts with ViewReset instead of LoginOk.
+                let own_id = match self.own {
+                    Some((id, _)) => id,
+                    None => reset.player_id,
+                };
                 if reset.player_id != own_id {
                     bail!("protocol violation: ViewReset {reset:?} for another player ({own_id})");
                 }
@@ -179,33 +180,15 @@ mod tests {
     #[test]
     fn violations_are_errors_and_leave_the_view_unchanged() {
         let mut view = View::new();
-        assert!(
-            view.try_apply(&server::entered(2, 0, 0, "b")).is_err(),
-            "before login"
-        );
+        assert!(view.try_apply(&server::entered(2, 0, 0, "b")).is_err(), "before login");
         view.apply(&login_ok(1, 10, 10));
-        assert!(
-            view.try_apply(&server::moved(2, 0, 0, 0)).is_err(),
-            "moved unseen"
-        );
+        assert!(view.try_apply(&server::moved(2, 0, 0, 0)).is_err(), "moved unseen");
         assert!(view.try_apply(&server::left(2)).is_err(), "left unseen");
-        assert!(
-            view.try_apply(&server::entered(1, 0, 0, "me")).is_err(),
-            "entered self"
-        );
+        assert!(view.try_apply(&server::entered(1, 0, 0, "me")).is_err(), "entered self");
         view.apply(&server::entered(2, 0, 0, "b"));
-        assert!(
-            view.try_apply(&server::entered(2, 1, 0, "b")).is_err(),
-            "entered twice"
-        );
-        assert!(
-            view.try_apply(&server::moved(2, 1, 0, 5)).is_err(),
-            "client_time on other"
-        );
-        assert!(
-            view.try_apply(&login_ok(1, 0, 0)).is_err(),
-            "second LoginOk"
-        );
+        assert!(view.try_apply(&server::entered(2, 1, 0, "b")).is_err(), "entered twice");
+        assert!(view.try_apply(&server::moved(2, 1, 0, 5)).is_err(), "client_time on other");
+        assert!(view.try_apply(&login_ok(1, 0, 0)).is_err(), "second LoginOk");
         assert_eq!(view.position_of(2), Some((0, 0)));
     }
 

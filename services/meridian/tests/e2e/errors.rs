@@ -16,8 +16,7 @@ const SLACK: Duration = Duration::from_secs(2);
 
 /// After an error that keeps the connection open, it still works: a Ping is answered.
 fn still_open(bot: &mut Bot, after: &str) -> anyhow::Result<()> {
-    bot.expect_quiet()
-        .with_context(|| format!("the connection still works after {after}"))
+    bot.expect_quiet().with_context(|| format!("the connection still works after {after}"))
 }
 
 pub fn errors_before_login_keep_the_connection(io: Io) {
@@ -28,12 +27,10 @@ pub fn errors_before_login_keep_the_connection(io: Io) {
         still_open(&mut bot, "connecting (Ping is answered before login)")?;
 
         bot.send(&msg::move_(Direction::Up, 7))?;
-        bot.expect_error(ErrorCode::NotLoggedIn, 7)
-            .context("Move before Login")?;
+        bot.expect_error(ErrorCode::NotLoggedIn, 7).context("Move before Login")?;
         still_open(&mut bot, "NOT_LOGGED_IN for a Move")?;
         bot.send(&msg::chat("hello?"))?;
-        bot.expect_error(ErrorCode::NotLoggedIn, 0)
-            .context("Chat before Login")?;
+        bot.expect_error(ErrorCode::NotLoggedIn, 0).context("Chat before Login")?;
         still_open(&mut bot, "NOT_LOGGED_IN for a Chat")?;
 
         let too_long_ascii = "n".repeat(33);
@@ -41,11 +38,7 @@ pub fn errors_before_login_keep_the_connection(io: Io) {
         let refused_logins = [
             ("an empty name", "", Some((50, 50))),
             ("a 33-byte name", too_long_ascii.as_str(), Some((50, 50))),
-            (
-                "a 33-byte name of 11 characters",
-                too_long_utf8.as_str(),
-                Some((50, 50)),
-            ),
+            ("a 33-byte name of 11 characters", too_long_utf8.as_str(), Some((50, 50))),
             ("a spawn at x = 400", "x", Some((400, 0))),
             ("a spawn at y = 400", "y", Some((0, 400))),
         ];
@@ -53,19 +46,14 @@ pub fn errors_before_login_keep_the_connection(io: Io) {
             bot.send(&msg::login(name, spawn))?;
             bot.expect_error(ErrorCode::InvalidArgument, 0)
                 .with_context(|| format!("Login with {what}"))?;
-            still_open(
-                &mut bot,
-                &format!("INVALID_ARGUMENT for a Login with {what}"),
-            )?;
+            still_open(&mut bot, &format!("INVALID_ARGUMENT for a Login with {what}"))?;
         }
         bot.send(&msg::no_kind())?;
-        bot.expect_error(ErrorCode::InvalidArgument, 0)
-            .context("a ClientMessage with no kind")?;
+        bot.expect_error(ErrorCode::InvalidArgument, 0).context("a ClientMessage with no kind")?;
         still_open(&mut bot, "INVALID_ARGUMENT for a message with no kind")?;
 
         bot.send(&msg::resume(b"not a token the server issued"))?;
-        bot.expect_error(ErrorCode::InvalidToken, 0)
-            .context("Resume with a made-up token")?;
+        bot.expect_error(ErrorCode::InvalidToken, 0).context("Resume with a made-up token")?;
         still_open(&mut bot, "INVALID_TOKEN")?;
         bystander.wait_for_acks(2)?;
 
@@ -73,15 +61,8 @@ pub fn errors_before_login_keep_the_connection(io: Io) {
         // and so does a move.
         let name = "n".repeat(32);
         let login = bot.login(&name, Some((399, 399)))?;
-        ensure!(
-            login.after.is_empty(),
-            "nobody near (399, 399): {:?}",
-            login.after
-        );
-        ensure!(
-            bot.move_ok(Direction::Up, 1)? == (399, 398),
-            "moved up from (399, 399)"
-        );
+        ensure!(login.after.is_empty(), "nobody near (399, 399): {:?}", login.after);
+        ensure!(bot.move_ok(Direction::Up, 1)? == (399, 398), "moved up from (399, 399)");
 
         let acks = bystander.finish()?;
         ensure!(acks > 0, "the bystander played");
@@ -101,9 +82,7 @@ pub fn errors_after_login_keep_the_connection(io: Io) {
 
         // A second Login is refused and changes nothing: alice is still where she was.
         alice.send(&msg::login("alice-again", Some((10, 10))))?;
-        alice
-            .expect_error(ErrorCode::AlreadyLoggedIn, 0)
-            .context("a second Login")?;
+        alice.expect_error(ErrorCode::AlreadyLoggedIn, 0).context("a second Login")?;
         alice.send_move(Direction::Right, 1)?;
         alice.expect_messages(&[ack(&alice, 51, 50, 1)])?;
         observer.expect_messages(&[seen_moving(&alice, 51, 50)])?;
@@ -124,21 +103,12 @@ pub fn errors_after_login_keep_the_connection(io: Io) {
         ];
         for (what, text) in &refused_chats {
             alice.chat(text)?;
-            alice
-                .expect_error(ErrorCode::InvalidArgument, 0)
-                .with_context(|| what.to_string())?;
+            alice.expect_error(ErrorCode::InvalidArgument, 0).with_context(|| what.to_string())?;
         }
         alice.send(&msg::no_kind())?;
-        alice
-            .expect_error(ErrorCode::InvalidArgument, 0)
-            .context("no kind, logged in")?;
-        still_open(
-            &mut alice,
-            "INVALID_ARGUMENT for chats and a message with no kind",
-        )?;
-        observer
-            .expect_quiet()
-            .context("nothing refused reaches an observer")?;
+        alice.expect_error(ErrorCode::InvalidArgument, 0).context("no kind, logged in")?;
+        still_open(&mut alice, "INVALID_ARGUMENT for chats and a message with no kind")?;
+        observer.expect_quiet().context("nothing refused reaches an observer")?;
 
         // At the limit: 256 bytes are delivered.
         let longest = "y".repeat(256);
@@ -157,14 +127,10 @@ pub fn errors_after_login_keep_the_connection(io: Io) {
         let mut stranger = Bot::connect(addr)?;
         for (what, token) in [("a forged token", forged), ("an empty token", Vec::new())] {
             stranger.send(&msg::resume(&token))?;
-            stranger
-                .expect_error(ErrorCode::InvalidToken, 0)
-                .with_context(|| what.to_string())?;
+            stranger.expect_error(ErrorCode::InvalidToken, 0).with_context(|| what.to_string())?;
             still_open(&mut stranger, &format!("INVALID_TOKEN for {what}"))?;
         }
-        observer
-            .expect_quiet()
-            .context("a refused Resume brings nobody back")?;
+        observer.expect_quiet().context("a refused Resume brings nobody back")?;
 
         alice.send_move(Direction::Left, 6)?;
         alice.expect_messages(&[ack(&alice, 50, 50, 6)])?;
@@ -188,8 +154,7 @@ pub fn errors_after_login_keep_the_connection(io: Io) {
         }
         let mut late = Bot::connect(addr)?;
         late.send(&msg::login("late", Some((200, 200))))?;
-        late.expect_error(ErrorCode::Unavailable, 0)
-            .context("Login with the shard dead")?;
+        late.expect_error(ErrorCode::Unavailable, 0).context("Login with the shard dead")?;
         still_open(&mut late, "UNAVAILABLE for a Login")?;
         Ok(())
     })
@@ -212,11 +177,7 @@ pub fn rate_limit(io: Io) {
         let until = deadline(DEFAULT_WAIT);
         for t in 1..=30u64 {
             let answer = racer.recv_answer(until, t)?;
-            ensure!(
-                answer.others.is_empty(),
-                "only answers expected, got {:?}",
-                answer.others
-            );
+            ensure!(answer.others.is_empty(), "only answers expected, got {:?}", answer.others);
             let expected = if t <= 20 {
                 Answer::Ack((150 + t as u32, 150))
             } else {
@@ -227,19 +188,13 @@ pub fn rate_limit(io: Io) {
                 (Answer::Error(a, _), Answer::Error(b, _)) => a == b,
                 _ => false,
             };
-            ensure!(
-                same,
-                "move {t} of 30 back to back: expected {expected:?}, got {answer:?}"
-            );
+            ensure!(same, "move {t} of 30 back to back: expected {expected:?}, got {answer:?}");
         }
         racer.expect_quiet()?;
         // The observer saw the 20 applied moves, in order, and nothing of the refused ones.
         for x in 151..=170 {
             let got = observer.recv(deadline(DEFAULT_WAIT))?;
-            ensure!(
-                got == seen_moving(&racer, x, 150),
-                "expected racer at x = {x}, got {got:?}"
-            );
+            ensure!(got == seen_moving(&racer, x, 150), "expected racer at x = {x}, got {got:?}");
         }
         observer.expect_quiet()?;
         bystander.wait_for_acks(2)?;
@@ -252,10 +207,7 @@ pub fn rate_limit(io: Io) {
             let answer = racer.move_(Direction::Right, t)?;
             match answer.answer {
                 Answer::Ack(position) => {
-                    ensure!(
-                        position == (171, 150),
-                        "refused moves were applied: {answer:?}"
-                    );
+                    ensure!(position == (171, 150), "refused moves were applied: {answer:?}");
                     break;
                 }
                 Answer::Error(ErrorCode::RateLimited, _)
@@ -282,33 +234,18 @@ fn refused_and_closed(
     what: &str,
 ) -> anyhow::Result<()> {
     victim.send_raw(bytes)?;
-    victim
-        .expect_error(code, 0)
-        .with_context(|| format!("sending {what}"))?;
-    let rest = victim
-        .expect_closed(deadline(DEFAULT_WAIT))
-        .with_context(|| {
-            format!(
-                "the connection closed after {} for {what}",
-                code.as_str_name()
-            )
-        })?;
+    victim.expect_error(code, 0).with_context(|| format!("sending {what}"))?;
+    let rest = victim.expect_closed(deadline(DEFAULT_WAIT)).with_context(|| {
+        format!("the connection closed after {} for {what}", code.as_str_name())
+    })?;
     let closed_at = Instant::now();
-    ensure!(
-        rest.is_empty(),
-        "nothing after the error for {what}, got {rest:?}"
-    );
+    ensure!(rest.is_empty(), "nothing after the error for {what}, got {rest:?}");
     if let Some(observer) = observer {
         let expected = left(victim);
-        let got = observer
-            .recv(closed_at + Duration::from_secs(1))
-            .with_context(|| {
-                format!("observer expecting Left within 1 s of the close for {what}")
-            })?;
-        ensure!(
-            got == expected,
-            "expected {expected:?} after {what}, got {got:?}"
-        );
+        let got = observer.recv(closed_at + Duration::from_secs(1)).with_context(|| {
+            format!("observer expecting Left within 1 s of the close for {what}")
+        })?;
+        ensure!(got == expected, "expected {expected:?} after {what}, got {got:?}");
     }
     Ok(())
 }
@@ -322,18 +259,9 @@ pub fn closing_errors(io: Io) {
 
         let malformed: [(&str, &[u8]); 4] = [
             ("bad protobuf (field 1 with wire type 7)", &[0x0f, 0x01]),
-            (
-                "bad protobuf (a length-delimited field cut short)",
-                &[0x0a, 0x05, 0x01],
-            ),
-            (
-                "a wrong wire type (field 2, move, as a varint)",
-                &[0x10, 0x01],
-            ),
-            (
-                "invalid UTF-8 in Chat.text",
-                &[0x1a, 0x03, 0x0a, 0x01, 0xff],
-            ),
+            ("bad protobuf (a length-delimited field cut short)", &[0x0a, 0x05, 0x01]),
+            ("a wrong wire type (field 2, move, as a varint)", &[0x10, 0x01]),
+            ("invalid UTF-8 in Chat.text", &[0x1a, 0x03, 0x0a, 0x01, 0xff]),
         ];
         for (i, (what, body)) in malformed.into_iter().enumerate() {
             let mut victim = Bot::connect(addr)?;
@@ -348,9 +276,7 @@ pub fn closing_errors(io: Io) {
                 ErrorCode::Malformed,
                 what,
             )?;
-            bystander
-                .wait_for_acks(2)
-                .with_context(|| format!("after {what}"))?;
+            bystander.wait_for_acks(2).with_context(|| format!("after {what}"))?;
         }
 
         // Before login too: invalid UTF-8 in Login.name.
@@ -367,13 +293,8 @@ pub fn closing_errors(io: Io) {
         // A 4096-byte body is allowed...
         let mut big = Bot::connect(addr)?;
         big.send_raw(&msg::padded_ping_frame(4242, 4096))?;
-        let got = big
-            .recv(deadline(DEFAULT_WAIT))
-            .context("a Ping padded to 4096 bytes")?;
-        ensure!(
-            got == meridian_protocol::server::pong(4242),
-            "expected Pong 4242, got {got:?}"
-        );
+        let got = big.recv(deadline(DEFAULT_WAIT)).context("a Ping padded to 4096 bytes")?;
+        ensure!(got == meridian_protocol::server::pong(4242), "expected Pong 4242, got {got:?}");
         still_open(&mut big, "a 4096-byte frame")?;
 
         // ...4097 is refused as soon as the prefix is read: no body is ever sent.

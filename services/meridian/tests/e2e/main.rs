@@ -7,6 +7,7 @@
 
 mod cluster_up;
 mod errors;
+mod failover;
 mod shard_failure;
 mod stale_epoch;
 mod world;
@@ -82,6 +83,7 @@ for_both_backends! {
     cluster_up::up_reports_every_node,
     world::login_ok_and_sight_both_ways,
     stale_epoch::stale_epoch_is_refused,
+    failover::gateway_death_and_resume,
     world::moves_into_and_out_of_sight,
     world::clamped_moves_at_the_edge,
     world::chat_reaches_those_in_sight,

@@ -15,11 +15,7 @@ fn registered_shards(status: &serde_json::Value) -> anyhow::Result<BTreeSet<u64>
         .as_array()
         .with_context(|| format!("no shards list in {status}"))?
         .iter()
-        .map(|s| {
-            s["id"]
-                .as_u64()
-                .with_context(|| format!("a shard without an id: {s}"))
-        })
+        .map(|s| s["id"].as_u64().with_context(|| format!("a shard without an id: {s}")))
         .collect()
 }
 
@@ -28,16 +24,12 @@ const SLACK: Duration = Duration::from_secs(2);
 
 /// The connection works: a Ping is answered and nothing else is pending.
 fn still_open(bot: &mut Bot) -> anyhow::Result<()> {
-    bot.expect_quiet()
-        .with_context(|| format!("{}'s connection after UNAVAILABLE", bot.label()))
+    bot.expect_quiet().with_context(|| format!("{}'s connection after UNAVAILABLE", bot.label()))
 }
 
 pub fn shard_kill(io: Io) {
     let ttl = DEFAULT_LEASE_TTL.as_secs();
-    let opts = ClusterOptions::new(io)
-        .gateways(2)
-        .arg("--lease-ttl")
-        .arg(ttl.to_string());
+    let opts = ClusterOptions::new(io).gateways(2).arg("--lease-ttl").arg(ttl.to_string());
     with_cluster(opts, |cluster| {
         let shard = cluster.shard(0).clone();
         let status = cluster.status_json()?;
@@ -53,10 +45,7 @@ pub fn shard_kill(io: Io) {
         let mut bob = Bot::connect(cluster.game_addr(1))?;
         bob.login("bob", Some((110, 100)))?;
         alice.expect_messages(&[entered(&bob, 110, 100)])?;
-        ensure!(
-            bob.move_ok(Direction::Right, 1)? == (111, 100),
-            "bob moves before the kill"
-        );
+        ensure!(bob.move_ok(Direction::Right, 1)? == (111, 100), "bob moves before the kill");
         alice.expect_messages(&[seen_moving(&bob, 111, 100)])?;
 
         let killed_at = Instant::now();
@@ -75,10 +64,7 @@ pub fn shard_kill(io: Io) {
             );
             still_open(bot)?;
             let answer = bot.move_(Direction::Up, t + 10)?;
-            ensure!(
-                answer.error()? == ErrorCode::Unavailable,
-                "a second move: {answer:?}"
-            );
+            ensure!(answer.error()? == ErrorCode::Unavailable, "a second move: {answer:?}");
         }
 
         // The registration disappears within the lease TTL (plus slack for etcd's expiry).
@@ -86,14 +72,8 @@ pub fn shard_kill(io: Io) {
         let mut failure = None;
         wait_until(
             killed_at + DEFAULT_LEASE_TTL + SLACK,
-            &format!(
-                "shard {} to disappear from `meridian status` after SIGKILL",
-                shard.id
-            ),
-            || match cluster
-                .status_json()
-                .and_then(|s| registered_shards(&s).map(|ids| (s, ids)))
-            {
+            &format!("shard {} to disappear from `meridian status` after SIGKILL", shard.id),
+            || match cluster.status_json().and_then(|s| registered_shards(&s).map(|ids| (s, ids))) {
                 Ok((status, ids)) => {
                     last = status;
                     !ids.contains(&u64::from(shard.id))
@@ -131,9 +111,7 @@ pub fn shard_kill(io: Io) {
             ensure!(answer.error()? == ErrorCode::Unavailable, "{answer:?}");
         }
         ensure!(
-            cluster
-                .up_pid()
-                .is_some_and(meridian_testkit::process_alive),
+            cluster.up_pid().is_some_and(meridian_testkit::process_alive),
             "`meridian up` survives the death of a shard"
         );
         Ok(())

@@ -22,9 +22,7 @@ fn upsert(player_id: u64, name: &str, x: u32, y: u32) -> PeerMessage {
 
 /// Sends one batch on a fresh `Peer` stream; the status code the shard answered with.
 fn send_batch(grpc: std::net::SocketAddr, batch: PeerBatch) -> anyhow::Result<tonic::Code> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
         let mut client = ShardClient::connect(format!("http://{grpc}")).await?;
         // The shard acknowledges a batch it takes, or ends the stream with an error.
@@ -49,18 +47,14 @@ fn tokio_stream_once(
 pub fn stale_epoch_is_refused(io: Io) {
     with_cluster(ClusterOptions::new(io).shards(2), |cluster| {
         let status = cluster.status_json()?;
-        let epoch = status["partition"]["epoch"]
-            .as_u64()
-            .context("partition epoch")?;
+        let epoch = status["partition"]["epoch"].as_u64().context("partition epoch")?;
         ensure!(epoch >= 1, "a partition is published: {status}");
         // Shard ids come from the ready file; pretend to be the other one.
         let target = cluster.shard(0);
         let pretend = cluster.shard(1).id;
         let mut watcher = Bot::connect(cluster.game_addr(0))?;
         // Somewhere shard `target` owns, whatever the layout: its own region's corner.
-        let regions = status["partition"]["regions"]
-            .as_array()
-            .context("regions")?;
+        let regions = status["partition"]["regions"].as_array().context("regions")?;
         let mine = regions
             .iter()
             .find(|r| r["shard"].as_u64() == Some(u64::from(target.id)))
@@ -78,10 +72,7 @@ pub fn stale_epoch_is_refused(io: Io) {
             messages: vec![upsert(900_001, "stale", x + 1, y)],
         };
         let code = send_batch(target.grpc, stale)?;
-        ensure!(
-            code == tonic::Code::FailedPrecondition,
-            "a stale-epoch batch got {code:?}"
-        );
+        ensure!(code == tonic::Code::FailedPrecondition, "a stale-epoch batch got {code:?}");
         let seen = watcher.ping_barrier()?;
         ensure!(seen.is_empty(), "the refused batch was applied: {seen:?}");
 
@@ -92,10 +83,7 @@ pub fn stale_epoch_is_refused(io: Io) {
             messages: vec![upsert(900_002, "fresh", x + 1, y)],
         };
         let code = send_batch(target.grpc, current)?;
-        ensure!(
-            code == tonic::Code::Ok,
-            "a current-epoch batch got {code:?}"
-        );
+        ensure!(code == tonic::Code::Ok, "a current-epoch batch got {code:?}");
         let entered = watcher.recv_until(meridian_testkit::deadline(meridian_testkit::DEFAULT_WAIT), "the ghost from the current-epoch batch", |m| {
             matches!(&m.kind, Some(meridian_testkit::pb::server_message::Kind::Entered(e)) if e.player_id == 900_002)
         });

@@ -28,10 +28,7 @@ fn login_seeing(
     let want: Vec<_> = expected
         .iter()
         .map(|other| {
-            let p = other
-                .view()
-                .own_position()
-                .expect("invariant: expected bots are logged in");
+            let p = other.view().own_position().expect("invariant: expected bots are logged in");
             entered(other, p.0, p.1)
         })
         .collect();
@@ -64,16 +61,9 @@ pub fn login_ok_and_sight_both_ways(io: Io) {
             ok.position == Some(Position { x: 100, y: 100 }),
             "dev-mode spawn honoured: {ok:?}"
         );
-        ensure!(
-            ok.map_width == MAP && ok.map_height == MAP,
-            "400x400 map: {ok:?}"
-        );
+        ensure!(ok.map_width == MAP && ok.map_height == MAP, "400x400 map: {ok:?}");
         ensure!(ok.view_range == SIGHT, "view range 20: {ok:?}");
-        ensure!(
-            login.after.is_empty(),
-            "alice is alone, yet got {:?}",
-            login.after
-        );
+        ensure!(login.after.is_empty(), "alice is alone, yet got {:?}", login.after);
 
         // 20 apart along x: both see each other.
         let mut bob = Bot::connect(addr)?;
@@ -93,11 +83,8 @@ pub fn login_ok_and_sight_both_ways(io: Io) {
         login_seeing(&mut erin, "erin", (100, 79), &[])?;
         let mut frank = Bot::connect(addr)?;
         login_seeing(&mut frank, "frank", (79, 79), &[])?;
-        for bot in [
-            &mut alice, &mut bob, &mut carol, &mut dave, &mut erin, &mut frank,
-        ] {
-            bot.expect_quiet()
-                .context("nobody 21 cells away is announced")?;
+        for bot in [&mut alice, &mut bob, &mut carol, &mut dave, &mut erin, &mut frank] {
+            bot.expect_quiet().context("nobody 21 cells away is announced")?;
         }
 
         // Placement without a spawn: somewhere on the map, seeing exactly who is in sight.
@@ -116,16 +103,11 @@ pub fn login_ok_and_sight_both_ways(io: Io) {
             login.after
         );
 
-        let ids: BTreeSet<u64> = [&alice, &bob, &carol, &dave, &erin, &frank, &gina]
-            .iter()
-            .map(|b| b.id())
-            .collect();
+        let ids: BTreeSet<u64> =
+            [&alice, &bob, &carol, &dave, &erin, &frank, &gina].iter().map(|b| b.id()).collect();
         ensure!(ids.len() == 7, "player ids are unique: {ids:?}");
         // Checked last so that a missing token does not hide the sight checks above.
-        ensure!(
-            !ok.resume_token.is_empty(),
-            "LoginOk carries a resume token: {ok:?}"
-        );
+        ensure!(!ok.resume_token.is_empty(), "LoginOk carries a resume token: {ok:?}");
         Ok(())
     })
 }
@@ -178,11 +160,7 @@ pub fn moves_into_and_out_of_sight(io: Io) {
         alice.expect_messages(&[left(&carol)])?;
 
         bob.expect_quiet()?;
-        ensure!(
-            alice.view().others().is_empty(),
-            "alice sees nobody: {:?}",
-            alice.view()
-        );
+        ensure!(alice.view().others().is_empty(), "alice sees nobody: {:?}", alice.view());
         Ok(())
     })
 }
@@ -191,13 +169,7 @@ pub fn clamped_moves_at_the_edge(io: Io) {
     with_cluster(ClusterOptions::new(io), |cluster| {
         let addr = cluster.game_addr(0);
         for (corner, observer_at, blocked, free, after_free) in [
-            (
-                (0, 0),
-                (10, 10),
-                [Direction::Up, Direction::Left],
-                Direction::Right,
-                (1, 0),
-            ),
+            ((0, 0), (10, 10), [Direction::Up, Direction::Left], Direction::Right, (1, 0)),
             (
                 (399, 399),
                 (390, 390),
@@ -209,12 +181,7 @@ pub fn clamped_moves_at_the_edge(io: Io) {
             let mut mover = Bot::connect(addr)?;
             login_seeing(&mut mover, &format!("mover-{}", corner.0), corner, &[])?;
             let mut observer = Bot::connect(addr)?;
-            login_seeing(
-                &mut observer,
-                &format!("observer-{}", corner.0),
-                observer_at,
-                &[&mover],
-            )?;
+            login_seeing(&mut observer, &format!("observer-{}", corner.0), observer_at, &[&mover])?;
             mover.expect_messages(&[entered(&observer, observer_at.0, observer_at.1)])?;
 
             for (t, direction) in (1..).zip(blocked) {
@@ -222,9 +189,7 @@ pub fn clamped_moves_at_the_edge(io: Io) {
                 mover.send_move(direction, t)?;
                 mover.expect_messages(&[ack(&mover, corner.0, corner.1, t)])?;
             }
-            observer
-                .expect_quiet()
-                .context("observers get nothing for a clamped move")?;
+            observer.expect_quiet().context("observers get nothing for a clamped move")?;
 
             // Per subject, notifications keep the subject's event order: had anything been
             // sent for the clamped moves, it would arrive before this one.
@@ -253,8 +218,7 @@ pub fn chat_reaches_those_in_sight(io: Io) {
         alice.chat(text)?;
         alice.expect_messages(&[chat_from(&alice, text)])?;
         bob.expect_messages(&[chat_from(&alice, text)])?;
-        carl.expect_quiet()
-            .context("chat is not heard 21 cells away")?;
+        carl.expect_quiet().context("chat is not heard 21 cells away")?;
 
         bob.chat("bob here")?;
         for bot in [&mut alice, &mut carl] {
@@ -306,14 +270,9 @@ pub fn logout_and_abrupt_disconnects(io: Io) {
         let closed_at = std::time::Instant::now();
         bob.disconnect();
         for bot in [&mut observer, &mut carl] {
-            let got = bot
-                .recv(closed_at + Duration::from_secs(1))
-                .with_context(|| {
-                    format!(
-                        "{} expecting Left for bob within 1 s of his disconnect",
-                        bot.label()
-                    )
-                })?;
+            let got = bot.recv(closed_at + Duration::from_secs(1)).with_context(|| {
+                format!("{} expecting Left for bob within 1 s of his disconnect", bot.label())
+            })?;
             ensure!(
                 got == meridian_protocol::server::left(bob_id),
                 "expected Left bob, got {got:?}"
@@ -327,10 +286,7 @@ pub fn logout_and_abrupt_disconnects(io: Io) {
         let got = observer
             .recv(reset_at + Duration::from_secs(1))
             .context("observer expecting Left for carl within 1 s of his connection reset")?;
-        ensure!(
-            got == meridian_protocol::server::left(carl_id),
-            "expected Left carl, got {got:?}"
-        );
+        ensure!(got == meridian_protocol::server::left(carl_id), "expected Left carl, got {got:?}");
 
         observer.expect_quiet()?;
         ensure!(observer.view().others().is_empty(), "{:?}", observer.view());
