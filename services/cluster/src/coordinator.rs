@@ -14,6 +14,9 @@ use tracing::{info, warn};
 use crate::model::{ClusterView, PartitionMap, Region, ShardId};
 use crate::{ClusterError, ClusterKeys};
 
+/// How often the leader may move borders for load (each move is a damped step).
+const BALANCE_PERIOD: Duration = Duration::from_secs(2);
+
 pub struct Coordinator {
     client: Client,
     keys: ClusterKeys,
@@ -62,13 +65,26 @@ impl Coordinator {
         changes: &mut watch::Receiver<ClusterView>,
         lease_id: i64,
     ) -> Result<(), ClusterError> {
+        let mut last_balance = std::time::Instant::now();
         loop {
             let view = changes.borrow_and_update().clone();
             let live: Vec<ShardId> = view.serving_shards().map(|s| s.id).collect();
-            let wanted = compute_partition(&live, self.width, self.height);
-            let current_regions = view.partition.as_ref().map(|p| p.regions.clone());
-            if !live.is_empty() && current_regions.as_ref() != Some(&wanted) {
-                self.publish(wanted).await?;
+            let owners = view.partition.as_ref().map(|p| p.owners()).unwrap_or_default();
+            let wanted = if owners != live {
+                // Membership changed: a fresh grid over the serving shards.
+                Some(compute_partition(&live, self.width, self.height))
+            } else if last_balance.elapsed() >= BALANCE_PERIOD {
+                // Same members: move borders toward the load, one damped step a period.
+                last_balance = std::time::Instant::now();
+                let regions = view.partition.as_ref().map(|p| p.regions.as_slice()).unwrap_or(&[]);
+                crate::balance::rebalance(regions, &view, self.width, self.height)
+            } else {
+                None
+            };
+            if let Some(wanted) = wanted.filter(|_| !live.is_empty()) {
+                if view.partition.as_ref().map(|p| &p.regions) != Some(&wanted) {
+                    self.publish(wanted).await?;
+                }
             }
             // Stop leading if our lease is gone; the watch wakes us on every change.
             let alive = self

@@ -8,6 +8,7 @@
 //! This crate never touches client traffic and never blocks a hot path: readers of the
 //! cluster view pin an epoch and read, writers swap a whole new view in.
 
+mod balance;
 mod coordinator;
 mod epoch_cell;
 mod error;
@@ -17,13 +18,15 @@ mod model;
 mod registration;
 mod watch;
 
+pub use balance::rebalance;
 pub use coordinator::{compute_partition, Coordinator};
 pub use epoch_cell::EpochCell;
 pub use error::ClusterError;
 pub use ids::IdAllocator;
 pub use keys::ClusterKeys;
 pub use model::{
-    ClusterView, GatewayId, GatewayRecord, PartitionMap, Region, ShardId, ShardRecord, ShardState,
+    ClusterView, GatewayId, GatewayRecord, LoadProfile, PartitionMap, Region, ShardId, ShardRecord,
+    ShardState, LOAD_BAND,
 };
 pub use registration::{Registration, RegistrationStatus};
 pub use watch::ClusterWatch;

@@ -43,6 +43,26 @@ pub struct ShardRecord {
     /// Players owned, refreshed every few seconds (placement and `meridian status`).
     #[serde(default)]
     pub players: u64,
+    /// Where those players stand: counts per band of [`LOAD_BAND`] cells along x and
+    /// along y. The coordinator moves borders toward where the players are.
+    #[serde(default, skip_serializing_if = "LoadProfile::is_empty")]
+    pub load: LoadProfile,
+}
+
+/// Width of one band of a [`LoadProfile`], in cells.
+pub const LOAD_BAND: u32 = 10;
+
+/// A shard's players counted per band of columns (`x`) and per band of rows (`y`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadProfile {
+    pub x: Vec<u32>,
+    pub y: Vec<u32>,
+}
+
+impl LoadProfile {
+    pub fn is_empty(&self) -> bool {
+        self.x.is_empty() && self.y.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

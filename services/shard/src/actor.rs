@@ -71,6 +71,10 @@ pub enum Command {
     Report {
         reply: oneshot::Sender<String>,
     },
+    /// Where this shard's players stand, for the coordinator's load-aware borders.
+    Load {
+        reply: oneshot::Sender<meridian_cluster::LoadProfile>,
+    },
     /// How far a drain has got: (local players, handoffs not yet confirmed).
     DrainStatus {
         reply: oneshot::Sender<(usize, usize)>,
@@ -223,6 +227,9 @@ impl WorldActor {
             }
             Command::Report { reply } => {
                 let _ = reply.send(self.report());
+            }
+            Command::Load { reply } => {
+                let _ = reply.send(self.load_profile());
             }
             Command::DrainStatus { reply } => {
                 let unconfirmed = self.handed_off.values().filter(|h| h.acked.is_none()).count();
@@ -459,6 +466,20 @@ impl WorldActor {
             self.drop_link(link);
         }
         self.peer_out.flush(&self.peer_senders, &self.metrics);
+    }
+
+    fn load_profile(&self) -> meridian_cluster::LoadProfile {
+        let config = self.world.config();
+        let band = meridian_cluster::LOAD_BAND;
+        let mut load = meridian_cluster::LoadProfile {
+            x: vec![0; config.width.div_ceil(band) as usize],
+            y: vec![0; config.height.div_ceil(band) as usize],
+        };
+        for (_, at) in self.world.local_players() {
+            load.x[(at.x / band) as usize] += 1;
+            load.y[(at.y / band) as usize] += 1;
+        }
+        load
     }
 
     fn report(&self) -> String {

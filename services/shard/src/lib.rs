@@ -92,6 +92,7 @@ pub async fn run(
         admin: admin_addr.to_string(),
         state: ShardState::Serving,
         players: 0,
+        load: Default::default(),
     };
     let registration = Registration::start(
         client.clone(),
@@ -160,7 +161,7 @@ pub async fn run(
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(publish_load(
         record.clone(),
-        Arc::clone(&metrics),
+        commands.clone(),
         Arc::clone(&draining),
         registration.updater(),
     ));
@@ -238,22 +239,28 @@ async fn drain(
 /// Keeps the player count in the shard's etcd record fresh (placement and `status`).
 async fn publish_load(
     mut record: ShardRecord,
-    metrics: Arc<ShardMetrics>,
+    commands: tokio::sync::mpsc::Sender<actor::Command>,
     draining: Arc<std::sync::atomic::AtomicBool>,
     update: impl Fn(String) + Send + 'static,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
-        let players = metrics.players.get().max(0) as u64;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if commands.send(actor::Command::Load { reply }).await.is_err() {
+            return;
+        }
+        let Ok(load) = answer.await else { return };
+        let players = load.x.iter().map(|&n| u64::from(n)).sum();
         let state = if draining.load(std::sync::atomic::Ordering::SeqCst) {
             ShardState::Draining
         } else {
             ShardState::Serving
         };
-        if players != record.players || state != record.state {
+        if players != record.players || state != record.state || load != record.load {
             record.players = players;
             record.state = state;
+            record.load = load;
             update(record.to_json());
         }
     }
