@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Quick start, part 2: the whole test suite (unit, property, scenario and end-to-end tests
-# against real etcd and real `meridian` processes).
+# against real etcd and real `meridian` processes, and the offline Helm chart check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh
 cargo test --workspace --all-targets "$@"
+# The Helm chart, offline: lint, render for several Kubernetes versions, strict schemas.
+.ci/chart-check

@@ -1,0 +1,357 @@
+{{/*
+Names, labels and the pieces every Meridian pod template shares.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "meridian.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The resource-name prefix: <release>-<chart>, or the release name when it already contains
+the chart name, or fullnameOverride. Validated to at most 40 characters (meridian.validate),
+so "<prefix>-gateway-headless" and StatefulSet pod names stay valid DNS labels.
+*/}}
+{{- define "meridian.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* chart-version, for the helm.sh/chart label. */}}
+{{- define "meridian.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Component resource names. */}}
+{{- define "meridian.gateway.fullname" -}}
+{{- printf "%s-gateway" (include "meridian.fullname" .) }}
+{{- end }}
+{{- define "meridian.gateway.headless" -}}
+{{- printf "%s-gateway-headless" (include "meridian.fullname" .) }}
+{{- end }}
+{{- define "meridian.gateway.quic" -}}
+{{- printf "%s-gateway-quic" (include "meridian.fullname" .) }}
+{{- end }}
+{{- define "meridian.shard.fullname" -}}
+{{- printf "%s-shard" (include "meridian.fullname" .) }}
+{{- end }}
+{{- define "meridian.etcd.fullname" -}}
+{{- printf "%s-etcd" (include "meridian.fullname" .) }}
+{{- end }}
+{{- define "meridian.etcd.headless" -}}
+{{- printf "%s-etcd-headless" (include "meridian.fullname" .) }}
+{{- end }}
+{{- define "meridian.config.name" -}}
+{{- printf "%s-config" (include "meridian.fullname" .) }}
+{{- end }}
+
+{{/*
+Selector labels: (dict "ctx" $ "component" "gateway"). Never change these after a release
+exists: workload selectors are immutable.
+*/}}
+{{- define "meridian.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "meridian.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Standard labels: (dict "ctx" $ "component" "gateway"). */}}
+{{- define "meridian.labels" -}}
+helm.sh/chart: {{ include "meridian.chart" .ctx }}
+{{ include "meridian.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: meridian
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- end }}
+
+{{/* The ServiceAccount the Meridian pods run as. */}}
+{{- define "meridian.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "meridian.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Meridian image reference: repository@digest, or repository:tag (default appVersion). */}}
+{{- define "meridian.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* FQDN suffix of the release's namespace: <namespace>.svc.<clusterDomain>. */}}
+{{- define "meridian.svcDomain" -}}
+{{- printf "%s.svc.%s" .Release.Namespace .Values.clusterDomain }}
+{{- end }}
+
+{{/* etcd client endpoints, comma-separated: every bundled member, or the external list. */}}
+{{- define "meridian.etcdEndpoints" -}}
+{{- if .Values.etcd.bundled.enabled }}
+{{- $endpoints := list }}
+{{- range $i := until (int .Values.etcd.bundled.replicas) }}
+{{- $endpoints = append $endpoints (printf "http://%s-%d.%s.%s:%d" (include "meridian.etcd.fullname" $) $i (include "meridian.etcd.headless" $) (include "meridian.svcDomain" $) (int $.Values.etcd.bundled.clientPort)) }}
+{{- end }}
+{{- join "," $endpoints }}
+{{- else }}
+{{- join "," .Values.etcd.external.endpoints }}
+{{- end }}
+{{- end }}
+
+{{/*
+Configuration, as MERIDIAN_* environment variables, split by who reads it. The ConfigMap
+holds all three parts; each pod template's checksum covers only the parts its node reads,
+so a gateway-only change does not drain every shard. Integers go through int64: Helm reads
+numbers as float64 and would print 1048576 as 1.048576e+06.
+*/}}
+{{- define "meridian.config.common" -}}
+MERIDIAN_CLUSTER: {{ .Values.cluster.name | quote }}
+MERIDIAN_ETCD: {{ include "meridian.etcdEndpoints" . | quote }}
+MERIDIAN_LEASE_TTL: {{ .Values.cluster.leaseTtlSeconds | int64 | quote }}
+MERIDIAN_LOG_JSON: {{ .Values.cluster.logJson | toString | quote }}
+{{- if .Values.cluster.dev }}
+MERIDIAN_DEV: "true"
+{{- end }}
+{{- end }}
+
+{{- define "meridian.config.shard" -}}
+MERIDIAN_MAP_WIDTH: {{ .Values.world.width | int64 | quote }}
+MERIDIAN_MAP_HEIGHT: {{ .Values.world.height | int64 | quote }}
+MERIDIAN_VIEW_RANGE: {{ .Values.world.viewRange | int64 | quote }}
+MERIDIAN_MOVE_RATE: {{ .Values.world.moveRate | int64 | quote }}
+MERIDIAN_SEED: {{ .Values.world.seed | int64 | quote }}
+MERIDIAN_RESUME_WINDOW: {{ .Values.shard.resumeWindowSeconds | int64 | quote }}
+MERIDIAN_DRAIN_TIMEOUT: {{ .Values.shard.drainTimeoutSeconds | int64 | quote }}
+{{- end }}
+
+{{- define "meridian.config.gateway" -}}
+MERIDIAN_IO: {{ .Values.gateway.io | quote }}
+MERIDIAN_PLACEMENT: {{ .Values.gateway.placement | quote }}
+MERIDIAN_MAX_FRAME: {{ .Values.gateway.maxFrameBytes | int64 | quote }}
+MERIDIAN_MAX_OUTPUT: {{ .Values.gateway.maxOutputBytes | int64 | quote }}
+{{- if not (kindIs "invalid" .Values.gateway.workers) }}
+MERIDIAN_WORKERS: {{ .Values.gateway.workers | int64 | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Name and key of the resume key's Secret; the name is empty in dev mode without a key. */}}
+{{- define "meridian.resumeKey.secretName" -}}
+{{- if .Values.resumeKey.existingSecret }}
+{{- .Values.resumeKey.existingSecret }}
+{{- else if .Values.resumeKey.value }}
+{{- printf "%s-resume-key" (include "meridian.fullname" .) }}
+{{- end }}
+{{- end }}
+{{- define "meridian.resumeKey.secretKey" -}}
+{{- if .Values.resumeKey.existingSecret }}
+{{- .Values.resumeKey.existingSecretKey }}
+{{- else }}
+{{- print "resume-key" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod-template annotations of a Meridian node: (dict "ctx" $ "config" <rendered config parts>
+"extra" <podAnnotations>). The checksums roll the pods when their configuration or the
+chart-managed resume key changes.
+*/}}
+{{- define "meridian.podAnnotations" -}}
+checksum/config: {{ .config | sha256sum }}
+{{- if and .ctx.Values.resumeKey.value (not .ctx.Values.resumeKey.existingSecret) }}
+checksum/resume-key: {{ include (print .ctx.Template.BasePath "/secret.yaml") .ctx | sha256sum }}
+{{- end }}
+{{- if .ctx.Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .ctx.Values.cluster.adminPort | int | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment of a Meridian node container: downward-API identity first (later values refer
+to it as $(POD_NAME)), then the resume key. The rest comes from the ConfigMap (envFrom).
+*/}}
+{{- define "meridian.env.identity" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end }}
+
+{{- define "meridian.env.resumeKey" -}}
+{{- $secret := include "meridian.resumeKey.secretName" . }}
+{{- if $secret -}}
+- name: MERIDIAN_RESUME_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ include "meridian.resumeKey.secretKey" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The node id from the StatefulSet ordinal, as a shell expression: pod "<name>-3" is id 4
+(ids start at 1). Kubernetes leaves "$((...))" alone: it only expands $(NAME) references to
+defined variables, and "( ${POD_NAME##*-} + 1 " is none.
+*/}}
+{{- define "meridian.idFromOrdinal" -}}
+$(( ${POD_NAME##*-} + 1 ))
+{{- end }}
+
+{{/* Container security context of every container in the chart. */}}
+{{- define "meridian.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop:
+    - ALL
+{{- end }}
+
+{{/* Pod security context of the Meridian pods (the image's user, 10001). */}}
+{{- define "meridian.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Startup, readiness and liveness probes on the named admin port: (probes values). */}}
+{{- define "meridian.probes" -}}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: admin
+  periodSeconds: {{ .startup.periodSeconds }}
+  timeoutSeconds: {{ .startup.timeoutSeconds }}
+  failureThreshold: {{ .startup.failureThreshold }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: admin
+  periodSeconds: {{ .readiness.periodSeconds }}
+  timeoutSeconds: {{ .readiness.timeoutSeconds }}
+  failureThreshold: {{ .readiness.failureThreshold }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: admin
+  periodSeconds: {{ .liveness.periodSeconds }}
+  timeoutSeconds: {{ .liveness.timeoutSeconds }}
+  failureThreshold: {{ .liveness.failureThreshold }}
+{{- end }}
+
+{{/* topologySpreadConstraints with the component's selector: (dict "ctx" $ "component" c "constraints" list). */}}
+{{- define "meridian.topologySpread" -}}
+{{- $selector := include "meridian.selectorLabels" (dict "ctx" .ctx "component" .component) | fromYaml }}
+{{- $constraints := list }}
+{{- range .constraints }}
+{{- $constraints = append $constraints (merge (dict "labelSelector" (dict "matchLabels" $selector)) .) }}
+{{- end }}
+{{- toYaml $constraints }}
+{{- end }}
+
+{{/*
+The init container that waits until etcd answers: `meridian status` connects with the same
+client the node uses, so success means the node will get past its own etcd connect.
+*/}}
+{{- define "meridian.waitForEtcd" -}}
+{{- if .Values.waitForEtcd -}}
+initContainers:
+  - name: wait-for-etcd
+    image: {{ include "meridian.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command:
+      - /bin/sh
+      - -c
+      - |
+        until meridian status >/dev/null 2>&1; do
+          echo "waiting for etcd at $MERIDIAN_ETCD"
+          sleep 2
+        done
+    envFrom:
+      - configMapRef:
+          name: {{ include "meridian.config.name" . }}
+    securityContext:
+      {{- include "meridian.containerSecurityContext" . | nindent 6 }}
+    resources:
+      requests:
+        cpu: 10m
+        memory: 16Mi
+      limits:
+        memory: 64Mi
+{{- end }}
+{{- end }}
+
+{{/*
+Fails rendering, with one message per problem, on values the schema cannot express.
+Included by the ConfigMap template, which every configuration renders.
+*/}}
+{{- define "meridian.validate" -}}
+{{- $problems := list }}
+{{- $fullname := include "meridian.fullname" . }}
+{{- if gt (len $fullname) 40 }}
+{{- $problems = append $problems (printf "the resource-name prefix %q is %d characters, at most 40 fit: set fullnameOverride or use a shorter release name" $fullname (len $fullname)) }}
+{{- end }}
+{{- $bundled := .Values.etcd.bundled.enabled }}
+{{- $external := gt (len .Values.etcd.external.endpoints) 0 }}
+{{- if and $bundled $external }}
+{{- $problems = append $problems "etcd: set exactly one of etcd.bundled.enabled=true or etcd.external.endpoints, not both" }}
+{{- else if not (or $bundled $external) }}
+{{- $problems = append $problems "etcd: set exactly one of etcd.bundled.enabled=true or etcd.external.endpoints (a list of http(s)://host:port); neither is set" }}
+{{- end }}
+{{- if and .Values.resumeKey.value .Values.resumeKey.existingSecret }}
+{{- $problems = append $problems "resumeKey: set either resumeKey.value or resumeKey.existingSecret, not both" }}
+{{- end }}
+{{- if and (not .Values.cluster.dev) (not .Values.resumeKey.value) (not .Values.resumeKey.existingSecret) }}
+{{- $problems = append $problems "resumeKey: outside dev mode the cluster needs a resume key: set resumeKey.value (e.g. --set resumeKey.value=$(openssl rand -hex 32)) or resumeKey.existingSecret" }}
+{{- end }}
+{{- if and .Values.resumeKey.value (not (regexMatch "^([0-9a-fA-F]{2}){16,}$" .Values.resumeKey.value)) }}
+{{- $problems = append $problems "resumeKey.value must be hex with an even number of digits, at least 32 (e.g. openssl rand -hex 32)" }}
+{{- end }}
+{{- if and (eq .Values.gateway.seccompProfile.type "Localhost") (not .Values.gateway.seccompProfile.localhostProfile) }}
+{{- $problems = append $problems "gateway.seccompProfile: type Localhost needs localhostProfile (the path of deploy/seccomp-io-uring.json under the kubelet's seccomp directory)" }}
+{{- end }}
+{{- if and (ne .Values.gateway.seccompProfile.type "Localhost") .Values.gateway.seccompProfile.localhostProfile }}
+{{- $problems = append $problems "gateway.seccompProfile: localhostProfile is only valid with type Localhost" }}
+{{- end }}
+{{- if and .Values.gateway.autoscaling.enabled (gt (int .Values.gateway.autoscaling.minReplicas) (int .Values.gateway.autoscaling.maxReplicas)) }}
+{{- $problems = append $problems "gateway.autoscaling: minReplicas must not exceed maxReplicas" }}
+{{- end }}
+{{- if lt (int64 .Values.gateway.maxOutputBytes) (mul 4 (int64 .Values.gateway.maxFrameBytes)) }}
+{{- $problems = append $problems "gateway.maxOutputBytes must be at least 4 x gateway.maxFrameBytes" }}
+{{- end }}
+{{- if lt (int .Values.shard.terminationGracePeriodSeconds) (add (int .Values.shard.drainTimeoutSeconds) 15) }}
+{{- $problems = append $problems "shard.terminationGracePeriodSeconds must be at least shard.drainTimeoutSeconds + 15" }}
+{{- end }}
+{{- if eq (int .Values.cluster.adminPort) (int .Values.gateway.port) }}
+{{- $problems = append $problems "cluster.adminPort and gateway.port must differ" }}
+{{- end }}
+{{- if eq (int .Values.cluster.adminPort) (int .Values.shard.grpcPort) }}
+{{- $problems = append $problems "cluster.adminPort and shard.grpcPort must differ" }}
+{{- end }}
+{{- if $problems }}
+{{- fail (printf "\n\nmeridian: invalid values:\n  - %s\n" (join "\n  - " $problems)) }}
+{{- end }}
+{{- end }}
