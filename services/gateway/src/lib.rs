@@ -75,6 +75,8 @@ pub struct GatewayConfig {
     pub lease_ttl: Duration,
     /// Checks the resume tokens clients present.
     pub resume_key: meridian_protocol::TokenKey,
+    /// The admin address others reach, if not the listener's own.
+    pub advertise_admin: Option<String>,
     /// The game address clients are told about, if not the listener's own.
     pub advertise: Option<String>,
 }
@@ -134,7 +136,7 @@ pub async fn run(
     let record = GatewayRecord {
         id: config.id,
         game: config.advertise.clone().unwrap_or_else(|| game_addr.to_string()),
-        admin: admin_addr.to_string(),
+        admin: config.advertise_admin.clone().unwrap_or_else(|| admin_addr.to_string()),
     };
     let registration =
         Registration::start(client, keys.gateway(config.id), record.to_json(), config.lease_ttl)

@@ -75,6 +75,9 @@ pub struct CommonArgs {
     /// Admin HTTP address (/healthz, /readyz, /metrics).
     #[arg(long, env = "MERIDIAN_ADMIN", default_value = "127.0.0.1:0")]
     pub admin: SocketAddr,
+    /// Admin address to advertise in etcd (default: the admin listener's address).
+    #[arg(long, env = "MERIDIAN_ADVERTISE_ADMIN")]
+    pub advertise_admin: Option<String>,
     /// Seconds a member's etcd lease lives without keep-alives (how fast a death is seen).
     #[arg(long, env = "MERIDIAN_LEASE_TTL", default_value_t = 3)]
     pub lease_ttl: u64,
@@ -315,6 +318,7 @@ impl ShardArgs {
             seed: self.seed,
             drain_timeout: Duration::from_secs(self.drain_timeout),
             resume_window: Duration::from_secs(self.resume_window),
+            advertise_admin: self.common.advertise_admin.clone(),
             advertise: self.advertise,
         };
         finish(ShardNode { config, listen: self.listen, common: self.common }, problems)
@@ -342,6 +346,7 @@ impl GatewayArgs {
         }
         let resume_key = resume_key(&self.common, &mut problems);
         let config = GatewayConfig {
+            advertise_admin: self.common.advertise_admin.clone(),
             placement: match self.placement {
                 PlacementArg::RoundRobin => Placement::RoundRobin,
                 PlacementArg::LeastLoaded => Placement::LeastLoaded,

@@ -46,6 +46,8 @@ pub struct ShardConfig {
     pub lease_ttl: Duration,
     /// Seeds random spawns.
     pub seed: u64,
+    /// The admin address others reach, if not the listener's own.
+    pub advertise_admin: Option<String>,
     /// How long a player whose connection dropped can be resumed with its token.
     pub resume_window: Duration,
     /// How long a drain may take before it is reported as incomplete.
@@ -89,7 +91,7 @@ pub async fn run(
     let record = ShardRecord {
         id: config.id,
         grpc: config.advertise.clone().unwrap_or_else(|| grpc_addr.to_string()),
-        admin: admin_addr.to_string(),
+        admin: config.advertise_admin.clone().unwrap_or_else(|| admin_addr.to_string()),
         state: ShardState::Serving,
         players: 0,
         load: Default::default(),
