@@ -96,6 +96,8 @@ pub(crate) struct Seat {
     pub pending: BTreeMap<u64, PlayerInput>,
     /// Shards currently holding a ghost of this player.
     pub ghosted_at: Vec<ShardId>,
+    /// Counts this player's position changes (see `PeerMessage.subject_seq`).
+    pub subject_seq: u64,
 }
 
 /// A player whose connection dropped, kept for the resume window.
@@ -140,6 +142,10 @@ pub struct WorldActor {
     pub(crate) started: Instant,
     pub(crate) resume_key: TokenKey,
     pub(crate) parked: HashMap<PlayerId, Parked>,
+    /// Versions and recent positions of everyone in this world.
+    pub(crate) history: crate::views::History,
+    /// Clients just handed in whose view is still derived from what they were told.
+    pub(crate) divergent: HashMap<PlayerId, crate::views::Divergent>,
     pub(crate) resume_window: Duration,
 }
 
@@ -175,6 +181,8 @@ impl WorldActor {
             started: Instant::now(),
             resume_key: config.resume_key.clone(),
             parked: HashMap::new(),
+            history: Default::default(),
+            divergent: HashMap::new(),
             resume_window: config.resume_window,
         };
         (sender, actor)
@@ -256,6 +264,7 @@ impl WorldActor {
             self.view.read(|v| v.shards.keys().copied().collect());
         self.ghosts.sources_gone(
             &mut self.world,
+            &mut self.history,
             |s| s == self.id || live.contains(&s),
             &mut self.envelopes,
         );
@@ -291,7 +300,13 @@ impl WorldActor {
             // A ghost update. A player owned here never takes updates from elsewhere: such a
             // message is from a previous owner and already superseded.
             Some(_) if self.world.is_local(player) != Some(true) => {
-                self.ghosts.apply(&mut self.world, from, message, &mut self.envelopes);
+                self.ghosts.apply(
+                    &mut self.world,
+                    &mut self.history,
+                    from,
+                    message,
+                    &mut self.envelopes,
+                );
                 self.route_envelopes();
             }
             Some(_) | None => {}
@@ -316,6 +331,7 @@ impl WorldActor {
             let message = PeerMessage {
                 player_id: player.0,
                 generation: handed.generation + 1,
+                subject_seq: 0,
                 kind: Some(Peer::Forwarded(input)),
             };
             self.peer_out.push(handed.to, message);
@@ -378,8 +394,12 @@ impl WorldActor {
     }
 
     fn housekeeping(&mut self) {
-        self.ghosts.expire(&mut self.world, &mut self.envelopes);
+        self.ghosts.expire(&mut self.world, &mut self.history, &mut self.envelopes);
         self.route_envelopes();
+        let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();
+        for observer in divergent {
+            self.resync(observer);
+        }
         self.metrics.ghosts.set(self.ghosts.len() as i64);
         let now = Instant::now();
         let expired: Vec<PlayerId> = self
@@ -403,10 +423,26 @@ impl WorldActor {
 
     /// Turns the world's envelopes into frames for their recipients' connections.
     pub(crate) fn route_envelopes(&mut self) {
+        let mut resync: Vec<PlayerId> = Vec::new();
         for envelope in self.envelopes.drain(..) {
             let Some(seat) = self.seats.get(&envelope.to) else {
                 continue;
             };
+            if !self.divergent.is_empty() && self.divergent.contains_key(&envelope.to) {
+                // A client just handed in gets its view from the told-vs-world difference;
+                // only its own acks and chat go through as they are.
+                let own_or_chat = match &envelope.note {
+                    Notification::Moved { subject, .. } => *subject == envelope.to,
+                    Notification::Chat { .. } => true,
+                    _ => false,
+                };
+                if !own_or_chat {
+                    if !resync.contains(&envelope.to) {
+                        resync.push(envelope.to);
+                    }
+                    continue;
+                }
+            }
             let (link, session, generation) = (seat.link, seat.session, seat.generation);
             let message = match envelope.note {
                 Notification::Entered { subject, position, name } => {
@@ -427,6 +463,9 @@ impl WorldActor {
                 Notification::Chat { speaker, text } => server::chat(speaker.0, &*text),
             };
             self.outbox.push(link, session, &message);
+        }
+        for observer in resync {
+            self.resync(observer);
         }
     }
 

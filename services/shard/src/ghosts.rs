@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use meridian_cluster::ShardId;
 use meridian_rpc::pb::{peer_message::Kind, PeerMessage};
 use meridian_world::{Envelope, PlayerId, Position, World};
+
+use crate::views::History;
 use tracing::{debug, warn};
 
 /// How long newer messages may wait for the old owner's `Released` before they are applied
@@ -78,6 +80,7 @@ impl Ghosts {
     pub fn apply(
         &mut self,
         world: &mut World,
+        history: &mut History,
         from: ShardId,
         message: PeerMessage,
         out: &mut Vec<Envelope>,
@@ -115,14 +118,20 @@ impl Ghosts {
         }
         track.source = from;
         track.orphaned = None;
-        let released = apply_now(track, world, id, message, out);
+        let released = apply_now(track, world, history, id, message, out);
         if released {
-            self.release(world, id, out);
+            self.release(world, history, id, out);
         }
     }
 
     /// The current generation is complete: apply what was held, in arrival order.
-    fn release(&mut self, world: &mut World, id: PlayerId, out: &mut Vec<Envelope>) {
+    fn release(
+        &mut self,
+        world: &mut World,
+        history: &mut History,
+        id: PlayerId,
+        out: &mut Vec<Envelope>,
+    ) {
         let Some(track) = self.tracks.get_mut(&id) else {
             return;
         };
@@ -130,7 +139,7 @@ impl Ghosts {
         track.held_since = None;
         let held = std::mem::take(&mut track.held);
         for (from, message) in held {
-            self.apply(world, from, message, out);
+            self.apply(world, history, from, message, out);
         }
     }
 
@@ -140,6 +149,7 @@ impl Ghosts {
     pub fn sources_gone(
         &mut self,
         world: &mut World,
+        history: &mut History,
         live: impl Fn(ShardId) -> bool,
         out: &mut Vec<Envelope>,
     ) {
@@ -150,7 +160,7 @@ impl Ghosts {
             .map(|(id, _)| *id)
             .collect();
         for id in waiting {
-            self.release(world, id, out);
+            self.release(world, history, id, out);
         }
         let now = Instant::now();
         for track in self.tracks.values_mut() {
@@ -162,13 +172,14 @@ impl Ghosts {
 
     /// Releases holds that waited too long, removes orphans nobody took over, and forgets
     /// old tombstones.
-    pub fn expire(&mut self, world: &mut World, out: &mut Vec<Envelope>) {
+    pub fn expire(&mut self, world: &mut World, history: &mut History, out: &mut Vec<Envelope>) {
         let now = Instant::now();
         for (id, track) in self.tracks.iter_mut() {
             if track.present && track.orphaned.is_some_and(|since| now - since > ORPHAN_LIMIT) {
                 warn!(player = %id, owner = %track.source, "owner died and nobody restored the player; removing its ghost");
                 track.present = false;
                 track.orphaned = None;
+                history.forget(*id);
                 if let Err(error) = world.remove_ghost(*id, out) {
                     warn!(player = %id, %error, "cannot remove an orphaned ghost");
                 }
@@ -182,7 +193,7 @@ impl Ghosts {
             .collect();
         for id in overdue {
             warn!(player = %id, "old owner never released this ghost; applying newer updates");
-            self.release(world, id, out);
+            self.release(world, history, id, out);
         }
         self.tracks
             .retain(|_, t| t.present || !t.held.is_empty() || now - t.touched < TOMBSTONE_LIFETIME);
@@ -193,6 +204,7 @@ impl Ghosts {
 fn apply_now(
     track: &mut Track,
     world: &mut World,
+    history: &mut History,
     id: PlayerId,
     message: PeerMessage,
     out: &mut Vec<Envelope>,
@@ -200,19 +212,25 @@ fn apply_now(
     let position = |p: Option<meridian_protocol::pb::Position>| {
         p.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default()
     };
+    let version = (message.generation, message.subject_seq);
     let result = match message.kind {
         Some(Kind::Upsert(upsert)) => {
             track.present = true;
             let name: Arc<str> = upsert.name.into();
-            world.upsert_ghost(id, name, position(upsert.position), out)
+            let at = position(upsert.position);
+            history.record(id, version, at);
+            world.upsert_ghost(id, name, at, out)
         }
         Some(Kind::Moved(at)) if track.present => {
             let name = world.name(id).cloned().unwrap_or_else(|| Arc::from(""));
-            world.upsert_ghost(id, name, position(Some(at)), out)
+            let at = position(Some(at));
+            history.record(id, version, at);
+            world.upsert_ghost(id, name, at, out)
         }
         Some(Kind::Chat(chat)) if track.present => world.ghost_chat(id, chat.text.into(), out),
         Some(Kind::Remove(_)) if track.present => {
             track.present = false;
+            history.forget(id);
             world.remove_ghost(id, out)
         }
         Some(Kind::Released(_)) => return true,
@@ -245,7 +263,7 @@ mod tests {
     }
 
     fn message(generation: u64, kind: Kind) -> PeerMessage {
-        PeerMessage { player_id: GHOST, generation, kind: Some(kind) }
+        PeerMessage { player_id: GHOST, generation, subject_seq: 0, kind: Some(kind) }
     }
 
     fn upsert(generation: u64, x: u32) -> PeerMessage {
@@ -279,17 +297,17 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, ShardId(9), upsert(0, 12), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(0, 12), &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
         // The new owner's first update overtakes the old owner's last move.
-        ghosts.apply(&mut world, ShardId(9), upsert(1, 14), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(1, 14), &mut out);
         assert_eq!(told(&mut out), [], "held until generation 0 is released");
-        ghosts.apply(&mut world, ShardId(9), moved(0, 13), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), moved(0, 13), &mut out);
         assert_eq!(told(&mut out), [("moved", 13)]);
-        ghosts.apply(&mut world, ShardId(9), released(0), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), released(0), &mut out);
         assert_eq!(told(&mut out), [("moved", 14)], "no jump, nothing lost");
         // Anything from the old generation after that is stale.
-        ghosts.apply(&mut world, ShardId(9), moved(0, 40), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), moved(0, 40), &mut out);
         assert_eq!(told(&mut out), []);
         assert_eq!(world.position(PlayerId(GHOST)), Some(Position { x: 14, y: 10 }));
     }
@@ -299,10 +317,16 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, ShardId(9), upsert(3, 12), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(3, 12), &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, ShardId(9), upsert(2, 11), &mut out);
-        ghosts.apply(&mut world, ShardId(9), message(2, Kind::Remove(GhostRemove {})), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(2, 11), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            message(2, Kind::Remove(GhostRemove {})),
+            &mut out,
+        );
         assert_eq!(told(&mut out), [], "an older owner's late messages change nothing");
         assert_eq!(world.position(PlayerId(GHOST)), Some(Position { x: 12, y: 10 }));
     }
@@ -312,14 +336,20 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, ShardId(9), upsert(0, 12), &mut out);
-        ghosts.apply(&mut world, ShardId(9), message(1, Kind::Remove(GhostRemove {})), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(0, 12), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            message(1, Kind::Remove(GhostRemove {})),
+            &mut out,
+        );
         // Generation 1 is held (the ghost of generation 0 is shown, not yet released).
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, ShardId(9), released(0), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), released(0), &mut out);
         assert_eq!(told(&mut out), [("left", 0)]);
-        ghosts.apply(&mut world, ShardId(9), moved(0, 13), &mut out);
-        ghosts.apply(&mut world, ShardId(9), upsert(0, 13), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), moved(0, 13), &mut out);
+        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(0, 13), &mut out);
         assert_eq!(told(&mut out), [], "tombstone of generation 1 drops generation 0");
         assert_eq!(world.position(PlayerId(GHOST)), None);
     }

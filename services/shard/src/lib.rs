@@ -16,6 +16,7 @@ mod outbox;
 mod peer;
 mod players;
 mod service;
+mod views;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -90,8 +90,10 @@ impl WorldActor {
                         next_seq: input.seq + 1,
                         pending: Default::default(),
                         ghosted_at: Vec::new(),
+                        subject_seq: 0,
                     },
                 );
+                self.history.record(player, (0, 0), at);
                 self.metrics.logins.inc();
                 self.metrics.players.set(self.seats.len() as i64);
                 self.route_envelopes();
@@ -139,6 +141,11 @@ impl WorldActor {
                         self.metrics.moves.inc();
                         self.route_envelopes();
                         if before != Some(after) {
+                            if let Some(seat) = self.seats.get_mut(&player) {
+                                seat.subject_seq += 1;
+                                let version = (seat.generation, seat.subject_seq);
+                                self.history.record(player, version, after);
+                            }
                             self.mirror(player);
                             if !self.geometry.owns(after) {
                                 self.hand_off(player);
@@ -206,6 +213,8 @@ impl WorldActor {
                 self.parked.insert(player, parked);
             }
         }
+        self.history.forget(player);
+        self.divergent.remove(&player);
         if let Err(error) = self.world.logout(player, &mut self.envelopes) {
             warn!(%player, %error, "leave refused by the world");
         }
@@ -231,7 +240,7 @@ impl WorldActor {
         let Some(seat) = self.seats.get_mut(&player) else {
             return;
         };
-        let generation = seat.generation;
+        let version = (seat.generation, seat.subject_seq);
         let before = std::mem::replace(&mut seat.ghosted_at, self.holders.clone());
         for holder in &self.holders {
             let kind = if before.contains(holder) {
@@ -239,10 +248,10 @@ impl WorldActor {
             } else {
                 Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) })
             };
-            self.peer_out.push(*holder, peer(player, generation, kind));
+            self.peer_out.push(*holder, peer_at(player, version, kind));
         }
         for gone in before.iter().filter(|s| !self.holders.contains(s)) {
-            self.peer_out.push(*gone, peer(player, generation, Peer::Remove(GhostRemove {})));
+            self.peer_out.push(*gone, peer_at(player, version, Peer::Remove(GhostRemove {})));
         }
     }
 
@@ -261,15 +270,38 @@ impl WorldActor {
             return;
         };
         let name = self.world.name(player).map(|n| n.to_string()).unwrap_or_default();
-        let mut visible = Vec::new();
-        self.world.visible_to(player, &mut visible);
-        let view: Vec<ViewEntry> = visible
-            .iter()
-            .filter_map(|id| {
-                let position = self.world.position(*id)?;
-                Some(ViewEntry { player_id: id.0, position: wire(position) })
-            })
-            .collect();
+        // What the player has been told: the world's view, or, if its view is still being
+        // reconciled after an earlier handoff, exactly what it was told so far.
+        let view: Vec<ViewEntry> = match self.divergent.remove(&player) {
+            Some(divergent) => divergent
+                .told
+                .iter()
+                .map(|(id, told)| ViewEntry {
+                    player_id: id.0,
+                    position: wire(told.at),
+                    generation: told.version.0,
+                    subject_seq: told.version.1,
+                })
+                .collect(),
+            None => {
+                let mut visible = Vec::new();
+                self.world.visible_to(player, &mut visible);
+                visible
+                    .iter()
+                    .filter_map(|id| {
+                        let position = self.world.position(*id)?;
+                        let (generation, subject_seq) =
+                            self.history.version(*id).unwrap_or_default();
+                        Some(ViewEntry {
+                            player_id: id.0,
+                            position: wire(position),
+                            generation,
+                            subject_seq,
+                        })
+                    })
+                    .collect()
+            }
+        };
         if let Err(error) = self.world.demote_to_ghost(player) {
             warn!(%player, %error, "cannot demote a player being handed off");
         }
@@ -288,6 +320,7 @@ impl WorldActor {
             gateway_id: seat.gateway,
             next_seq: seat.next_seq,
             view,
+            subject_seq: seat.subject_seq,
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for (_, input) in seat.pending {
@@ -341,13 +374,27 @@ impl WorldActor {
                 next_seq: handoff.next_seq,
                 pending: Default::default(),
                 ghosted_at: Vec::new(),
+                subject_seq: handoff.subject_seq,
             },
         );
+        self.history.record(player, (generation, handoff.subject_seq), at);
         self.handed_off.remove(&player);
         self.route_envelopes();
         self.outbox.track(link, handoff.session, at.x, at.y, generation);
-        // ...and the player itself learns what this world shows that it was not told.
-        self.reconcile_view(player, link, handoff.session, &handoff.view);
+        // ...and the player's view follows this world from what it was told: replayed where
+        // this world is ahead, held where it is behind (see views.rs).
+        let told = handoff
+            .view
+            .iter()
+            .map(|e| {
+                let at = e.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
+                let version = (e.generation, e.subject_seq);
+                (PlayerId(e.player_id), crate::views::Told { at, version })
+            })
+            .collect();
+        let divergent = crate::views::Divergent { told, since: Instant::now() };
+        self.divergent.insert(player, divergent);
+        self.resync(player);
         self.mirror(player);
         self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
         self.metrics.handoffs_in.inc();
@@ -423,8 +470,11 @@ impl WorldActor {
                 next_seq: seq + 1,
                 pending: Default::default(),
                 ghosted_at: Vec::new(),
+                subject_seq: 0,
             },
         );
+        self.divergent.remove(&player);
+        self.history.record(player, (generation, 0), at);
         self.route_envelopes();
         self.outbox.push(link, session, &server::view_reset(player.0, at.x, at.y));
         self.reconcile_view(player, link, session, &[]);
@@ -464,5 +514,15 @@ impl WorldActor {
 }
 
 fn peer(player: PlayerId, generation: u64, kind: Peer) -> PeerMessage {
-    PeerMessage { player_id: player.0, generation, kind: Some(kind) }
+    PeerMessage { player_id: player.0, generation, subject_seq: 0, kind: Some(kind) }
+}
+
+/// A message about a player's state at `version` (generation, position counter).
+fn peer_at(player: PlayerId, version: (u64, u64), kind: Peer) -> PeerMessage {
+    PeerMessage {
+        player_id: player.0,
+        generation: version.0,
+        subject_seq: version.1,
+        kind: Some(kind),
+    }
 }

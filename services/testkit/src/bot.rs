@@ -16,6 +16,7 @@ use meridian_protocol::pb::{
 use meridian_protocol::{encode_frame, FrameReader, DEFAULT_MAX_FRAME};
 
 use crate::msg;
+use crate::stream::StreamCheck;
 use crate::view::View;
 use crate::wait::{deadline, DEFAULT_WAIT};
 
@@ -40,6 +41,15 @@ pub struct Bot {
     history: VecDeque<String>,
     next_ping: u64,
     resume_token: Vec<u8>,
+    /// The stricter per-stream checks, when a test asks for them.
+    checker: Option<StreamCheck>,
+}
+
+/// What one read from the connection produced.
+enum Received {
+    Message(ServerMessage),
+    Closed,
+    TimedOut,
 }
 
 /// What came back for a `Login`: the `LoginOk`, then everything received before the
@@ -134,6 +144,7 @@ impl Bot {
             history: VecDeque::new(),
             next_ping: PING_BASE + n * 1_000_000,
             resume_token: Vec::new(),
+            checker: None,
         })
     }
 
@@ -151,14 +162,36 @@ impl Bot {
     /// # Panics
     /// If the bot is not logged in: that is a mistake in the test, not in the server.
     pub fn id(&self) -> u64 {
-        self.view
-            .own_id()
-            .unwrap_or_else(|| panic!("{} is not logged in", self.label))
+        self.view.own_id().unwrap_or_else(|| panic!("{} is not logged in", self.label))
     }
 
     /// The view rebuilt from everything received so far.
     pub fn view(&self) -> &View {
         &self.view
+    }
+
+    /// Runs a [`StreamCheck`] on everything this bot sends and receives from now on (call it
+    /// before `login`): own acks in order and at the right positions, subjects moving one
+    /// step at a time, no `Left` for a player that stays in sight, chat only from players
+    /// in view. A broken rule fails the receive that saw it, like a [`View`] violation.
+    pub fn check_streams(&mut self) {
+        self.check_streams_with(StreamCheck::new());
+    }
+
+    /// [`Bot::check_streams`] with a checker configured by the caller.
+    pub fn check_streams_with(&mut self, check: StreamCheck) {
+        self.checker = Some(check);
+    }
+
+    /// The stream checker, if [`Bot::check_streams`] was called.
+    pub fn stream_check(&self) -> Option<&StreamCheck> {
+        self.checker.as_ref()
+    }
+
+    /// An error naming this bot and `what` went wrong, with the last messages it received:
+    /// for failures a test finds itself (a view that differs from the truth, a lost ack).
+    pub fn report(&self, what: &str) -> anyhow::Error {
+        self.failure(what)
     }
 
     /// The resume token from `LoginOk`.
@@ -175,6 +208,9 @@ impl Bot {
         let mut wire = Vec::new();
         for message in messages {
             encode_frame(message, &mut wire);
+            if let Some(check) = &mut self.checker {
+                check.on_send(message);
+            }
         }
         self.send_raw(&wire)
     }
@@ -182,12 +218,7 @@ impl Bot {
     /// Sends bytes as they are: for frames a well-behaved client would never send.
     pub fn send_raw(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         self.stream.write_all(bytes).with_context(|| {
-            format!(
-                "{} sending {} bytes to {}",
-                self.label,
-                bytes.len(),
-                self.addr
-            )
+            format!("{} sending {} bytes to {}", self.label, bytes.len(), self.addr)
         })
     }
 
@@ -200,6 +231,17 @@ impl Bot {
         }
     }
 
+    /// The next message if one arrives before `deadline`, `None` if none does; an error on
+    /// close, on an undecodable frame and on a protocol violation. For clients that read
+    /// whatever comes while waiting for their next scheduled action.
+    pub fn recv_timeout(&mut self, deadline: Instant) -> anyhow::Result<Option<ServerMessage>> {
+        match self.read(deadline)? {
+            Received::Message(message) => Ok(Some(message)),
+            Received::TimedOut => Ok(None),
+            Received::Closed => Err(self.failure("the connection was closed by the server")),
+        }
+    }
+
     /// Receives until `done` holds for a message; returns every message received, the
     /// matching one last. `what` says what was awaited if the deadline passes.
     pub fn recv_until(
@@ -208,9 +250,7 @@ impl Bot {
         what: &str,
         mut done: impl FnMut(&ServerMessage) -> bool,
     ) -> anyhow::Result<Vec<ServerMessage>> {
-        let budget = deadline
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64();
+        let budget = deadline.saturating_duration_since(Instant::now()).as_secs_f64();
         let mut got = Vec::new();
         loop {
             let message = self.recv(deadline).with_context(|| {
@@ -229,10 +269,7 @@ impl Bot {
     pub fn login(&mut self, name: &str, spawn: Option<(u32, u32)>) -> anyhow::Result<LoggedIn> {
         self.send(&msg::login(name, spawn))?;
         let first = self.recv(deadline(DEFAULT_WAIT)).with_context(|| {
-            format!(
-                "{} waiting for LoginOk as {name:?} at {spawn:?}",
-                self.label
-            )
+            format!("{} waiting for LoginOk as {name:?} at {spawn:?}", self.label)
         })?;
         let ok = match first.kind {
             Some(S::LoginOk(ok)) => ok,
@@ -270,9 +307,7 @@ impl Bot {
         client_time: u64,
     ) -> anyhow::Result<(u32, u32)> {
         let answer = self.move_(direction, client_time)?;
-        answer
-            .ack()
-            .with_context(|| format!("{} moving {direction:?}", self.label))
+        answer.ack().with_context(|| format!("{} moving {direction:?}", self.label))
     }
 
     /// Waits for the answer to the move sent with `client_time`. An answer to any other move
@@ -283,9 +318,7 @@ impl Bot {
         client_time: u64,
     ) -> anyhow::Result<MoveAnswer> {
         let own = self.view.own_id();
-        let budget = deadline
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64();
+        let budget = deadline.saturating_duration_since(Instant::now()).as_secs_f64();
         let mut others = Vec::new();
         loop {
             let message = self.recv(deadline).with_context(|| {
@@ -303,21 +336,13 @@ impl Bot {
                         )));
                     }
                     let p = m.position.as_ref().map_or((0, 0), |p| (p.x, p.y));
-                    return Ok(MoveAnswer {
-                        client_time,
-                        answer: Answer::Ack(p),
-                        others,
-                    });
+                    return Ok(MoveAnswer { client_time, answer: Answer::Ack(p), others });
                 }
                 Some(S::Error(e)) if e.client_time == client_time => {
                     let code = ErrorCode::try_from(e.code)
                         .map_err(|_| self.failure(&format!("unknown error code in {e:?}")))?;
                     let answer = Answer::Error(code, e.detail.clone());
-                    return Ok(MoveAnswer {
-                        client_time,
-                        answer,
-                        others,
-                    });
+                    return Ok(MoveAnswer { client_time, answer, others });
                 }
                 Some(S::Error(e)) if e.client_time != 0 => {
                     return Err(self.failure(&format!(
@@ -337,13 +362,31 @@ impl Bot {
     /// Pong. Everything the gateway had queued for this connection before it read the Ping
     /// arrives before the Pong, so an empty result shows that nothing else was pending.
     pub fn ping_barrier(&mut self) -> anyhow::Result<Vec<ServerMessage>> {
+        let t = self.send_ping()?;
+        self.recv_pong(t, deadline(DEFAULT_WAIT))
+    }
+
+    /// The first half of [`Bot::ping_barrier`]: sends a Ping with a fresh client_time and
+    /// returns it. Lets a test put a barrier on many bots at once (send to all, then
+    /// [`Bot::recv_pong`] from each).
+    pub fn send_ping(&mut self) -> anyhow::Result<u64> {
         self.next_ping += 1;
         let t = self.next_ping;
         self.send(&msg::ping(t))?;
+        Ok(t)
+    }
+
+    /// The second half of [`Bot::ping_barrier`]: every message received before the Pong
+    /// for `client_time`.
+    pub fn recv_pong(
+        &mut self,
+        client_time: u64,
+        deadline: Instant,
+    ) -> anyhow::Result<Vec<ServerMessage>> {
         let mut got = self.recv_until(
-            deadline(DEFAULT_WAIT),
-            &format!("Pong {t}"),
-            |m| matches!(&m.kind, Some(S::Pong(p)) if p.client_time == t),
+            deadline,
+            &format!("Pong {client_time}"),
+            |m| matches!(&m.kind, Some(S::Pong(p)) if p.client_time == client_time),
         )?;
         got.pop();
         Ok(got)
@@ -365,10 +408,7 @@ impl Bot {
         let until = deadline(DEFAULT_WAIT);
         while !missing.is_empty() {
             let message = self.recv(until).with_context(|| {
-                format!(
-                    "{} still expecting {missing:?} after receiving {got:?}",
-                    self.label
-                )
+                format!("{} still expecting {missing:?} after receiving {got:?}", self.label)
             })?;
             match missing.iter().position(|m| *m == message) {
                 Some(i) => {
@@ -376,17 +416,16 @@ impl Bot {
                     got.push(message);
                 }
                 None => {
-                    return Err(self.failure(&format!(
-                        "unexpected {message:?}; still expecting {missing:?}"
-                    )))
+                    return Err(self
+                        .failure(&format!("unexpected {message:?}; still expecting {missing:?}")))
                 }
             }
         }
         let extra = self.ping_barrier()?;
         if !extra.is_empty() {
-            return Err(self.failure(&format!(
-                "got the expected {expected:?} but then also {extra:?}"
-            )));
+            return Err(
+                self.failure(&format!("got the expected {expected:?} but then also {extra:?}"))
+            );
         }
         Ok(())
     }
@@ -433,10 +472,7 @@ impl Bot {
 
     /// Aborts the connection with a TCP reset (SO_LINGER 0), as a crashed client would.
     pub fn reset(self) -> anyhow::Result<()> {
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
         // SAFETY: the fd is open for the life of `self.stream`, and the option value is a
         // properly sized `linger` that lives across the call.
         let rc = unsafe {
@@ -458,6 +494,19 @@ impl Bot {
     /// One message, `None` at end of stream or reset. Timeouts, undecodable frames and
     /// protocol violations are errors.
     fn read_message(&mut self, deadline: Instant) -> anyhow::Result<Option<ServerMessage>> {
+        match self.read(deadline)? {
+            Received::Message(message) => Ok(Some(message)),
+            Received::Closed => Ok(None),
+            Received::TimedOut => {
+                Err(self.failure("timed out waiting for a message from the server"))
+            }
+        }
+    }
+
+    /// One message, the end of the stream, or the deadline passing. Undecodable frames and
+    /// protocol violations (the view's rules, and the stream checker's if it is on) are
+    /// errors.
+    fn read(&mut self, deadline: Instant) -> anyhow::Result<Received> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match self.reader.next_message::<ServerMessage>() {
@@ -465,27 +514,36 @@ impl Bot {
                     if let Err(violation) = self.view.try_apply(&message) {
                         return Err(self.failure(&violation.to_string()));
                     }
+                    let checked = match &mut self.checker {
+                        Some(check) => check.on_receive(&message),
+                        None => Ok(()),
+                    };
+                    if let Err(violation) = checked {
+                        return Err(self.failure(&format!(
+                            "stream check failed on {message:?}: {violation:#}"
+                        )));
+                    }
                     if self.history.len() == HISTORY {
                         self.history.pop_front();
                     }
                     self.history.push_back(format!("{message:?}"));
-                    return Ok(Some(message));
+                    return Ok(Received::Message(message));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(self.failure(&format!("undecodable frame from server: {e}"))),
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(self.failure("timed out waiting for a message from the server"));
+                return Ok(Received::TimedOut);
             }
             let wait = (deadline - now).max(Duration::from_millis(1));
             self.stream.set_read_timeout(Some(wait))?;
             match self.stream.read(&mut buf) {
-                Ok(0) => return Ok(None),
+                Ok(0) => return Ok(Received::Closed),
                 Ok(n) => self.reader.extend(&buf[..n]),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(Received::Closed),
                 Err(e) => return Err(self.failure(&format!("read failed: {e}"))),
             }
         }
@@ -495,11 +553,7 @@ impl Bot {
     fn failure(&self, what: &str) -> anyhow::Error {
         let mut text = format!("{} (connected to {}): {what}", self.label, self.addr);
         if !self.reader.buffered().is_empty() {
-            let _ = write!(
-                text,
-                "\n  {} undecoded bytes buffered",
-                self.reader.buffered().len()
-            );
+            let _ = write!(text, "\n  {} undecoded bytes buffered", self.reader.buffered().len());
         }
         if self.history.is_empty() {
             text.push_str("\n  nothing received before this");

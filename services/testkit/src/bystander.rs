@@ -35,34 +35,21 @@ impl Bystander {
         let mut bot = Bot::connect(addr)?;
         let login = bot.login(name, Some(spawn))?;
         if !login.after.is_empty() {
-            bail!(
-                "bystander {name} at {spawn:?} is not alone: it got {:?}",
-                login.after
-            );
+            bail!("bystander {name} at {spawn:?} is not alone: it got {:?}", login.after);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let acks = Arc::new(AtomicU64::new(0));
         let failure = Arc::new(Mutex::new(None));
         let thread = {
             let (stop, acks, failure) = (stop.clone(), acks.clone(), failure.clone());
-            std::thread::Builder::new()
-                .name(format!("bystander {name}"))
-                .spawn(move || {
-                    if let Err(e) = play(&mut bot, spawn, &stop, &acks) {
-                        *failure
-                            .lock()
-                            .expect("invariant: the lock is never poisoned") =
-                            Some(format!("{e:#}"));
-                    }
-                })?
+            std::thread::Builder::new().name(format!("bystander {name}")).spawn(move || {
+                if let Err(e) = play(&mut bot, spawn, &stop, &acks) {
+                    *failure.lock().expect("invariant: the lock is never poisoned") =
+                        Some(format!("{e:#}"));
+                }
+            })?
         };
-        Ok(Bystander {
-            label: name.to_string(),
-            stop,
-            acks,
-            failure,
-            thread: Some(thread),
-        })
+        Ok(Bystander { label: name.to_string(), stop, acks, failure, thread: Some(thread) })
     }
 
     /// Moves acknowledged so far.
@@ -97,10 +84,7 @@ impl Bystander {
     }
 
     fn failure(&self) -> Option<String> {
-        self.failure
-            .lock()
-            .expect("invariant: the lock is never poisoned")
-            .clone()
+        self.failure.lock().expect("invariant: the lock is never poisoned").clone()
     }
 
     fn stop_thread(&mut self) {

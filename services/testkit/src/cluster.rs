@@ -59,12 +59,7 @@ pub struct ClusterOptions {
 impl ClusterOptions {
     /// One shard, one gateway.
     pub fn new(io: Io) -> Self {
-        ClusterOptions {
-            shards: 1,
-            gateways: 1,
-            io,
-            extra_args: Vec::new(),
-        }
+        ClusterOptions { shards: 1, gateways: 1, io, extra_args: Vec::new() }
     }
 
     pub fn shards(mut self, shards: usize) -> Self {
@@ -131,9 +126,7 @@ impl Cluster {
     pub fn start(bin: &Path, opts: ClusterOptions) -> anyhow::Result<Cluster> {
         let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let name = format!("test-{pid}-{n}");
         let dir = std::env::temp_dir().join(format!("meridian-{name}-{nanos:09}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -192,10 +185,7 @@ impl Cluster {
             }
             Err(e) => {
                 cluster.failed = true;
-                Err(e.context(format!(
-                    "starting `meridian up` ({})",
-                    cluster.describe(&opts)
-                )))
+                Err(e.context(format!("starting `meridian up` ({})", cluster.describe(&opts))))
             }
         }
     }
@@ -216,16 +206,11 @@ impl Cluster {
         ready_path: &Path,
         opts: &ClusterOptions,
     ) -> anyhow::Result<ReadyFile> {
-        let up = self
-            .up
-            .as_mut()
-            .expect("invariant: `up` is running until stopped");
+        let up = self.up.as_mut().expect("invariant: `up` is running until stopped");
         let pid = up.id() as i32;
-        let waited = wait_until(
-            deadline(READY_WITHIN),
-            "the ready file of `meridian up`",
-            || ready_path.exists() || !process_alive(pid),
-        );
+        let waited = wait_until(deadline(READY_WITHIN), "the ready file of `meridian up`", || {
+            ready_path.exists() || !process_alive(pid)
+        });
         if !process_alive(pid) {
             let status = kill_group_and_reap(up);
             self.up = None;
@@ -237,11 +222,7 @@ impl Cluster {
         let ready: ReadyFile = serde_json::from_str(&text)
             .with_context(|| format!("parsing the ready file {}: {text}", ready_path.display()))?;
         if ready.cluster != self.name {
-            bail!(
-                "the ready file names cluster {:?}, expected {:?}",
-                ready.cluster,
-                self.name
-            );
+            bail!("the ready file names cluster {:?}, expected {:?}", ready.cluster, self.name);
         }
         if ready.shards.len() != opts.shards || ready.gateways.len() != opts.gateways {
             bail!(
@@ -303,10 +284,7 @@ impl Cluster {
             .with_context(|| format!("SIGKILL to shard {} (pid {})", shard.id, shard.pid))?;
         wait_until(
             deadline(Duration::from_secs(5)),
-            &format!(
-                "shard {} (pid {}) to die after SIGKILL",
-                shard.id, shard.pid
-            ),
+            &format!("shard {} (pid {}) to die after SIGKILL", shard.id, shard.pid),
             || !process_alive(shard.pid),
         )
     }
@@ -368,11 +346,10 @@ impl Cluster {
             bail!("`meridian up` exited on its own with {status} before the test stopped it");
         }
         signal(pid, libc::SIGTERM)?;
-        let waited = wait_until(
-            deadline(STOP_WITHIN),
-            "`meridian up` to exit after SIGTERM",
-            || !process_alive(pid),
-        );
+        let waited =
+            wait_until(deadline(STOP_WITHIN), "`meridian up` to exit after SIGTERM", || {
+                !process_alive(pid)
+            });
         if waited.is_err() {
             kill_group_and_reap(&mut up);
             return waited;
@@ -382,12 +359,7 @@ impl Cluster {
             .shards
             .iter()
             .map(|s| (format!("shard {}", s.id), s.pid))
-            .chain(
-                self.ready
-                    .gateways
-                    .iter()
-                    .map(|g| (format!("gateway {}", g.id), g.pid)),
-            )
+            .chain(self.ready.gateways.iter().map(|g| (format!("gateway {}", g.id), g.pid)))
             .filter(|(_, pid)| process_alive(*pid))
             .map(|(what, pid)| format!("{what} (pid {pid})"))
             .collect();
@@ -397,10 +369,7 @@ impl Cluster {
             bail!("`meridian up` exited with {exit} after SIGTERM, expected 0");
         }
         if !left.is_empty() {
-            bail!(
-                "still running after `meridian up` exited: {}",
-                left.join(", ")
-            );
+            bail!("still running after `meridian up` exited: {}", left.join(", "));
         }
         Ok(())
     }
@@ -412,13 +381,17 @@ impl Cluster {
         let pid = up.id() as i32;
         if process_alive(pid) {
             let _ = signal(pid, libc::SIGTERM);
-            let _ = wait_until(
-                deadline(FORCED_STOP_WITHIN),
-                "`meridian up` to exit",
-                || !process_alive(pid),
-            );
+            let _ = wait_until(deadline(FORCED_STOP_WITHIN), "`meridian up` to exit", || {
+                !process_alive(pid)
+            });
         }
         kill_group_and_reap(&mut up);
+    }
+
+    /// Marks the cluster as failed without panicking (for a failure kept to be reported
+    /// later): when it is dropped, the tail of its log is printed and its temp dir kept.
+    pub fn mark_failed(&mut self) {
+        self.failed = true;
     }
 
     /// The last lines of `up`'s log.

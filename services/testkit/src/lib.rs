@@ -6,6 +6,13 @@
 //! deadline passes; nothing sleeps and hopes. Nothing here picks a fixed port: the cluster is
 //! started with `--port 0` and its addresses are read from the ready file it writes.
 //!
+//! For sharded clusters it also has the machinery of the cross-shard suite: seeded scripts
+//! of bot actions aimed at shard borders ([`scenario`], [`Rng`]), a fleet that runs one with
+//! a thread per bot ([`Fleet`]), a stricter per-client stream checker ([`StreamCheck`]), the
+//! truth every view must equal at rest ([`Truth`], [`settle`]), the partition map's borders
+//! and corners ([`Partition`]), the conservation check on the shards' `/players`
+//! ([`Conservation`]), and deterministic single-world expectations step by step ([`Scene`]).
+//!
 //! This crate is for tests only (`publish = false`). It must never be a dependency of a
 //! service crate, and it must never leave a process running after the `Cluster` that started
 //! it is dropped.
@@ -13,17 +20,37 @@
 mod bot;
 mod bystander;
 mod cluster;
+pub mod conservation;
+mod fleet;
 mod http;
 pub mod msg;
+mod outcome;
+mod partition;
 mod process;
+mod rest;
+mod rng;
+pub mod scenario;
+mod scene;
+mod stream;
+mod truth;
 mod view;
 mod wait;
 
 pub use bot::{Answer, Bot, LoggedIn, MoveAnswer};
 pub use bystander::Bystander;
 pub use cluster::{Cluster, ClusterOptions, GatewayInfo, Io, ShardInfo, DEFAULT_LEASE_TTL};
+pub use conservation::{owners_at_rest, Conservation, ConservationStats, PlayersReport, Sample};
+pub use fleet::{Fleet, FleetOptions, Player};
 pub use http::http_get;
 pub use meridian_protocol::pb;
+pub use outcome::{chat_round, Outcome};
+pub use partition::{wait_for_expected_partition, wait_for_partition, Border, Partition, Region};
 pub use process::process_alive;
+pub use rest::{ping_all, settle, truth_of};
+pub use rng::{test_seed, Rng, SEED_ENV};
+pub use scenario::{generate, Action, HotSpots, ScenarioConfig, Script, SlotScript};
+pub use scene::Scene;
+pub use stream::{chebyshev, manhattan, step_clamped, HeardChat, StreamCheck, StreamStats};
+pub use truth::Truth;
 pub use view::{Seen, View};
 pub use wait::{deadline, wait_until, DEFAULT_WAIT};

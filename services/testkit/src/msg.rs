@@ -21,16 +21,11 @@ pub fn move_(direction: Direction, client_time: u64) -> ClientMessage {
 
 /// A move with any direction value, including ones the enum does not know.
 pub fn move_raw(direction: i32, client_time: u64) -> ClientMessage {
-    wrap(Kind::Move(pb::Move {
-        direction,
-        client_time,
-    }))
+    wrap(Kind::Move(pb::Move { direction, client_time }))
 }
 
 pub fn chat(text: &str) -> ClientMessage {
-    wrap(Kind::Chat(pb::Chat {
-        text: text.to_string(),
-    }))
+    wrap(Kind::Chat(pb::Chat { text: text.to_string() }))
 }
 
 pub fn ping(client_time: u64) -> ClientMessage {
@@ -42,9 +37,7 @@ pub fn logout() -> ClientMessage {
 }
 
 pub fn resume(token: &[u8]) -> ClientMessage {
-    wrap(Kind::Resume(pb::Resume {
-        token: token.to_vec(),
-    }))
+    wrap(Kind::Resume(pb::Resume { token: token.to_vec() }))
 }
 
 /// A `ClientMessage` with no kind set: an empty body.
@@ -97,11 +90,7 @@ pub fn padded_ping_frame(client_time: u64, body_len: usize) -> Vec<u8> {
     body.push(0x7a);
     body.extend(varint(pad_len as u64));
     body.resize(body.len() + pad_len, b'.');
-    assert_eq!(
-        body.len(),
-        body_len,
-        "padded ping body has the asked-for length"
-    );
+    assert_eq!(body.len(), body_len, "padded ping body has the asked-for length");
     raw_frame(&body)
 }
 

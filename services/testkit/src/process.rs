@@ -10,9 +10,7 @@ pub fn process_alive(pid: i32) -> bool {
         return false;
     };
     // The state follows the command name, which is in parentheses and may hold spaces.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
     !matches!(state, None | Some('Z') | Some('X'))
 }
 
@@ -58,11 +56,9 @@ mod tests {
         let child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id() as i32;
         // Not reaped yet: it becomes a zombie once it exits.
-        crate::wait_until(
-            crate::deadline(crate::DEFAULT_WAIT),
-            "`true` to exit",
-            || !process_alive(pid),
-        )
+        crate::wait_until(crate::deadline(crate::DEFAULT_WAIT), "`true` to exit", || {
+            !process_alive(pid)
+        })
         .unwrap();
         drop(child);
     }

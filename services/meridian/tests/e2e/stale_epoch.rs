@@ -13,6 +13,7 @@ fn upsert(player_id: u64, name: &str, x: u32, y: u32) -> PeerMessage {
     PeerMessage {
         player_id,
         generation: 0,
+        subject_seq: 0,
         kind: Some(Kind::Upsert(GhostUpsert {
             name: name.into(),
             position: Some(Position { x, y }),

@@ -1,0 +1,177 @@
+//! Exact client views across a handoff.
+//!
+//! Within one shard a client's view is the world's: notifications are position diffs of one
+//! consistent world. A handoff moves a player into another shard's world, whose copies of
+//! the neighbours may be a little ahead of or behind the old owner's (their updates travel
+//! on different streams). So for a while the new owner keeps what the player was told
+//! (each neighbour's position and version) and derives the player's notifications from the
+//! difference with its own world instead of from the world's own diffs: a neighbour the new
+//! world has further along is replayed step by step from its recent history (no jumps); one
+//! the new world has not caught up with is left alone until it has (no Left + Entered). Once
+//! told and world agree, the player goes back to the normal path.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use meridian_protocol::server;
+use meridian_world::{PlayerId, Position};
+
+use crate::actor::WorldActor;
+
+/// A state of a player: (ownership generation, position counter). Ordered.
+pub type Version = (u64, u64);
+
+/// Recent states kept per player, for replays.
+const KEEP: usize = 32;
+/// After this long a divergent view converges anyway (a neighbour that never catches up
+/// is shown where this world has it).
+const CONVERGE_LIMIT: Duration = Duration::from_secs(1);
+
+struct Recent {
+    version: Version,
+    steps: VecDeque<(Version, Position)>,
+}
+
+/// The latest versions and recent positions of every player in this shard's world.
+#[derive(Default)]
+pub struct History {
+    players: HashMap<PlayerId, Recent>,
+}
+
+impl History {
+    pub fn record(&mut self, id: PlayerId, version: Version, at: Position) {
+        let recent = self
+            .players
+            .entry(id)
+            .or_insert_with(|| Recent { version, steps: VecDeque::with_capacity(4) });
+        if !recent.steps.is_empty() && version <= recent.version {
+            return;
+        }
+        recent.version = version;
+        if recent.steps.len() == KEEP {
+            recent.steps.pop_front();
+        }
+        recent.steps.push_back((version, at));
+    }
+
+    pub fn version(&self, id: PlayerId) -> Option<Version> {
+        self.players.get(&id).map(|r| r.version)
+    }
+
+    pub fn forget(&mut self, id: PlayerId) {
+        self.players.remove(&id);
+    }
+
+    /// Positions after `from`, oldest first (the last is the current one).
+    fn steps_after(&self, id: PlayerId, from: Version) -> Vec<Position> {
+        self.players
+            .get(&id)
+            .map(|r| r.steps.iter().filter(|(v, _)| *v > from).map(|(_, at)| *at).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What one client has been told about one neighbour.
+#[derive(Debug, Clone, Copy)]
+pub struct Told {
+    pub at: Position,
+    pub version: Version,
+}
+
+/// A client whose view is derived from its told state until it matches the world.
+pub struct Divergent {
+    pub told: HashMap<PlayerId, Told>,
+    pub since: Instant,
+}
+
+impl WorldActor {
+    /// Brings a divergent client's view toward the world: everything the world has caught
+    /// up with is sent (replayed step by step where possible); what the world is still
+    /// behind on waits. The client returns to the normal path once nothing waits.
+    pub(crate) fn resync(&mut self, observer: PlayerId) {
+        let Some(mut divergent) = self.divergent.remove(&observer) else { return };
+        let Some(seat) = self.seats.get(&observer) else { return };
+        let (link, session) = (seat.link, seat.session);
+        let Some(me) = self.world.position(observer) else { return };
+        let force = divergent.since.elapsed() > CONVERGE_LIMIT;
+        let range = self.world.config().view_range;
+        let sees = |at: Position| me.x.abs_diff(at.x) <= range && me.y.abs_diff(at.y) <= range;
+        let mut visible = Vec::new();
+        self.world.visible_to(observer, &mut visible);
+        let subjects: BTreeSet<PlayerId> =
+            visible.iter().copied().chain(divergent.told.keys().copied()).collect();
+        let mut waiting = false;
+        for subject in subjects {
+            let want = if visible.contains(&subject) { self.world.position(subject) } else { None };
+            let version = self.history.version(subject);
+            let have = divergent.told.get(&subject).copied();
+            let behind = !force
+                && match (version, have) {
+                    (Some(version), Some(told)) => version < told.version,
+                    (None, Some(_)) => true,
+                    _ => false,
+                };
+            if behind {
+                waiting = true;
+                continue;
+            }
+            let name = || self.world.name(subject).map(|n| n.to_string()).unwrap_or_default();
+            match (have, want) {
+                (None, None) => {}
+                (None, Some(at)) => {
+                    self.outbox.push(
+                        link,
+                        session,
+                        &server::entered(subject.0, at.x, at.y, name()),
+                    );
+                    let version = version.unwrap_or_default();
+                    divergent.told.insert(subject, Told { at, version });
+                }
+                (Some(told), want) => {
+                    // Replay what the world has after the told state, one cell at a time.
+                    let mut seen = Some(told.at);
+                    for step in self.history.steps_after(subject, told.version) {
+                        let message = match (seen, sees(step)) {
+                            (Some(last), true) if last != step => {
+                                Some(server::moved(subject.0, step.x, step.y, 0))
+                            }
+                            (Some(_), true) | (None, false) => None,
+                            (Some(_), false) => Some(server::left(subject.0)),
+                            (None, true) => {
+                                Some(server::entered(subject.0, step.x, step.y, name()))
+                            }
+                        };
+                        seen = sees(step).then_some(step);
+                        if let Some(message) = message {
+                            self.outbox.push(link, session, &message);
+                        }
+                    }
+                    // Whatever the history could not cover: end where the world is.
+                    let last = match (seen, want) {
+                        (Some(last), Some(at)) if last != at => {
+                            Some(server::moved(subject.0, at.x, at.y, 0))
+                        }
+                        (None, Some(at)) => Some(server::entered(subject.0, at.x, at.y, name())),
+                        (Some(_), None) => Some(server::left(subject.0)),
+                        _ => None,
+                    };
+                    if let Some(message) = last {
+                        self.outbox.push(link, session, &message);
+                    }
+                    match want {
+                        Some(at) => {
+                            let version = version.unwrap_or(told.version);
+                            divergent.told.insert(subject, Told { at, version });
+                        }
+                        None => {
+                            divergent.told.remove(&subject);
+                        }
+                    }
+                }
+            }
+        }
+        if waiting {
+            self.divergent.insert(observer, divergent);
+        }
+    }
+}
