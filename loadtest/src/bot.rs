@@ -48,6 +48,9 @@ pub struct Plan {
     pub source_ips: u32,
     pub name_prefix: String,
     pub spawn_area: Option<SpawnArea>,
+    /// Shard borders (columns, rows): acks that land across one count as crossings.
+    pub border_x: Vec<u32>,
+    pub border_y: Vec<u32>,
     pub move_interval: Duration,
     pub seed: u64,
     /// When the first bot started; `client_time` counts microseconds from here.
@@ -132,6 +135,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, stream: Option<
         plan: &plan,
         stats: &stats,
         player_id,
+        position: std::sync::atomic::AtomicU64::new(u64::MAX),
         ledger: Mutex::new(Ledger::default()),
         writer_done: Notify::new(),
         reader_done: Notify::new(),
@@ -250,14 +254,22 @@ struct Session<'a> {
     plan: &'a Plan,
     stats: &'a Stats,
     player_id: u64,
+    /// Own position as of the last ack or ViewReset, packed `x << 32 | y`; `u64::MAX`
+    /// before the first.
+    position: std::sync::atomic::AtomicU64,
     ledger: Mutex<Ledger>,
     writer_done: Notify,
     reader_done: Notify,
 }
 
 enum Answer {
-    Ack,
+    /// The own ack, with the position it reports.
+    Ack(Option<(u32, u32)>),
     Error,
+}
+
+fn pack((x, y): (u32, u32)) -> u64 {
+    (u64::from(x) << 32) | u64::from(y)
 }
 
 impl Session<'_> {
@@ -382,7 +394,8 @@ impl Session<'_> {
                 Some(server_message::Kind::Moved(moved))
                     if moved.player_id == self.player_id && moved.client_time != 0 =>
                 {
-                    self.answer(moved.client_time, Answer::Ack, now);
+                    let at = moved.position.map(|p| (p.x, p.y));
+                    self.answer(moved.client_time, Answer::Ack(at), now);
                 }
                 Some(server_message::Kind::Error(error)) => {
                     self.stats.record_error(error.code);
@@ -390,7 +403,10 @@ impl Session<'_> {
                         self.answer(error.client_time, Answer::Error, now);
                     }
                 }
-                Some(server_message::Kind::ViewReset(_)) => {
+                Some(server_message::Kind::ViewReset(reset)) => {
+                    if let Some(p) = reset.position {
+                        self.position.store(pack((p.x, p.y)), Ordering::Relaxed);
+                    }
                     // Moves still unanswered at a ViewReset were not applied and will not
                     // be answered (DESIGN.md section 2).
                     bump(&self.stats.view_resets);
@@ -415,13 +431,31 @@ impl Session<'_> {
             position.and_then(|i| ledger.outstanding.remove(i)).map(|(_, sent_at)| sent_at)
         };
         match (answer, sent_at) {
-            (Answer::Ack, Some(sent_at)) => {
+            (Answer::Ack(at), Some(sent_at)) => {
                 bump(&self.stats.moves_acked);
                 let delay = now.saturating_duration_since(sent_at).as_micros() as u64;
                 self.stats.delays.record(delay);
+                if let Some(at) = at {
+                    let before = self.position.swap(pack(at), Ordering::Relaxed);
+                    if before != u64::MAX
+                        && !(self.plan.border_x.is_empty() && self.plan.border_y.is_empty())
+                    {
+                        let before = ((before >> 32) as u32, before as u32);
+                        let across = |borders: &[u32], a: u32, b: u32| {
+                            borders.iter().any(|&line| (a < line) != (b < line))
+                        };
+                        let crossing = across(&self.plan.border_x, before.0, at.0)
+                            || across(&self.plan.border_y, before.1, at.1);
+                        if crossing {
+                            self.stats.delays_crossing.record(delay);
+                        } else {
+                            self.stats.delays_inner.record(delay);
+                        }
+                    }
+                }
             }
             (Answer::Error, Some(_)) => bump(&self.stats.moves_errored),
-            (Answer::Ack, None) => bump(&self.stats.acks_unmatched),
+            (Answer::Ack(_), None) => bump(&self.stats.acks_unmatched),
             // An error echoing a client_time we never sent is already counted by its code.
             (Answer::Error, None) => {}
         }

@@ -55,6 +55,14 @@ pub struct Cli {
     #[arg(long, default_value_t = 1, env = "MERIDIAN_LOADTEST_SOURCE_IPS")]
     pub source_ips: u32,
 
+    /// Shard borders to classify moves by: a move whose ack lands across one of these
+    /// columns (X) or rows (Y) counts as a crossing; the summary then reports the delay of
+    /// crossing and of non-crossing moves apart. Repeatable, e.g. --border-x 200 --border-y 200.
+    #[arg(long)]
+    pub border_x: Vec<u32>,
+    #[arg(long)]
+    pub border_y: Vec<u32>,
+
     /// Bot names are PREFIX-<index>.
     #[arg(long, default_value = "bot", env = "MERIDIAN_LOADTEST_NAME_PREFIX")]
     pub name_prefix: String,
@@ -136,6 +144,8 @@ pub struct Config {
     pub json: Option<std::path::PathBuf>,
     pub seed: u64,
     pub spawn_area: Option<SpawnArea>,
+    pub border_x: Vec<u32>,
+    pub border_y: Vec<u32>,
     pub source_ips: u32,
     pub name_prefix: String,
     pub drain: Duration,
@@ -190,6 +200,8 @@ impl Config {
             json: cli.json,
             seed: cli.seed,
             spawn_area: cli.spawn_area,
+            border_x: cli.border_x,
+            border_y: cli.border_y,
             source_ips: cli.source_ips,
             name_prefix: cli.name_prefix,
             drain: cli.drain,

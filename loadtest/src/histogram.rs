@@ -72,7 +72,6 @@ impl Histogram {
         self.max = self.max.max(other.max);
     }
 
-    #[cfg(test)]
     pub fn count(&self) -> u64 {
         self.count
     }

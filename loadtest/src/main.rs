@@ -85,6 +85,8 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
         source_ips: config.source_ips,
         name_prefix: config.name_prefix.clone(),
         spawn_area: config.spawn_area,
+        border_x: config.border_x.clone(),
+        border_y: config.border_y.clone(),
         move_interval: config.move_interval,
         seed: config.seed,
         started,

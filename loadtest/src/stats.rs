@@ -44,6 +44,9 @@ pub struct Stats {
     errors_by_code: [AtomicU64; ERROR_SLOTS],
     /// Move delays in µs, swept by the reporter once a second.
     pub delays: AtomicHistogram,
+    /// With `--border-x/--border-y`: delays of moves that crossed a border, and of the rest.
+    pub delays_crossing: AtomicHistogram,
+    pub delays_inner: AtomicHistogram,
 }
 
 /// Adds one to a counter; relaxed because the counters are only read for reporting.
@@ -227,6 +230,13 @@ pub struct Summary {
     pub notifications: u64,
     pub notifications_per_s: f64,
     pub delay_ms: DelaySummary,
+    /// Only with `--border-x/--border-y`: moves whose ack crossed a border, and the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_crossing_ms: Option<DelaySummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_inner_ms: Option<DelaySummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moves_crossing: Option<u64>,
     pub errors_by_code: BTreeMap<String, u64>,
     pub disconnects: u64,
     pub login_failures: u64,
@@ -250,6 +260,9 @@ impl Summary {
     ) -> Summary {
         let duration_s = config.duration.as_secs_f64();
         let notifications = load(&stats.notifications);
+        let borders = !(config.border_x.is_empty() && config.border_y.is_empty());
+        let crossing = stats.delays_crossing.sweep();
+        let inner = stats.delays_inner.sweep();
         Summary {
             bots_target: config.bots,
             bots_connected: load(&stats.bots_connected),
@@ -262,6 +275,9 @@ impl Summary {
             notifications,
             notifications_per_s: round3(notifications as f64 / duration_s),
             delay_ms: DelaySummary::of(delays),
+            delay_crossing_ms: borders.then(|| DelaySummary::of(&crossing)),
+            delay_inner_ms: borders.then(|| DelaySummary::of(&inner)),
+            moves_crossing: borders.then(|| crossing.count()),
             errors_by_code: stats.errors_by_code(),
             disconnects: load(&stats.disconnects),
             login_failures: load(&stats.login_failures),
