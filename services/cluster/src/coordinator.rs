@@ -37,14 +37,22 @@ impl Coordinator {
         lease: impl Fn() -> i64 + Send,
         mut changes: watch::Receiver<ClusterView>,
     ) {
+        let mut failures = 0u32;
         loop {
             let lease_id = lease();
             let campaign =
                 self.client.campaign(self.keys.election(), self.me.0.to_string(), lease_id).await;
             let leader_key = match campaign {
-                Ok(response) => response.leader().map(|l| l.key().to_vec()),
+                Ok(response) => {
+                    failures = 0;
+                    response.leader().map(|l| l.key().to_vec())
+                }
                 Err(error) => {
-                    warn!(%error, "election campaign failed; retrying");
+                    // Logged once per outage, not once per retry.
+                    if failures == 0 {
+                        warn!(%error, "election campaign failed; retrying until etcd answers");
+                    }
+                    failures += 1;
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }

@@ -112,10 +112,16 @@ async fn follow(
 ) {
     let mut view = sender.borrow().clone();
     let mut backoff = Duration::from_millis(100);
+    // Warn when the watch is lost, not at every failed retry while etcd stays away.
+    let mut healthy = true;
     loop {
         match follow_once(&mut client, &keys, &cell, &sender, &mut view).await {
             Ok(()) => debug!("watch stream ended; restarting"),
-            Err(error) => warn!(%error, "cluster watch lost; keeping the last view"),
+            Err(error) if healthy => {
+                warn!(%error, "cluster watch lost; keeping the last view");
+                healthy = false;
+            }
+            Err(error) => debug!(%error, "etcd still unreachable"),
         }
         if sender.is_closed() {
             return;
@@ -128,7 +134,10 @@ async fn follow(
                 let partition = merge_partition(&view, fresh.partition.clone());
                 view = ClusterView { partition, ..fresh };
                 publish(&cell, &sender, &view);
-                info!(revision = view.revision, "cluster watch resynchronised");
+                if !healthy {
+                    info!(revision = view.revision, "cluster watch resynchronised");
+                }
+                healthy = true;
             }
             Err(error) => debug!(%error, "etcd still unreachable"),
         }
