@@ -14,6 +14,9 @@ pub enum ClusterError {
         #[source]
         source: serde_json::Error,
     },
+    /// etcd says our lease is gone: the cluster has taken us for dead meanwhile.
+    #[error("lease expired")]
+    LeaseExpired,
     /// Another writer changed the key between our read and our write: read again.
     #[error("lost a race writing {0}")]
     Conflict(String),

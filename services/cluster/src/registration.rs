@@ -18,11 +18,18 @@ use crate::ClusterError;
 #[derive(Debug, Clone, Default)]
 pub struct RegistrationStatus {
     registered: Arc<AtomicBool>,
+    expirations: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RegistrationStatus {
     pub fn is_registered(&self) -> bool {
         self.registered.load(Ordering::Relaxed)
+    }
+
+    /// How many times etcd let this member's lease expire (the cluster took it for dead:
+    /// a hang, or a network partition from etcd longer than the TTL).
+    pub fn expirations(&self) -> u64 {
+        self.expirations.load(Ordering::Relaxed)
     }
 }
 
@@ -136,6 +143,9 @@ async fn keep_alive(
         let lease_id = lease.load(Ordering::Relaxed);
         let outcome = renew_until_lost(&mut client, &key, &mut value, lease_id, period).await;
         status.registered.store(false, Ordering::Relaxed);
+        if matches!(outcome, ClusterError::LeaseExpired) {
+            status.expirations.fetch_add(1, Ordering::Relaxed);
+        }
         warn!(key, error = %outcome, "registration lost; re-registering");
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -179,7 +189,7 @@ async fn renew_until_lost(
                 }
                 match tokio::time::timeout(period * 2, responses.message()).await {
                     Ok(Ok(Some(response))) if response.ttl() > 0 => {}
-                    Ok(Ok(Some(_))) => return ClusterError::Conflict(format!("lease of {key} expired")),
+                    Ok(Ok(Some(_))) => return ClusterError::LeaseExpired,
                     Ok(Ok(None)) => return ClusterError::Conflict("keep-alive stream closed".into()),
                     Ok(Err(error)) => return ClusterError::from_etcd(error),
                     Err(_) => return ClusterError::Conflict("keep-alive answer timed out".into()),

@@ -305,6 +305,14 @@ impl<T> Core<T> {
                 generation: conn.generation,
             };
             conn.held.clear();
+            // Moves the dead shard took and never answered (a hung shard keeps its
+            // connection open, so no link failure answered them) are refused now, in order,
+            // before the ViewReset: every move gets exactly one answer.
+            let unanswered = std::mem::take(&mut conn.inflight);
+            for client_time in unanswered {
+                let detail = "shard failed before answering";
+                self.ctx.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
+            }
             conn.restoring = true;
             let seq = conn.take_seq();
             self.ctx.relay(&target, session, player, seq, Input::Join(join));

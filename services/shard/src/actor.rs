@@ -75,6 +75,8 @@ pub enum Command {
     Load {
         reply: oneshot::Sender<meridian_cluster::LoadProfile>,
     },
+    /// etcd let this shard's lease expire: the cluster took it for dead.
+    LeaseExpired,
     /// How far a drain has got: (local players, handoffs not yet confirmed).
     DrainStatus {
         reply: oneshot::Sender<(usize, usize)>,
@@ -239,6 +241,7 @@ impl WorldActor {
             Command::Load { reply } => {
                 let _ = reply.send(self.load_profile());
             }
+            Command::LeaseExpired => self.after_lease_expiry(),
             Command::DrainStatus { reply } => {
                 let unconfirmed = self.handed_off.values().filter(|h| h.acked.is_none()).count();
                 let _ = reply.send((self.seats.len(), unconfirmed));
@@ -505,6 +508,31 @@ impl WorldActor {
             self.drop_link(link);
         }
         self.peer_out.flush(&self.peer_senders, &self.metrics);
+    }
+
+    /// Back from being taken for dead (a hang, or cut off from etcd past the TTL). If the
+    /// coordinator gave this shard's region away meanwhile, gateways have restored its
+    /// players elsewhere: this shard's copies are stale and are dropped without a word
+    /// (not handed off, which would duplicate them). If nobody took over, it keeps them.
+    fn after_lease_expiry(&mut self) {
+        self.refresh_geometry();
+        let mine = self.geometry.owner_count(self.id);
+        if mine > 0 {
+            warn!(shard = %self.id, "lease expired but the region is still ours; keeping players");
+            return;
+        }
+        warn!(shard = %self.id, players = self.seats.len(), "taken for dead and replaced; dropping stale players");
+        let config = self.world.config().clone();
+        self.world = World::new(config);
+        self.seats.clear();
+        self.handed_off.clear();
+        self.early.clear();
+        self.parked.clear();
+        self.divergent.clear();
+        self.history = Default::default();
+        self.ghosts = Ghosts::default();
+        self.envelopes.clear();
+        self.metrics.players.set(0);
     }
 
     fn load_profile(&self) -> meridian_cluster::LoadProfile {

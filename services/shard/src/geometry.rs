@@ -67,6 +67,11 @@ impl Geometry {
         out.dedup();
     }
 
+    /// How many regions `shard` owns.
+    pub fn owner_count(&self, shard: ShardId) -> usize {
+        self.regions.iter().filter(|r| r.shard == shard).count()
+    }
+
     /// Every other shard that owns a region.
     pub fn peers(&self) -> Vec<ShardId> {
         let mut peers: Vec<ShardId> =

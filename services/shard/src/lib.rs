@@ -132,6 +132,7 @@ pub async fn run(
     tokio::spawn(coordinator.run(lease, watch.changes()));
 
     let status = registration.status();
+    tokio::spawn(watch_expiry(status.clone(), commands.clone()));
     let me = config.id;
     let readiness: Readiness = Arc::new(move || {
         if !status.is_registered() {
@@ -265,6 +266,25 @@ async fn publish_load(
             record.state = state;
             record.load = load;
             update(record.to_json());
+        }
+    }
+}
+
+/// Tells the world task when etcd let this shard's lease expire.
+async fn watch_expiry(
+    status: meridian_cluster::RegistrationStatus,
+    commands: tokio::sync::mpsc::Sender<actor::Command>,
+) {
+    let mut seen = status.expirations();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        let now = status.expirations();
+        if now != seen {
+            seen = now;
+            if commands.send(actor::Command::LeaseExpired).await.is_err() {
+                return;
+            }
         }
     }
 }

@@ -82,7 +82,8 @@ async fn run_peer(
     mut view: watch::Receiver<ClusterView>,
     metrics: Arc<ShardMetrics>,
 ) {
-    let mut sender = PeerSender { me, unconfirmed: VecDeque::new(), next_seq: 1 };
+    let incarnation = rand::random::<u64>();
+    let mut sender = PeerSender { me, unconfirmed: VecDeque::new(), next_seq: 1, incarnation };
     let mut backoff = Duration::from_millis(50);
     loop {
         match sender.stream_once(&addr, &mut queue, &view, &metrics).await {
@@ -121,6 +122,7 @@ struct PeerSender {
     me: ShardId,
     unconfirmed: VecDeque<PeerBatch>,
     next_seq: u64,
+    incarnation: u64,
 }
 
 impl PeerSender {
@@ -179,7 +181,7 @@ impl PeerSender {
                     }
                     let messages: Vec<PeerMessage> = rounds.drain(..).flatten().collect();
                     metrics.peer_messages_out.add(messages.len() as u64);
-                    let batch = PeerBatch { from_shard: self.me.0, epoch: epoch(), messages, seq: self.next_seq };
+                    let batch = PeerBatch { from_shard: self.me.0, epoch: epoch(), messages, seq: self.next_seq, incarnation: self.incarnation };
                     self.next_seq += 1;
                     if self.unconfirmed.len() >= PEER_QUEUE {
                         metrics.peer_rounds_dropped.inc();

@@ -20,7 +20,7 @@ pub struct ShardService {
     metrics: Arc<ShardMetrics>,
     /// Highest batch sequence number taken from each peer (resends are dropped). Locked
     /// once per peer batch, not per message.
-    peer_applied: Arc<std::sync::Mutex<std::collections::HashMap<u32, u64>>>,
+    peer_applied: Arc<std::sync::Mutex<std::collections::HashMap<u32, (u64, u64)>>>,
 }
 
 /// Metadata key carrying the receiver's epoch when it refuses a stale batch.
@@ -135,9 +135,13 @@ impl Shard for ShardService {
                 // A batch resent after a reconnect may have been taken already.
                 let fresh = {
                     let mut applied = applied.lock().expect("invariant: not poisoned");
-                    let last = applied.entry(batch.from_shard).or_insert(0);
-                    let fresh = batch.seq > *last;
-                    *last = (*last).max(batch.seq);
+                    let last = applied.entry(batch.from_shard).or_insert((batch.incarnation, 0));
+                    if last.0 != batch.incarnation {
+                        // A new sending task: its sequence starts over.
+                        *last = (batch.incarnation, 0);
+                    }
+                    let fresh = batch.seq > last.1;
+                    last.1 = last.1.max(batch.seq);
                     fresh
                 };
                 if fresh {

@@ -68,6 +68,7 @@ pub fn stale_epoch_is_refused(io: Io) {
 
         let stale = PeerBatch {
             seq: 1,
+            incarnation: 1,
             from_shard: pretend,
             epoch: epoch - 1,
             messages: vec![upsert(900_001, "stale", x + 1, y)],
@@ -79,6 +80,7 @@ pub fn stale_epoch_is_refused(io: Io) {
 
         let current = PeerBatch {
             seq: 2,
+            incarnation: 1,
             from_shard: pretend,
             epoch,
             messages: vec![upsert(900_002, "fresh", x + 1, y)],
