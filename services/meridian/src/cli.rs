@@ -187,15 +187,12 @@ pub struct UpArgs {
     pub ready_file: Option<PathBuf>,
 }
 
+/// Which cluster, in which etcd: what the operator commands need.
 #[derive(Args, Debug, Clone)]
-pub struct DrainArgs {
-    /// The shard to drain (or --id, as a Kubernetes preStop hook passes it).
-    #[arg(required_unless_present = "id", conflicts_with = "id")]
-    pub shard: Option<u32>,
-    #[arg(long, env = "MERIDIAN_SHARD_ID")]
-    pub id: Option<u32>,
+pub struct ClusterArgs {
     #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian")]
     pub cluster: String,
+    /// etcd endpoints, comma-separated.
     #[arg(
         long,
         env = "MERIDIAN_ETCD",
@@ -203,6 +200,17 @@ pub struct DrainArgs {
         default_value = "http://127.0.0.1:2379"
     )]
     pub etcd: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DrainArgs {
+    /// The shard to drain (or --id, as a Kubernetes preStop hook passes it).
+    #[arg(required_unless_present = "id", conflicts_with = "id")]
+    pub shard: Option<u32>,
+    #[arg(long, env = "MERIDIAN_SHARD_ID")]
+    pub id: Option<u32>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Wait until the shard has handed off its players and left, printing progress.
     #[arg(long)]
     pub wait: bool,
@@ -213,15 +221,8 @@ pub struct DrainArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct StatusArgs {
-    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian")]
-    pub cluster: String,
-    #[arg(
-        long,
-        env = "MERIDIAN_ETCD",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379"
-    )]
-    pub etcd: Vec<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

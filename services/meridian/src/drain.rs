@@ -10,14 +10,14 @@ use crate::cli::DrainArgs;
 pub fn run(args: DrainArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
-        let keys = ClusterKeys::new(&args.cluster);
+        let keys = ClusterKeys::new(&args.cluster.cluster);
         let shard = ShardId(args.shard.or(args.id).context("which shard? give its id")?);
-        let mut client = meridian_cluster::connect(&args.etcd)
+        let mut client = meridian_cluster::connect(&args.cluster.etcd)
             .await
-            .with_context(|| format!("connecting to etcd at {}", args.etcd.join(",")))?;
+            .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
         let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
         if !watch.current().shards.contains_key(&shard) {
-            bail!("{shard} is not registered in cluster {:?}", args.cluster);
+            bail!("{shard} is not registered in cluster {:?}", args.cluster.cluster);
         }
         client
             .put(keys.drain(shard), "requested", None)

@@ -9,10 +9,10 @@ use crate::cli::StatusArgs;
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (view, health) = runtime.block_on(async {
-        let client = meridian_cluster::connect(&args.etcd)
+        let client = meridian_cluster::connect(&args.cluster.etcd)
             .await
-            .with_context(|| format!("connecting to etcd at {}", args.etcd.join(",")))?;
-        let watch = ClusterWatch::start(client, ClusterKeys::new(&args.cluster)).await?;
+            .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
+        let watch = ClusterWatch::start(client, ClusterKeys::new(&args.cluster.cluster)).await?;
         let view = watch.current();
         // Health as each shard reports it on its admin port (/readyz).
         let mut health = std::collections::BTreeMap::new();
@@ -23,7 +23,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     })?;
     if args.json {
         let value = json!({
-            "cluster": args.cluster,
+            "cluster": args.cluster.cluster,
             "shards": view.shards.values().map(|shard| {
                 let mut entry = serde_json::to_value(shard).unwrap_or_default();
                 entry["ready"] = json!(health.get(&shard.id.0) == Some(&Some(200)));
@@ -35,7 +35,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    println!("cluster {}", args.cluster);
+    println!("cluster {}", args.cluster.cluster);
     println!("shards ({}):", view.shards.len());
     for shard in view.shards.values() {
         let health = match health.get(&shard.id.0) {
