@@ -34,6 +34,9 @@ pub const LINK_QUEUE: usize = 1024;
 const COMMAND_QUEUE: usize = 4096;
 /// Commands applied per round before output is flushed.
 const ROUND: usize = 512;
+/// How long after a partition change ghosts are kept even where the new borders no longer
+/// need them (other shards apply the change a little later).
+const BORDERS_SETTLE: Duration = Duration::from_secs(2);
 /// Housekeeping period: geometry refresh, expiries.
 const TICK: Duration = Duration::from_millis(100);
 /// Inputs held for a player not (yet) here, waiting for its handoff to arrive.
@@ -144,6 +147,12 @@ pub struct WorldActor {
     pub(crate) started: Instant,
     pub(crate) resume_key: TokenKey,
     pub(crate) parked: HashMap<PlayerId, Parked>,
+    /// When the partition last changed: ghosts are only added, never removed, until every
+    /// shard has had time to apply it.
+    pub(crate) epoch_changed: Option<Instant>,
+    /// Handoffs whose player's gateway has no stream here yet, by gateway id.
+    pub(crate) awaiting_gateway:
+        HashMap<u32, Vec<(ShardId, PlayerId, u64, meridian_rpc::pb::Handoff)>>,
     /// Versions and recent positions of everyone in this world.
     pub(crate) history: crate::views::History,
     /// Clients just handed in whose view is still derived from what they were told.
@@ -183,6 +192,8 @@ impl WorldActor {
             started: Instant::now(),
             resume_key: config.resume_key.clone(),
             parked: HashMap::new(),
+            epoch_changed: None,
+            awaiting_gateway: HashMap::new(),
             history: Default::default(),
             divergent: HashMap::new(),
             resume_window: config.resume_window,
@@ -221,6 +232,11 @@ impl WorldActor {
                 self.links.insert(link, Link { out, gateway });
                 self.gateway_links.insert(gateway, link);
                 self.metrics.links.set(self.links.len() as i64);
+                for (from, player, generation, handoff) in
+                    self.awaiting_gateway.remove(&gateway).unwrap_or_default()
+                {
+                    self.handoff_in(from, player, generation, handoff);
+                }
             }
             Command::Inputs { link, inputs } => {
                 self.metrics.batches_in.inc();
@@ -255,6 +271,7 @@ impl WorldActor {
             let config = self.world.config().clone();
             self.geometry = self.view.read(|v| Geometry::from_view(v, self.id, &config));
             self.metrics.epoch.set(epoch as i64);
+            self.epoch_changed = Some(Instant::now());
             self.rebalance();
         }
     }
@@ -379,7 +396,10 @@ impl WorldActor {
     /// Answers an input for a player this shard does not know and cannot wait for.
     fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
         let Some(link) = link else {
-            debug!(player = input.player_id, "forwarded input for an unknown player dropped");
+            warn!(
+                player = input.player_id,
+                "forwarded input for a player that never arrived dropped"
+            );
             return;
         };
         use meridian_rpc::pb::player_input::Kind as Input;
@@ -402,6 +422,27 @@ impl WorldActor {
         let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();
         for observer in divergent {
             self.resync(observer);
+        }
+        // Players standing in another shard's region whose handoff had to wait (the new
+        // owner was not reachable yet) go now.
+        let astray: Vec<PlayerId> = self
+            .seats
+            .keys()
+            .copied()
+            .filter(|p| self.world.position(*p).is_some_and(|at| !self.geometry.owns(at)))
+            .collect();
+        for player in astray {
+            self.hand_off(player);
+        }
+        self.history.expire();
+        // Once borders have settled, ghosts kept through the change that are no longer
+        // needed are removed.
+        if self.epoch_changed.is_some_and(|at| at.elapsed() >= BORDERS_SETTLE) {
+            self.epoch_changed = None;
+            let players: Vec<PlayerId> = self.seats.keys().copied().collect();
+            for player in players {
+                self.mirror(player);
+            }
         }
         self.metrics.ghosts.set(self.ghosts.len() as i64);
         let now = Instant::now();
@@ -533,6 +574,22 @@ impl WorldActor {
         self.ghosts = Ghosts::default();
         self.envelopes.clear();
         self.metrics.players.set(0);
+    }
+
+    /// Whether players may be handed to `to` now: it is registered (not dead, as far as
+    /// etcd knows) and its peer stream is open. Otherwise the player stays here, served,
+    /// until the next move, tick or partition.
+    /// Whether a partition change is recent enough that other shards may not have it yet.
+    pub(crate) fn borders_settling(&self) -> bool {
+        self.epoch_changed.is_some_and(|at| at.elapsed() < BORDERS_SETTLE)
+    }
+
+    pub(crate) fn peer_ready(&self, to: ShardId) -> bool {
+        let registered = self.view.read(|v| v.shards.contains_key(&to));
+        let open = self.peer_senders.read(|peers| {
+            peers.get(&to).is_some_and(|p| p.up.load(std::sync::atomic::Ordering::Acquire))
+        });
+        registered && open
     }
 
     fn load_profile(&self) -> meridian_cluster::LoadProfile {

@@ -22,7 +22,16 @@ const PENDING_FOR_UNKNOWN_PEER: usize = 65_536;
 const MERGE: usize = 64;
 
 /// Senders to the peer tasks, swapped whole when the set of peers changes.
-pub type PeerSenders = Arc<EpochCell<HashMap<ShardId, mpsc::Sender<Vec<PeerMessage>>>>>;
+pub type PeerSenders = Arc<EpochCell<HashMap<ShardId, PeerHandle>>>;
+
+/// The world task's end of one peer stream.
+#[derive(Clone)]
+pub struct PeerHandle {
+    pub sender: mpsc::Sender<Vec<PeerMessage>>,
+    /// The stream is open (set by the peer task): players are handed only to a peer that is
+    /// reachable, never into a stream that is failing.
+    pub up: Arc<std::sync::atomic::AtomicBool>,
+}
 
 /// Keeps one outgoing stream per other shard that owns a region.
 pub async fn maintain_peers(
@@ -32,7 +41,7 @@ pub async fn maintain_peers(
     metrics: Arc<ShardMetrics>,
 ) {
     let mut tasks: HashMap<ShardId, (String, tokio::task::JoinHandle<()>)> = HashMap::new();
-    let mut current: HashMap<ShardId, mpsc::Sender<Vec<PeerMessage>>> = HashMap::new();
+    let mut current: HashMap<ShardId, PeerHandle> = HashMap::new();
     loop {
         let view = changes.borrow_and_update().clone();
         // Every registered shard, region or not: a draining shard still hands players off
@@ -53,6 +62,7 @@ pub async fn maintain_peers(
                 continue;
             }
             let (sender, receiver) = mpsc::channel(PEER_QUEUE);
+            let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let epoch_view = changes.clone();
             let task = tokio::spawn(run_peer(
                 me,
@@ -61,9 +71,10 @@ pub async fn maintain_peers(
                 receiver,
                 epoch_view,
                 Arc::clone(&metrics),
+                Arc::clone(&up),
             ));
             tasks.insert(*id, (addr.clone(), task));
-            current.insert(*id, sender);
+            current.insert(*id, PeerHandle { sender, up });
         }
         if current.len() != before || !wanted.is_empty() {
             senders.store(current.clone());
@@ -81,12 +92,15 @@ async fn run_peer(
     mut queue: mpsc::Receiver<Vec<PeerMessage>>,
     mut view: watch::Receiver<ClusterView>,
     metrics: Arc<ShardMetrics>,
+    up_flag: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let incarnation = rand::random::<u64>();
     let mut sender = PeerSender { me, unconfirmed: VecDeque::new(), next_seq: 1, incarnation };
     let mut backoff = Duration::from_millis(50);
     loop {
-        match sender.stream_once(&addr, &mut queue, &view, &metrics).await {
+        let result = sender.stream_once(&addr, &mut queue, &view, &metrics, &up_flag).await;
+        up_flag.store(false, std::sync::atomic::Ordering::Release);
+        match result {
             Ok(()) => return,
             Err(PeerError::StaleEpoch(theirs)) => {
                 // Catch up with the partition the peer already has, then send again.
@@ -132,6 +146,7 @@ impl PeerSender {
         queue: &mut mpsc::Receiver<Vec<PeerMessage>>,
         view: &watch::Receiver<ClusterView>,
         metrics: &ShardMetrics,
+        up: &std::sync::atomic::AtomicBool,
     ) -> Result<(), PeerError> {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
             .connect_timeout(Duration::from_secs(2))
@@ -151,6 +166,7 @@ impl PeerSender {
             let _ = upstream.try_send(batch.clone());
         }
         let mut acks = client.peer(ReceiverStream::new(upstream_rx)).await?.into_inner();
+        up.store(true, std::sync::atomic::Ordering::Release);
         info!(%addr, resent = self.unconfirmed.len(), "peer stream open");
         let mut rounds = Vec::with_capacity(MERGE);
         loop {
@@ -221,8 +237,8 @@ impl PeerOutbox {
                 }
                 let round = std::mem::take(messages);
                 match senders.get(to) {
-                    Some(sender) => {
-                        if sender.try_send(round).is_err() {
+                    Some(handle) => {
+                        if handle.sender.try_send(round).is_err() {
                             metrics.peer_rounds_dropped.inc();
                             warn!(peer = %to, "peer queue full or closed; round dropped");
                         }

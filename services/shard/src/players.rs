@@ -237,9 +237,20 @@ impl WorldActor {
             return;
         };
         self.geometry.ghost_holders(at, &mut self.holders);
+        let settling = self.borders_settling();
         let Some(seat) = self.seats.get_mut(&player) else {
             return;
         };
+        if settling {
+            // Just after a partition change the other shards may not have applied it yet:
+            // their players can still stand where the old borders put them, in sight of
+            // this one. Keep every ghost until they have (no Left for a player in sight).
+            for holder in &seat.ghosted_at {
+                if !self.holders.contains(holder) {
+                    self.holders.push(*holder);
+                }
+            }
+        }
         let version = (seat.generation, seat.subject_seq);
         let before = std::mem::replace(&mut seat.ghosted_at, self.holders.clone());
         for holder in &self.holders {
@@ -263,7 +274,7 @@ impl WorldActor {
         let Some(to) = self.geometry.owner_of(at) else {
             return;
         };
-        if to == self.id {
+        if to == self.id || !self.peer_ready(to) {
             return;
         }
         let Some(seat) = self.seats.remove(&player) else {
@@ -281,22 +292,29 @@ impl WorldActor {
                     position: wire(told.at),
                     generation: told.version.0,
                     subject_seq: told.version.1,
+                    seen: told.seen,
                 })
                 .collect(),
             None => {
-                let mut visible = Vec::new();
-                self.world.visible_to(player, &mut visible);
-                visible
-                    .iter()
+                // Everyone within two cells beyond sight: those in view, and those that may
+                // come into view while the new owner's copies of them are catching up.
+                let range = self.world.config().view_range;
+                let mut near = Vec::new();
+                self.world.within(at, range + 2, &mut near);
+                near.iter()
+                    .filter(|id| **id != player)
                     .filter_map(|id| {
                         let position = self.world.position(*id)?;
                         let (generation, subject_seq) =
                             self.history.version(*id).unwrap_or_default();
+                        let seen = position.x.abs_diff(at.x) <= range
+                            && position.y.abs_diff(at.y) <= range;
                         Some(ViewEntry {
                             player_id: id.0,
                             position: wire(position),
                             generation,
                             subject_seq,
+                            seen,
                         })
                     })
                     .collect()
@@ -349,7 +367,13 @@ impl WorldActor {
             return;
         }
         let Some(&link) = self.gateway_links.get(&handoff.gateway_id) else {
-            warn!(%player, gateway = handoff.gateway_id, "handoff from a gateway not linked here");
+            // The player's gateway has not opened its stream here yet (this shard just
+            // joined): take the player over when it does.
+            warn!(%player, gateway = handoff.gateway_id, "handoff waits for its gateway's stream");
+            self.awaiting_gateway
+                .entry(handoff.gateway_id)
+                .or_default()
+                .push((from, player, generation, handoff));
             return;
         };
         let at = handoff.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
@@ -389,7 +413,7 @@ impl WorldActor {
             .map(|e| {
                 let at = e.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
                 let version = (e.generation, e.subject_seq);
-                (PlayerId(e.player_id), crate::views::Told { at, version })
+                (PlayerId(e.player_id), crate::views::Told { at, version, seen: e.seen })
             })
             .collect();
         let divergent = crate::views::Divergent { told, since: Instant::now() };

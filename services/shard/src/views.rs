@@ -25,11 +25,16 @@ pub type Version = (u64, u64);
 const KEEP: usize = 32;
 /// After this long a divergent view converges anyway (a neighbour that never catches up
 /// is shown where this world has it).
-const CONVERGE_LIMIT: Duration = Duration::from_secs(1);
+const CONVERGE_LIMIT: Duration = Duration::from_secs(3);
+/// How long the version of a player who left this world is remembered.
+const REMOVED_LIFETIME: Duration = Duration::from_secs(60);
 
 struct Recent {
     version: Version,
     steps: VecDeque<(Version, Position)>,
+    /// The player left this world (at `version`); kept a while so a client told about an
+    /// older state knows this world is not behind but past it.
+    removed: Option<Instant>,
 }
 
 /// The latest versions and recent positions of every player in this shard's world.
@@ -40,13 +45,15 @@ pub struct History {
 
 impl History {
     pub fn record(&mut self, id: PlayerId, version: Version, at: Position) {
-        let recent = self
-            .players
-            .entry(id)
-            .or_insert_with(|| Recent { version, steps: VecDeque::with_capacity(4) });
+        let recent = self.players.entry(id).or_insert_with(|| Recent {
+            version,
+            steps: VecDeque::with_capacity(4),
+            removed: None,
+        });
         if !recent.steps.is_empty() && version <= recent.version {
             return;
         }
+        recent.removed = None;
         recent.version = version;
         if recent.steps.len() == KEEP {
             recent.steps.pop_front();
@@ -58,16 +65,29 @@ impl History {
         self.players.get(&id).map(|r| r.version)
     }
 
+    /// The player left this world; its last version is remembered for a while.
     pub fn forget(&mut self, id: PlayerId) {
-        self.players.remove(&id);
+        if let Some(recent) = self.players.get_mut(&id) {
+            recent.removed = Some(Instant::now());
+            recent.steps.clear();
+        }
     }
 
-    /// Positions after `from`, oldest first (the last is the current one).
-    fn steps_after(&self, id: PlayerId, from: Version) -> Vec<Position> {
+    /// Drops the memory of players gone for long.
+    pub fn expire(&mut self) {
         self.players
-            .get(&id)
-            .map(|r| r.steps.iter().filter(|(v, _)| *v > from).map(|(_, at)| *at).collect())
-            .unwrap_or_default()
+            .retain(|_, r| r.removed.is_none_or(|since| since.elapsed() < REMOVED_LIFETIME));
+    }
+
+    /// Positions after `from`, oldest first (the last is the current one), if the recent
+    /// history reaches back to `from` exactly; `None` if it does not (no replay possible).
+    fn steps_after(&self, id: PlayerId, from: Version) -> Option<Vec<Position>> {
+        let recent = self.players.get(&id)?;
+        recent
+            .steps
+            .iter()
+            .any(|(v, _)| *v == from)
+            .then(|| recent.steps.iter().filter(|(v, _)| *v > from).map(|(_, at)| *at).collect())
     }
 }
 
@@ -76,6 +96,8 @@ impl History {
 pub struct Told {
     pub at: Position,
     pub version: Version,
+    /// In the client's view; false for a neighbour just out of sight (see `ViewEntry.seen`).
+    pub seen: bool,
 }
 
 /// A client whose view is derived from its told state until it matches the world.
@@ -108,7 +130,9 @@ impl WorldActor {
             let behind = !force
                 && match (version, have) {
                     (Some(version), Some(told)) => version < told.version,
-                    (None, Some(_)) => true,
+                    // Unknown here and in view: its ghost is on its way. Unknown and only
+                    // near: it is not near this shard's region either; nothing to wait for.
+                    (None, Some(told)) => told.seen,
                     _ => false,
                 };
             if behind {
@@ -125,12 +149,13 @@ impl WorldActor {
                         &server::entered(subject.0, at.x, at.y, name()),
                     );
                     let version = version.unwrap_or_default();
-                    divergent.told.insert(subject, Told { at, version });
+                    divergent.told.insert(subject, Told { at, version, seen: true });
                 }
                 (Some(told), want) => {
                     // Replay what the world has after the told state, one cell at a time.
-                    let mut seen = Some(told.at);
-                    for step in self.history.steps_after(subject, told.version) {
+                    let mut seen = told.seen.then_some(told.at);
+                    let steps = self.history.steps_after(subject, told.version).unwrap_or_default();
+                    for step in steps {
                         let message = match (seen, sees(step)) {
                             (Some(last), true) if last != step => {
                                 Some(server::moved(subject.0, step.x, step.y, 0))
@@ -161,7 +186,7 @@ impl WorldActor {
                     match want {
                         Some(at) => {
                             let version = version.unwrap_or(told.version);
-                            divergent.told.insert(subject, Told { at, version });
+                            divergent.told.insert(subject, Told { at, version, seen: true });
                         }
                         None => {
                             divergent.told.remove(&subject);

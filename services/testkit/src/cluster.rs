@@ -102,6 +102,12 @@ struct ReadyFile {
     etcd: String,
     shards: Vec<ShardInfo>,
     gateways: Vec<GatewayInfo>,
+    /// The pid of the etcd `up` started, and its argv (to start it again, same data dir
+    /// and ports, after a test has stopped it).
+    #[serde(default)]
+    etcd_pid: Option<i32>,
+    #[serde(default)]
+    etcd_command: Option<Vec<String>>,
 }
 
 /// A running `meridian up`.
@@ -165,6 +171,8 @@ impl Cluster {
             etcd: String::new(),
             shards: Vec::new(),
             gateways: Vec::new(),
+            etcd_pid: None,
+            etcd_command: None,
         };
         let mut cluster = Cluster {
             bin: bin.to_path_buf(),
@@ -265,6 +273,28 @@ impl Cluster {
 
     pub fn cluster_name(&self) -> &str {
         &self.name
+    }
+
+    /// The pid of the etcd `meridian up` started, from its ready file.
+    pub fn etcd_pid(&self) -> Option<i32> {
+        self.ready.etcd_pid
+    }
+
+    /// The command line (argv, program first) that starts etcd again exactly as `meridian
+    /// up` did: same data dir, same ports.
+    pub fn etcd_command(&self) -> Option<&[String]> {
+        self.ready.etcd_command.as_deref()
+    }
+
+    /// The `meridian` binary this cluster runs.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    /// The cluster's temp dir (its log, the ready file): kept when the test fails, so files
+    /// a test writes here (the logs of nodes it starts itself) are kept with it.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The pid of `meridian up` itself, while it runs.

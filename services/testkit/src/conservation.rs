@@ -345,7 +345,17 @@ pub fn owners_at_rest(
     players: &BTreeMap<u64, (u32, u32)>,
     within: Duration,
 ) -> anyhow::Result<(Partition, Sample)> {
-    let shards = Sample::shards_of(cluster);
+    owners_at_rest_on(cluster, &Sample::shards_of(cluster), players, within)
+}
+
+/// [`owners_at_rest`] on the shards given (id, admin address) rather than those of the
+/// cluster's ready file: for a cluster that has lost a shard, or gained one a test started.
+pub fn owners_at_rest_on(
+    cluster: &Cluster,
+    shards: &[(u32, SocketAddr)],
+    players: &BTreeMap<u64, (u32, u32)>,
+    within: Duration,
+) -> anyhow::Result<(Partition, Sample)> {
     let mut problems = Vec::new();
     let mut last = None;
     let mut error = None;
@@ -357,7 +367,7 @@ pub fn owners_at_rest(
                 .status_json()
                 .and_then(|status| Partition::from_status(&status))
                 .and_then(|p| p.context("no partition published"))
-                .and_then(|partition| Ok((partition, Sample::take(&shards)?)));
+                .and_then(|partition| Ok((partition, Sample::take(shards)?)));
             match taken {
                 Ok((partition, sample)) => {
                     problems = rest_problems(&sample, &partition, players);

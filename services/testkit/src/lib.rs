@@ -13,6 +13,13 @@
 //! and corners ([`Partition`]), the conservation check on the shards' `/players`
 //! ([`Conservation`]), and deterministic single-world expectations step by step ([`Scene`]).
 //!
+//! For the elasticity and failure tests: bots that keep walking until told to stop while
+//! the cluster changes under them ([`Walkers`]), and the operator's and the failures' moves
+//! on a running cluster: shards that join ([`ExtraShard`]), drains ([`drain_shard`]), etcd
+//! stopped and started again ([`stop_etcd`], [`RestartedEtcd`]), with the nodes' counters,
+//! readiness and per-shard loads to watch them by ([`metric_total`], [`wait_ready`],
+//! [`loads`]).
+//!
 //! This crate is for tests only (`publish = false`). It must never be a dependency of a
 //! service crate, and it must never leave a process running after the `Cluster` that started
 //! it is dropped.
@@ -21,6 +28,7 @@ mod bot;
 mod bystander;
 mod cluster;
 pub mod conservation;
+mod elastic;
 mod fleet;
 mod http;
 pub mod msg;
@@ -35,11 +43,18 @@ mod stream;
 mod truth;
 mod view;
 mod wait;
+mod walk;
 
 pub use bot::{Answer, Bot, LoggedIn, MoveAnswer};
 pub use bystander::Bystander;
 pub use cluster::{Cluster, ClusterOptions, GatewayInfo, Io, ShardInfo, DEFAULT_LEASE_TTL};
-pub use conservation::{owners_at_rest, Conservation, ConservationStats, PlayersReport, Sample};
+pub use conservation::{
+    owners_at_rest, owners_at_rest_on, Conservation, ConservationStats, PlayersReport, Sample,
+};
+pub use elastic::{
+    drain_shard, load_ratio, loads, metric_total, stop_etcd, wait_ready, Drained, ExtraShard,
+    RestartedEtcd,
+};
 pub use fleet::{Fleet, FleetOptions, Player};
 pub use http::http_get;
 pub use meridian_protocol::pb;
@@ -54,3 +69,4 @@ pub use stream::{chebyshev, manhattan, step_clamped, HeardChat, StreamCheck, Str
 pub use truth::Truth;
 pub use view::{Seen, View};
 pub use wait::{deadline, wait_until, DEFAULT_WAIT};
+pub use walk::{Area, WalkOptions, WalkerSpec, WalkerStatus, Walkers};

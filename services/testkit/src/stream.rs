@@ -101,6 +101,9 @@ pub struct StreamCheck {
     in_flight: VecDeque<(u64, i32)>,
     has_moved: bool,
     allow_move_errors: bool,
+    /// Keep the moves in flight across a `ViewReset` (see
+    /// [`StreamCheck::answers_survive_view_reset`]).
+    answers_survive_view_reset: bool,
     subjects: BTreeMap<u64, Subject>,
     chats: Vec<HeardChat>,
     stats: StreamStats,
@@ -128,6 +131,7 @@ impl StreamCheck {
             in_flight: VecDeque::new(),
             has_moved: false,
             allow_move_errors: false,
+            answers_survive_view_reset: false,
             subjects: BTreeMap::new(),
             chats: Vec::new(),
             stats: StreamStats::default(),
@@ -139,6 +143,16 @@ impl StreamCheck {
     /// Accept `Error` answers to moves (they still count, in [`StreamStats::move_errors`]).
     pub fn allow_move_errors(mut self) -> StreamCheck {
         self.allow_move_errors = true;
+        self
+    }
+
+    /// Moves still unanswered when a `ViewReset` arrives keep waiting for their one answer
+    /// (an ack applied from the reset position, or an `Error`), instead of being written off
+    /// as not applied. For a client whose shard dies while it keeps playing: a move it sends
+    /// just before the `ViewReset` reaches it may reach the gateway just after the restore,
+    /// and is then applied and acknowledged after the `ViewReset`.
+    pub fn answers_survive_view_reset(mut self) -> StreamCheck {
+        self.answers_survive_view_reset = true;
         self
     }
 
@@ -246,8 +260,11 @@ impl StreamCheck {
                 self.view_range = ok.view_range;
             }
             S::ViewReset(reset) => {
-                // Moves not answered when a ViewReset arrives were not applied.
-                self.in_flight.clear();
+                // Moves not answered when a ViewReset arrives were not applied (DESIGN.md
+                // section 2), unless the test knows they may still be answered after it.
+                if !self.answers_survive_view_reset {
+                    self.in_flight.clear();
+                }
                 // A resumed connection starts with it, instead of LoginOk.
                 self.own = Some((reset.player_id, xy(&reset.position)));
                 // Everyone in sight is announced again, from wherever they are now.
@@ -510,6 +527,23 @@ mod tests {
         check.on_receive(&refused).unwrap();
         assert_eq!(check.own_position(), Some((10, 10)));
         assert_eq!(check.stats().move_errors.get("RATE_LIMITED"), Some(&1));
+    }
+
+    #[test]
+    fn moves_in_flight_at_a_view_reset_are_written_off_unless_told_otherwise() {
+        let mut check = checker_at(10, 10);
+        check.on_send(&crate::msg::move_(Direction::Down, 1));
+        check.on_receive(&server::view_reset(1, 50, 50)).unwrap();
+        assert!(check.on_receive(&server::moved(1, 50, 51, 1)).is_err(), "written off");
+        let mut check = checker_at(10, 10).answers_survive_view_reset();
+        check.on_send(&crate::msg::move_(Direction::Down, 1));
+        check.on_receive(&server::view_reset(1, 50, 50)).unwrap();
+        assert!(check.on_receive(&server::moved(1, 10, 11, 1)).is_err(), "from the reset cell");
+        let mut check = checker_at(10, 10).answers_survive_view_reset();
+        check.on_send(&crate::msg::move_(Direction::Down, 1));
+        check.on_receive(&server::view_reset(1, 50, 50)).unwrap();
+        check.on_receive(&server::moved(1, 50, 51, 1)).unwrap();
+        check.check_final(&BTreeSet::new()).unwrap();
     }
 
     #[test]

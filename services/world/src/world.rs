@@ -185,6 +185,17 @@ impl World {
         });
     }
 
+    /// Appends to `out` every entity within `range` cells (Chebyshev) of `at`, as far as the
+    /// neighbouring sectors reach (at least the view range; beyond it, not guaranteed).
+    pub fn within(&self, at: Position, range: u32, out: &mut Vec<PlayerId>) {
+        self.grid.for_each_near(at, |member| {
+            let p = member.position;
+            if p.x.abs_diff(at.x) <= range && p.y.abs_diff(at.y) <= range {
+                out.push(member.id);
+            }
+        });
+    }
+
     /// Appends to `out` every local player that sees the cell `at` (including one standing on
     /// it), in no particular order.
     pub fn observers_of(&self, at: Position, out: &mut Vec<PlayerId>) {
