@@ -79,15 +79,22 @@ impl History {
             .retain(|_, r| r.removed.is_none_or(|since| since.elapsed() < REMOVED_LIFETIME));
     }
 
-    /// Positions after `from`, oldest first (the last is the current one), if the recent
-    /// history reaches back to `from` exactly; `None` if it does not (no replay possible).
-    fn steps_after(&self, id: PlayerId, from: Version) -> Option<Vec<Position>> {
+    /// Positions after `from`, oldest first (the last is the current one), if they form a
+    /// continuous walk from `start` (the position the client has for `from`): one cell per
+    /// step. `None` if they do not (the history has a gap, or does not reach back): no
+    /// replay is possible then.
+    fn steps_after(&self, id: PlayerId, from: Version, start: Position) -> Option<Vec<Position>> {
         let recent = self.players.get(&id)?;
-        recent
-            .steps
-            .iter()
-            .any(|(v, _)| *v == from)
-            .then(|| recent.steps.iter().filter(|(v, _)| *v > from).map(|(_, at)| *at).collect())
+        let steps: Vec<Position> =
+            recent.steps.iter().filter(|(v, _)| *v > from).map(|(_, at)| *at).collect();
+        let mut last = start;
+        for step in &steps {
+            if last.x.abs_diff(step.x) + last.y.abs_diff(step.y) > 1 {
+                return None;
+            }
+            last = *step;
+        }
+        Some(steps)
     }
 }
 
@@ -154,7 +161,10 @@ impl WorldActor {
                 (Some(told), want) => {
                     // Replay what the world has after the told state, one cell at a time.
                     let mut seen = told.seen.then_some(told.at);
-                    let steps = self.history.steps_after(subject, told.version).unwrap_or_default();
+                    let steps = self
+                        .history
+                        .steps_after(subject, told.version, told.at)
+                        .unwrap_or_default();
                     for step in steps {
                         let message = match (seen, sees(step)) {
                             (Some(last), true) if last != step => {
