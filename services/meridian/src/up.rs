@@ -80,26 +80,43 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut nodes = Nodes { list: Vec::new(), data_dir: data_dir.clone() };
     let me = std::env::current_exe().context("locating the meridian binary")?;
 
-    let (client_port, peer_port) = (free_port()?, free_port()?);
-    let etcd_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut etcd = Command::new(&args.etcd_bin);
-    etcd.args(["--name", "up", "--data-dir"])
-        .arg(data_dir.join("etcd"))
-        .args(["--listen-client-urls", &etcd_url, "--advertise-client-urls", &etcd_url])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("up={peer_url}")])
-        .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
-        .args(["--logger", "zap", "--log-level", "warn"]);
-    // Kept for the ready file: a test that stops etcd starts it again exactly like this.
-    let etcd_args: Vec<String> =
-        etcd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    nodes.list.push(spawn(&mut etcd, "etcd", PathBuf::new()).with_context(|| {
-        format!("is etcd installed? (apt-get install etcd-server; tried {:?})", args.etcd_bin)
-    })?);
-
+    // etcd cannot take an inherited listener, so its ports are probed free and then bound
+    // by etcd a moment later; another process (a parallel test's etcd) can take one in
+    // between. A start that fails that way is retried on new ports.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(wait_for_etcd(&etcd_url, &mut nodes))?;
+    let mut attempt = 0;
+    let (etcd_url, etcd_args) = loop {
+        attempt += 1;
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_dir = data_dir.join(format!("etcd-{attempt}"));
+        let mut etcd = Command::new(&args.etcd_bin);
+        etcd.args(["--name", "up", "--data-dir"])
+            .arg(&etcd_dir)
+            .args(["--listen-client-urls", &etcd_url, "--advertise-client-urls", &etcd_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("up={peer_url}")])
+            .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
+            .args(["--logger", "zap", "--log-level", "warn"]);
+        // Kept for the ready file: a test that stops etcd starts it again exactly like this.
+        let etcd_args: Vec<String> =
+            etcd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        nodes.list.push(spawn(&mut etcd, "etcd", PathBuf::new()).with_context(|| {
+            format!("is etcd installed? (apt-get install etcd-server; tried {:?})", args.etcd_bin)
+        })?);
+        match runtime.block_on(wait_for_etcd(&etcd_url, &mut nodes)) {
+            Ok(()) => break (etcd_url, etcd_args),
+            Err(error) if attempt < 5 => {
+                eprintln!("meridian up: etcd did not start ({error:#}); retrying on other ports");
+                if let Some(mut failed) = nodes.list.pop() {
+                    let _ = failed.child.kill();
+                    let _ = failed.child.wait();
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    };
 
     // One random resume-token key for the whole local cluster, passed in the environment
     // (not on the command line, where `ps` would show it).
