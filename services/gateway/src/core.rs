@@ -84,6 +84,8 @@ pub struct Conn<T> {
     /// A restore was sent and its ViewReset has not come back: moves are refused until
     /// then, so every move unanswered at the ViewReset was indeed not applied.
     restoring: bool,
+    /// A shard this player was handed to that the routing table did not know yet.
+    pending_owner: Option<ShardId>,
     /// Output from a shard that is taking the player over, held until the current owner's
     /// `released_to` marker, so the player's messages stay in order across a handoff.
     held: Vec<(ShardId, Delivery)>,
@@ -164,6 +166,7 @@ impl<T> Core<T> {
             last_position: None,
             generation: 0,
             restoring: false,
+            pending_owner: None,
             held: Vec::new(),
             closing: Closing::No,
             closing_since: None,
@@ -393,10 +396,18 @@ impl<T> Core<T> {
         self.slots.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(i, _)| i as u32)
     }
 
-    /// Periodic work: resumes that no shard answered in time are refused.
+    /// Periodic work: resumes that no shard answered in time are refused; handoffs to a
+    /// shard the routing table now knows complete.
     pub fn tick(&mut self) {
         for slot in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
+            if let (Some(to), Session::Playing { player, .. }) = (conn.pending_owner, &conn.session)
+            {
+                let player = *player;
+                if let Some(link) = self.ctx.shared.routing.read(|t| t.link(to).cloned()) {
+                    self.ctx.switch_owner(conn, slot, player, link);
+                }
+            }
             if let Session::Resuming { since, .. } = conn.session {
                 if since.elapsed() > RESUME_WAIT {
                     conn.session = Session::Anonymous;
@@ -466,13 +477,27 @@ impl Ctx {
             return;
         };
         match self.shared.routing.read(|table| table.link(to).cloned()) {
-            Some(link) => conn.session = Session::Playing { player, link },
+            Some(link) => self.switch_owner(conn, slot, player, link),
             None => {
-                warn!(%to, player, "player handed to a shard this gateway has no link to");
-                self.close(conn, slot, delivery.session, Closing::Abort);
-                return;
+                // The shard is so new that this gateway's view does not have it yet. Inputs
+                // keep going to the old owner (which forwards them); the new owner's output
+                // waits in `held` until the next tick finds the link.
+                debug!(%to, player, "player handed to a shard not linked yet");
+                conn.pending_owner = Some(to);
             }
         }
+    }
+
+    /// Makes `link` the player's owner and releases what it sent while held.
+    fn switch_owner<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        player: u64,
+        link: Arc<ShardLink>,
+    ) {
+        conn.pending_owner = None;
+        conn.session = Session::Playing { player, link };
         let held = std::mem::take(&mut conn.held);
         let mut rest = Vec::new();
         for (from, delivery) in held {
