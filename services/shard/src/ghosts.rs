@@ -179,7 +179,7 @@ impl Ghosts {
                 warn!(player = %id, owner = %track.source, "owner died and nobody restored the player; removing its ghost");
                 track.present = false;
                 track.orphaned = None;
-                history.forget(*id);
+                history.forget(*id, true);
                 if let Err(error) = world.remove_ghost(*id, out) {
                     warn!(player = %id, %error, "cannot remove an orphaned ghost");
                 }
@@ -215,6 +215,7 @@ fn apply_now(
     let version = (message.generation, message.subject_seq);
     let result = match message.kind {
         Some(Kind::Upsert(upsert)) => {
+            debug!(player = %id, from = %track.source, ?version, was_present = track.present, "ghost upsert");
             track.present = true;
             let name: Arc<str> = upsert.name.into();
             let at = position(upsert.position);
@@ -228,9 +229,10 @@ fn apply_now(
             world.upsert_ghost(id, name, at, out)
         }
         Some(Kind::Chat(chat)) if track.present => world.ghost_chat(id, chat.text.into(), out),
-        Some(Kind::Remove(_)) if track.present => {
+        Some(Kind::Remove(remove)) if track.present => {
+            debug!(player = %id, from = %track.source, ?version, remove.left_world, "ghost remove");
             track.present = false;
-            history.forget(id);
+            history.forget(id, remove.left_world);
             world.remove_ghost(id, out)
         }
         Some(Kind::Released(_)) => return true,
@@ -324,7 +326,7 @@ mod tests {
             &mut world,
             &mut History::default(),
             ShardId(9),
-            message(2, Kind::Remove(GhostRemove {})),
+            message(2, Kind::Remove(GhostRemove { left_world: true })),
             &mut out,
         );
         assert_eq!(told(&mut out), [], "an older owner's late messages change nothing");
@@ -341,7 +343,7 @@ mod tests {
             &mut world,
             &mut History::default(),
             ShardId(9),
-            message(1, Kind::Remove(GhostRemove {})),
+            message(1, Kind::Remove(GhostRemove { left_world: true })),
             &mut out,
         );
         // Generation 1 is held (the ghost of generation 0 is shown, not yet released).

@@ -22,7 +22,7 @@ use meridian_rpc::pb::{
     HandoffAck, Join, PeerMessage, PlayerInput, Released, ViewEntry,
 };
 use meridian_world::{PlayerId, Position, WorldError};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::actor::{world_direction, HandedOff, LinkId, Parked, Seat, WorldActor};
 
@@ -213,14 +213,17 @@ impl WorldActor {
                 self.parked.insert(player, parked);
             }
         }
-        self.history.forget(player);
+        self.history.forget(player, true);
         self.divergent.remove(&player);
         if let Err(error) = self.world.logout(player, &mut self.envelopes) {
             warn!(%player, %error, "leave refused by the world");
         }
         self.route_envelopes();
         for holder in seat.ghosted_at {
-            self.peer_out.push(holder, peer(player, seat.generation, Peer::Remove(GhostRemove {})));
+            self.peer_out.push(
+                holder,
+                peer(player, seat.generation, Peer::Remove(GhostRemove { left_world: true })),
+            );
         }
         self.metrics.leaves.inc();
         self.metrics.players.set(self.seats.len() as i64);
@@ -262,7 +265,11 @@ impl WorldActor {
             self.peer_out.push(*holder, peer_at(player, version, kind));
         }
         for gone in before.iter().filter(|s| !self.holders.contains(s)) {
-            self.peer_out.push(*gone, peer_at(player, version, Peer::Remove(GhostRemove {})));
+            debug!(%player, to = %gone, ?at, epoch = self.geometry.epoch, "ghost no longer needed there");
+            self.peer_out.push(
+                *gone,
+                peer_at(player, version, Peer::Remove(GhostRemove { left_world: false })),
+            );
         }
     }
 
@@ -324,6 +331,7 @@ impl WorldActor {
             warn!(%player, %error, "cannot demote a player being handed off");
         }
         let next_generation = seat.generation + 1;
+        debug!(%player, %to, next_generation, ?at, epoch = self.geometry.epoch, "hand off");
         self.ghosts.demoted(player, next_generation, to);
         for other in self.geometry.peers() {
             if other != to {
@@ -378,6 +386,7 @@ impl WorldActor {
         };
         let at = handoff.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
         let name: Arc<str> = handoff.name.into();
+        debug!(%player, %from, generation, ?at, epoch = self.geometry.epoch, "handoff in");
         self.ghosts.forget(player);
         // Observers here see the ghost arrive at (or move to) the handoff position...
         let ready = self

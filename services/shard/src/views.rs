@@ -32,9 +32,13 @@ const REMOVED_LIFETIME: Duration = Duration::from_secs(60);
 struct Recent {
     version: Version,
     steps: VecDeque<(Version, Position)>,
-    /// The player left this world (at `version`); kept a while so a client told about an
+    /// The player left the world (at `version`); kept a while so a client told about an
     /// older state knows this world is not behind but past it.
     removed: Option<Instant>,
+    /// The player's ghost was dropped here only because it went out of reach of this
+    /// shard's region: it is still in the world, and this world simply no longer knows
+    /// where. Its version then says nothing about what a client was told since.
+    out_of_reach: bool,
 }
 
 /// The latest versions and recent positions of every player in this shard's world.
@@ -49,11 +53,13 @@ impl History {
             version,
             steps: VecDeque::with_capacity(4),
             removed: None,
+            out_of_reach: false,
         });
         if !recent.steps.is_empty() && version <= recent.version {
             return;
         }
         recent.removed = None;
+        recent.out_of_reach = false;
         recent.version = version;
         if recent.steps.len() == KEEP {
             recent.steps.pop_front();
@@ -61,14 +67,17 @@ impl History {
         recent.steps.push_back((version, at));
     }
 
+    /// The newest state of the player this world knows, if it knows one that still holds.
     pub fn version(&self, id: PlayerId) -> Option<Version> {
-        self.players.get(&id).map(|r| r.version)
+        self.players.get(&id).filter(|r| !r.out_of_reach).map(|r| r.version)
     }
 
-    /// The player left this world; its last version is remembered for a while.
-    pub fn forget(&mut self, id: PlayerId) {
+    /// The player's copy left this world: it left the world itself (`left_world`), or only
+    /// went out of this shard's reach. Its last version is remembered for a while.
+    pub fn forget(&mut self, id: PlayerId, left_world: bool) {
         if let Some(recent) = self.players.get_mut(&id) {
             recent.removed = Some(Instant::now());
+            recent.out_of_reach = !left_world;
             recent.steps.clear();
         }
     }
@@ -171,7 +180,10 @@ impl WorldActor {
                                 Some(server::moved(subject.0, step.x, step.y, 0))
                             }
                             (Some(_), true) | (None, false) => None,
-                            (Some(_), false) => Some(server::left(subject.0)),
+                            (Some(_), false) => {
+                                tracing::debug!(%observer, %subject, ?step, "resync: replayed left");
+                                Some(server::left(subject.0))
+                            }
                             (None, true) => {
                                 Some(server::entered(subject.0, step.x, step.y, name()))
                             }
@@ -187,7 +199,10 @@ impl WorldActor {
                             Some(server::moved(subject.0, at.x, at.y, 0))
                         }
                         (None, Some(at)) => Some(server::entered(subject.0, at.x, at.y, name())),
-                        (Some(_), None) => Some(server::left(subject.0)),
+                        (Some(_), None) => {
+                            tracing::debug!(%observer, %subject, force, ?version, ?told, "resync: left");
+                            Some(server::left(subject.0))
+                        }
                         _ => None,
                     };
                     if let Some(message) = last {
@@ -208,5 +223,50 @@ impl WorldActor {
         if waiting {
             self.divergent.insert(observer, divergent);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: PlayerId = PlayerId(7);
+
+    fn at(x: u32, y: u32) -> Position {
+        Position { x, y }
+    }
+
+    #[test]
+    fn a_player_that_left_the_world_is_known_gone_at_its_last_version() {
+        let mut history = History::default();
+        history.record(P, (1, 5), at(10, 10));
+        history.forget(P, true);
+        assert_eq!(history.version(P), Some((1, 5)));
+        assert_eq!(history.steps_after(P, (1, 4), at(10, 10)), Some(vec![]));
+    }
+
+    #[test]
+    fn a_ghost_dropped_out_of_reach_is_unknown_not_gone() {
+        // Its owner stopped updating this shard; a client told about a newer state must
+        // wait for the ghost to come back instead of being told the player left.
+        let mut history = History::default();
+        history.record(P, (1, 5), at(10, 10));
+        history.forget(P, false);
+        assert_eq!(history.version(P), None);
+        history.record(P, (1, 9), at(12, 11));
+        assert_eq!(history.version(P), Some((1, 9)));
+    }
+
+    #[test]
+    fn replays_only_continuous_walks() {
+        let mut history = History::default();
+        for (seq, x) in [(1, 10), (2, 11), (3, 12)] {
+            history.record(P, (1, seq), at(x, 10));
+        }
+        assert_eq!(history.steps_after(P, (1, 1), at(10, 10)), Some(vec![at(11, 10), at(12, 10)]));
+        assert_eq!(history.steps_after(P, (1, 1), at(5, 10)), None);
+        // Versions never go back.
+        history.record(P, (1, 2), at(40, 40));
+        assert_eq!(history.version(P), Some((1, 3)));
     }
 }
