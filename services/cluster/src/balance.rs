@@ -16,7 +16,7 @@ pub const TRIGGER: f64 = 1.15;
 /// Largest move of one border per round, in cells.
 pub const MAX_STEP: u32 = 24;
 /// Narrowest a column or row may become, in cells.
-pub const MIN_SPAN: u32 = 2 * LOAD_BAND;
+pub const MIN_SPAN: u32 = 20;
 /// Below this many players in all, load is noise: borders stay where they are.
 pub const MIN_PLAYERS: u64 = 20;
 
@@ -150,7 +150,8 @@ mod tests {
     fn view_with(regions: &[Region], cells: &[(u32, u32)]) -> ClusterView {
         let mut view = ClusterView::default();
         for region in regions {
-            let mut load = LoadProfile { x: vec![0; 40], y: vec![0; 40] };
+            let bands = 400usize.div_ceil(LOAD_BAND as usize);
+            let mut load = LoadProfile { x: vec![0; bands], y: vec![0; bands] };
             let mut players = 0;
             for &(x, y) in cells.iter().filter(|(x, y)| region.contains(*x, *y)) {
                 load.x[(x / LOAD_BAND) as usize] += 1;
@@ -197,6 +198,36 @@ mod tests {
                 assert_eq!(regions.iter().filter(|r| r.contains(x, y)).count(), 1, "({x},{y})");
             }
         }
+    }
+
+    #[test]
+    fn a_crowd_standing_in_clumps_is_balanced_too() {
+        // A crowd in rows and columns a few cells apart (players queueing, say): the cuts
+        // must land between the clumps, not where an even spread would put them.
+        for seed in 1..200 {
+            crowd_in_clumps_is_balanced(seed);
+        }
+    }
+
+    fn crowd_in_clumps_is_balanced(seed: u32) {
+        let shards: Vec<ShardId> = (1..=4).map(ShardId).collect();
+        let mut regions = compute_partition(&shards, 400, 400);
+        let mut state = seed;
+        let mut next = |n: u32| {
+            state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            (state >> 16) % n
+        };
+        let cells: Vec<(u32, u32)> =
+            (0..120).map(|_| (40 + 7 * next(17), 40 + 7 * next(17))).collect();
+        let mut rounds = 0;
+        while let Some(moved) = rebalance(&regions, &view_with(&regions, &cells), 400, 400) {
+            regions = moved;
+            rounds += 1;
+            assert!(rounds < 50, "borders keep moving: {regions:?}");
+        }
+        let per_shard = loads(&regions, &cells);
+        let max = *per_shard.iter().max().unwrap() as f64;
+        assert!(max <= 1.3 * 30.0, "seed {seed}: after {rounds} rounds loads are {per_shard:?}");
     }
 
     #[test]

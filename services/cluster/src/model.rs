@@ -49,8 +49,11 @@ pub struct ShardRecord {
     pub load: LoadProfile,
 }
 
-/// Width of one band of a [`LoadProfile`], in cells.
-pub const LOAD_BAND: u32 = 10;
+/// Width of one band of a [`LoadProfile`], in cells. One cell: a crowd stands in clumps
+/// (a queue, a doorway), and a coarser profile, read as an even spread within each band,
+/// puts borders through the middle of a clump and stops there, badly balanced. A
+/// 400-cell map makes it 800 numbers per shard record.
+pub const LOAD_BAND: u32 = 1;
 
 /// A shard's players counted per band of columns (`x`) and per band of rows (`y`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
