@@ -9,7 +9,6 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,7 +23,7 @@ use meridian_rpc::pb::{
 use tracing::{debug, trace, warn};
 
 use crate::routing::ShardLink;
-use crate::worker::{session_id, session_parts, Mail, Shared};
+use crate::worker::{session_id, session_parts, Inbox, Mail, Shared};
 use crate::Placement;
 
 /// How long a connection being closed after an error may keep its read side open, so the
@@ -111,7 +110,7 @@ pub struct Core<T> {
     generations: Vec<u32>,
     free: Vec<u32>,
     ctx: Ctx,
-    mail: Receiver<Mail>,
+    mail: Inbox,
     open: usize,
 }
 
@@ -124,7 +123,7 @@ impl<T> Conn<T> {
 }
 
 impl<T> Core<T> {
-    pub fn new(worker: usize, shared: Arc<Shared>, mail: Receiver<Mail>) -> Self {
+    pub fn new(worker: usize, shared: Arc<Shared>, mail: Inbox) -> Self {
         Core {
             slots: Vec::new(),
             generations: Vec::new(),
@@ -231,7 +230,8 @@ impl<T> Core<T> {
 
     /// Applies the shards' deliveries that arrived since the last call.
     pub fn process_mail(&mut self) {
-        while let Ok(mail) = self.mail.try_recv() {
+        self.mail.drain_start();
+        while let Some(mail) = self.mail.try_recv() {
             let (from, deliveries) = match mail {
                 Mail::Deliveries { from, deliveries } => (from, deliveries),
                 Mail::LinkDown { link, done } => {

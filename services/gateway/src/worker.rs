@@ -2,7 +2,7 @@
 //! path from the relay tasks to them.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -65,14 +65,25 @@ pub enum Mail {
 }
 
 /// A worker's inbox for shard output, and the way to wake its event loop.
+///
+/// Waking costs a system call (an eventfd write) on the relay's side, so it is done only
+/// when the worker may not know about new mail yet: once `woken` is set, later mail rides
+/// on the same wake until the worker starts its next drain. Under load one write then
+/// carries many deliveries instead of one each.
 pub struct Mailbox {
     sender: SyncSender<Mail>,
     waker: Arc<dyn Fn() + Send + Sync>,
+    woken: Arc<AtomicBool>,
 }
 
 impl Mailbox {
     pub fn wake(&self) {
-        (self.waker)();
+        // Pairs with the fence in `Inbox::drain_start`: either the worker's drain sees the
+        // mail just queued, or this sees the flag it cleared and wakes it.
+        fence(Ordering::SeqCst);
+        if !self.woken.swap(true, Ordering::SeqCst) {
+            (self.waker)();
+        }
     }
 
     /// Hands deliveries to the worker. If its mailbox is full the relay task waits (and
@@ -118,7 +129,11 @@ impl Workers {
     pub fn mailboxes(&self) -> Vec<Mailbox> {
         self.mailboxes
             .iter()
-            .map(|m| Mailbox { sender: m.sender.clone(), waker: Arc::clone(&m.waker) })
+            .map(|m| Mailbox {
+                sender: m.sender.clone(),
+                waker: Arc::clone(&m.waker),
+                woken: Arc::clone(&m.woken),
+            })
             .collect()
     }
 
@@ -129,12 +144,30 @@ impl Workers {
     }
 }
 
+/// The worker's end of its [`Mailbox`].
+pub struct Inbox {
+    receiver: Receiver<Mail>,
+    woken: Arc<AtomicBool>,
+}
+
+impl Inbox {
+    /// Called before each drain: mail queued from now on wakes the worker again.
+    pub fn drain_start(&self) {
+        self.woken.store(false, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    pub fn try_recv(&self) -> Option<Mail> {
+        self.receiver.try_recv().ok()
+    }
+}
+
 /// What a backend needs to start one worker.
 pub struct WorkerStart {
     pub index: usize,
     pub listener: std::net::TcpListener,
     pub shared: Arc<Shared>,
-    pub mail: Receiver<Mail>,
+    pub mail: Inbox,
 }
 
 pub fn spawn_workers(
@@ -145,7 +178,10 @@ pub fn spawn_workers(
     let mut threads = Vec::new();
     let mut mailboxes = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
-        let (sender, mail) = sync_channel(MAILBOX);
+        let (sender, receiver) = sync_channel(MAILBOX);
+        // Set: the worker drains its mailbox when it starts anyway.
+        let woken = Arc::new(AtomicBool::new(true));
+        let mail = Inbox { receiver, woken: Arc::clone(&woken) };
         let start = WorkerStart { index, listener, shared: Arc::clone(&shared), mail };
         let (waker, thread) = match io {
             IoBackend::Uring => crate::uring::spawn(start),
@@ -153,7 +189,7 @@ pub fn spawn_workers(
         }
         .map_err(|source| GatewayError::Worker { index, source })?;
         threads.push(thread);
-        mailboxes.push(Mailbox { sender, waker });
+        mailboxes.push(Mailbox { sender, waker, woken });
     }
     Ok(Workers { threads, mailboxes })
 }
@@ -196,6 +232,31 @@ pub fn report_exit(index: usize, result: std::io::Result<()>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn one_wake_carries_all_mail_until_the_worker_drains() {
+        let (sender, receiver) = sync_channel(MAILBOX);
+        let woken = Arc::new(AtomicBool::new(false));
+        let inbox = Inbox { receiver, woken: Arc::clone(&woken) };
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&wakes);
+        let waker = Arc::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let mailbox = Mailbox { sender, waker, woken };
+        for dead in 1..=3 {
+            mailbox.restore(ShardId(dead)).await;
+        }
+        assert_eq!(wakes.load(Ordering::SeqCst), 1, "one wake for mail the worker has not seen");
+        inbox.drain_start();
+        let mut drained = 0;
+        while inbox.try_recv().is_some() {
+            drained += 1;
+        }
+        assert_eq!(drained, 3);
+        mailbox.restore(ShardId(4)).await;
+        assert_eq!(wakes.load(Ordering::SeqCst), 2, "mail after a drain wakes again");
+    }
 
     #[test]
     fn session_ids_round_trip() {
