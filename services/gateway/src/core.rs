@@ -20,6 +20,7 @@ use meridian_protocol::{
 use meridian_rpc::pb::{
     player_input::Kind as Input, Delivery, Join, Leave, PlayerInput, ResumeRequest,
 };
+use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, trace, warn};
 
 use crate::routing::ShardLink;
@@ -33,6 +34,9 @@ pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 /// Moves a client may have in flight to its shard. Beyond this the client is flooding far
 /// past any rate limit, and further moves are refused at once with RATE_LIMITED.
 const MAX_MOVES_IN_FLIGHT: usize = 1024;
+/// Inputs a worker keeps for one shard whose relay queue is full before that shard's
+/// players get UNAVAILABLE for new inputs (the shard is not keeping up).
+const STALLED_LIMIT: usize = 16_384;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closing {
@@ -101,6 +105,11 @@ struct Ctx {
     shared: Arc<Shared>,
     /// This iteration's inputs, one batch per shard link.
     outgoing: Vec<(Arc<ShardLink>, Vec<PlayerInput>)>,
+    /// Batches the relay could not take yet (its queue to that shard was full), oldest
+    /// first, with their number of inputs: sent before anything newer for the same shard,
+    /// so every player's inputs stay in sequence. Past [`STALLED_LIMIT`] inputs the
+    /// shard's players get UNAVAILABLE for new inputs instead (nothing numbered is lost).
+    stalled: Vec<(Arc<ShardLink>, VecDeque<Vec<PlayerInput>>, usize)>,
     ids: Range<u64>,
     dirty: Vec<u32>,
 }
@@ -128,7 +137,14 @@ impl<T> Core<T> {
             slots: Vec::new(),
             generations: Vec::new(),
             free: Vec::new(),
-            ctx: Ctx { worker, shared, outgoing: Vec::new(), ids: 0..0, dirty: Vec::new() },
+            ctx: Ctx {
+                worker,
+                shared,
+                outgoing: Vec::new(),
+                stalled: Vec::new(),
+                ids: 0..0,
+                dirty: Vec::new(),
+            },
             mail,
             open: 0,
         }
@@ -331,6 +347,7 @@ impl<T> Core<T> {
     /// this iteration's inputs for it.
     fn link_down(&mut self, link: &Arc<ShardLink>) {
         self.ctx.outgoing.retain(|(queued, _)| !Arc::ptr_eq(queued, link));
+        self.ctx.stalled.retain(|(queued, ..)| !Arc::ptr_eq(queued, link));
         for slot in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[slot as usize].as_mut() else {
                 continue;
@@ -353,19 +370,48 @@ impl<T> Core<T> {
         }
     }
 
-    /// Hands this iteration's inputs to the relay: one batch per shard.
+    /// Hands this iteration's inputs to the relay: one batch per shard, after whatever
+    /// waited for that shard's queue to have room.
     pub fn flush_inputs(&mut self) {
-        for (link, inputs) in self.ctx.outgoing.drain(..) {
+        let ctx = &mut self.ctx;
+        for (link, batches, queued) in ctx.stalled.iter_mut() {
+            while let Some(batch) = batches.pop_front() {
+                let n = batch.len();
+                match link.inputs.try_send(batch) {
+                    Ok(()) => *queued -= n,
+                    Err(TrySendError::Full(batch)) => {
+                        batches.push_front(batch);
+                        break;
+                    }
+                    Err(TrySendError::Closed(_)) => {
+                        // The relay is gone; the link-down mail on its way answers the
+                        // moves in flight.
+                        *queued -= n;
+                    }
+                }
+            }
+        }
+        ctx.stalled.retain(|(_, batches, _)| !batches.is_empty());
+        for (link, inputs) in ctx.outgoing.drain(..) {
             if inputs.is_empty() {
                 continue;
             }
-            if let Err(error) = link.inputs.try_send(inputs) {
-                // The relay queue is full or gone: these inputs cannot be delivered. The
-                // shard will not answer them; log loudly, count, and let the players'
-                // clients see UNAVAILABLE on their next inputs if the link is down.
-                let inputs = error.into_inner();
-                self.ctx.shared.metrics.relay_queue_full.add(inputs.len() as u64);
-                tracing::warn!(shard = %link.id, dropped = inputs.len(), "relay queue full");
+            if let Some((_, batches, queued)) =
+                ctx.stalled.iter_mut().find(|(waiting, ..)| Arc::ptr_eq(waiting, &link))
+            {
+                *queued += inputs.len();
+                batches.push_back(inputs);
+                continue;
+            }
+            match link.inputs.try_send(inputs) {
+                Ok(()) => {}
+                Err(TrySendError::Full(inputs)) => {
+                    ctx.shared.metrics.relay_queue_full.add(inputs.len() as u64);
+                    tracing::debug!(shard = %link.id, "relay queue full; inputs wait");
+                    let n = inputs.len();
+                    ctx.stalled.push((link, VecDeque::from([inputs]), n));
+                }
+                Err(TrySendError::Closed(_)) => {}
             }
         }
     }
@@ -727,6 +773,11 @@ impl Ctx {
         client_time: u64,
     ) -> Option<(u64, Arc<ShardLink>)> {
         match &conn.session {
+            Session::Playing { link, .. } if self.stalled_for(link) >= STALLED_LIMIT => {
+                let detail = "shard overloaded; try again";
+                self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
+                None
+            }
             Session::Playing { player, link } if link.accepts_inputs() && !conn.restoring => {
                 Some((*player, Arc::clone(link)))
             }
@@ -750,6 +801,14 @@ impl Ctx {
             }
             Session::Gone => None,
         }
+    }
+
+    /// Inputs for `link` waiting for room in the relay's queue.
+    fn stalled_for(&self, link: &Arc<ShardLink>) -> usize {
+        if self.stalled.is_empty() {
+            return 0;
+        }
+        self.stalled.iter().find(|(l, ..)| Arc::ptr_eq(l, link)).map_or(0, |(_, _, n)| *n)
     }
 
     fn relay(&mut self, link: &Arc<ShardLink>, session: u64, player: u64, seq: u64, input: Input) {
@@ -818,5 +877,122 @@ impl Ctx {
             conn.dirty = true;
             self.dirty.push(slot);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::RoutingTable;
+    use crate::{GatewayConfig, GatewayMetrics, IoBackend};
+    use meridian_cluster::{EpochCell, GatewayId, PartitionMap, Region};
+    use meridian_protocol::pb::{Chat, Direction, Login, Move};
+    use meridian_protocol::{encode_frame, TokenKey};
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::sync::mpsc::sync_channel;
+    use tokio::sync::mpsc;
+
+    /// A core on worker 0 whose only shard link has room for `room` batches.
+    fn core_with_link(room: usize) -> (Core<()>, Arc<ShardLink>, mpsc::Receiver<Vec<PlayerInput>>) {
+        let (inputs, relay) = mpsc::channel(room);
+        let link = Arc::new(ShardLink::new(ShardId(1), inputs));
+        link.set_up(true);
+        link.set_healthy(true);
+        let region = Region { shard: ShardId(1), x0: 0, x1: 400, y0: 0, y1: 400 };
+        let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![region] };
+        let table = RoutingTable { links: vec![Arc::clone(&link)], partition: Some(partition) };
+        let config = GatewayConfig {
+            placement: Placement::RoundRobin,
+            id: GatewayId(1),
+            cluster: "test".into(),
+            etcd: Vec::new(),
+            io: IoBackend::Epoll,
+            workers: 1,
+            max_frame: 4096,
+            max_output_bytes: 1 << 20,
+            dev_mode: true,
+            lease_ttl: std::time::Duration::from_secs(3),
+            resume_key: TokenKey::new(vec![7; 32]).expect("a valid key"),
+            advertise_admin: None,
+            advertise: None,
+        };
+        let registry = meridian_observe::Registry::default();
+        let shared = Arc::new(Shared {
+            config,
+            routing: Arc::new(EpochCell::new(table)),
+            ids: crate::ids::IdPool::fixed(vec![1..100, 100..200]),
+            metrics: Arc::new(GatewayMetrics::new(&registry, GatewayId(1), IoBackend::Epoll)),
+            stopping: Arc::new(AtomicBool::new(false)),
+            round_robin: AtomicUsize::new(0),
+        });
+        let (_, receiver) = sync_channel(1);
+        let inbox = Inbox::for_tests(receiver);
+        (Core::new(0, shared, inbox), link, relay)
+    }
+
+    fn send(core: &mut Core<()>, slot: u32, kind: C) {
+        let mut frame = Vec::new();
+        encode_frame(&ClientMessage { kind: Some(kind) }, &mut frame);
+        core.on_data(slot, &frame);
+        core.flush_inputs();
+    }
+
+    fn step(client_time: u64) -> C {
+        C::Move(Move { direction: Direction::Right as i32, client_time })
+    }
+
+    #[test]
+    fn inputs_wait_in_order_while_the_relay_queue_is_full() {
+        let (mut core, _link, mut relay) = core_with_link(1);
+        let slot = core.insert(());
+        send(&mut core, slot, C::Login(Login { name: "ann".into(), ..Default::default() }));
+        // The queue holds the Join; these three batches have to wait.
+        for t in 1..=3 {
+            send(&mut core, slot, step(t));
+        }
+        let mut seqs = Vec::new();
+        while seqs.len() < 4 {
+            let batch = relay.try_recv().expect("every input reaches the relay in the end");
+            seqs.extend(batch.iter().map(|input| input.seq));
+            core.flush_inputs();
+        }
+        assert_eq!(seqs, vec![1, 2, 3, 4], "nothing lost, nothing reordered");
+        assert!(relay.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_shard_that_never_drains_gets_its_players_refused_not_lost() {
+        let (mut core, link, mut relay) = core_with_link(1);
+        let slot = core.insert(());
+        send(&mut core, slot, C::Login(Login { name: "bob".into(), ..Default::default() }));
+        for _ in 0..STALLED_LIMIT {
+            send(&mut core, slot, C::Chat(Chat { text: "hi".into() }));
+        }
+        assert_eq!(core.ctx.stalled_for(&link), STALLED_LIMIT);
+        let first = STALLED_LIMIT as u64 + 1;
+        for t in first..first + 10 {
+            send(&mut core, slot, step(t));
+        }
+        let out = core.get_mut(slot).map(|c| std::mem::take(&mut c.out)).unwrap_or_default();
+        let mut decoder = meridian_protocol::FrameReader::new(4096);
+        decoder.extend(&out);
+        let mut refused = Vec::new();
+        while let Some(message) = decoder.next_message::<ServerMessage>().expect("valid frames") {
+            if let Some(meridian_protocol::pb::server_message::Kind::Error(e)) = message.kind {
+                assert_eq!(e.code, ErrorCode::Unavailable as i32);
+                refused.push(e.client_time);
+            }
+        }
+        assert_eq!(refused, (first..first + 10).collect::<Vec<_>>());
+        // Everything that was numbered is still delivered, in order.
+        let mut next = 1;
+        while let Ok(batch) = relay.try_recv() {
+            for input in batch {
+                assert_eq!(input.seq, next);
+                next += 1;
+            }
+            core.flush_inputs();
+        }
+        assert_eq!(next, STALLED_LIMIT as u64 + 2);
     }
 }

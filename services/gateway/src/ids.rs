@@ -49,6 +49,12 @@ impl IdPool {
         Ok(pool)
     }
 
+    /// A pool with fixed blocks and no refill (tests of the session core).
+    #[cfg(test)]
+    pub(crate) fn fixed(blocks: Vec<Range<u64>>) -> Arc<IdPool> {
+        Arc::new(IdPool { blocks: Mutex::new(blocks.into()), refill: Notify::new() })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Range<u64>>> {
         self.blocks.lock().expect("invariant: id pool lock is never poisoned")
     }

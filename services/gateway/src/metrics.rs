@@ -110,7 +110,7 @@ impl GatewayMetrics {
             ),
             relay_queue_full: registry.counter(
                 "meridian_gateway_relay_queue_full_total",
-                "Inputs refused with UNAVAILABLE because a shard's relay queue was full.",
+                "Inputs that found a shard's relay queue full and waited in the worker for room.",
                 l,
             ),
             errors,

@@ -157,6 +157,11 @@ impl Inbox {
         fence(Ordering::SeqCst);
     }
 
+    #[cfg(test)]
+    pub(crate) fn for_tests(receiver: Receiver<Mail>) -> Inbox {
+        Inbox { receiver, woken: Arc::new(AtomicBool::new(false)) }
+    }
+
     pub fn try_recv(&self) -> Option<Mail> {
         self.receiver.try_recv().ok()
     }
