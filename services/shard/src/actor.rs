@@ -7,7 +7,8 @@
 //! in their sequence order; players near a border are mirrored to neighbours as ghosts;
 //! players who step out of the region are handed off (see `players.rs`).
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -132,11 +133,11 @@ pub struct WorldActor {
     pub(crate) geometry: Geometry,
     pub(crate) metrics: Arc<ShardMetrics>,
     commands: mpsc::Receiver<Command>,
-    pub(crate) links: HashMap<LinkId, Link>,
-    pub(crate) gateway_links: HashMap<u32, LinkId>,
-    pub(crate) seats: HashMap<PlayerId, Seat>,
-    pub(crate) handed_off: HashMap<PlayerId, HandedOff>,
-    pub(crate) early: HashMap<PlayerId, EarlyInputs>,
+    pub(crate) links: FxHashMap<LinkId, Link>,
+    pub(crate) gateway_links: FxHashMap<u32, LinkId>,
+    pub(crate) seats: FxHashMap<PlayerId, Seat>,
+    pub(crate) handed_off: FxHashMap<PlayerId, HandedOff>,
+    pub(crate) early: FxHashMap<PlayerId, EarlyInputs>,
     pub(crate) ghosts: Ghosts,
     pub(crate) outbox: Outbox,
     pub(crate) peer_out: PeerOutbox,
@@ -146,17 +147,17 @@ pub struct WorldActor {
     pub(crate) rng: SmallRng,
     pub(crate) started: Instant,
     pub(crate) resume_key: TokenKey,
-    pub(crate) parked: HashMap<PlayerId, Parked>,
+    pub(crate) parked: FxHashMap<PlayerId, Parked>,
     /// When the partition last changed: ghosts are only added, never removed, until every
     /// shard has had time to apply it.
     pub(crate) epoch_changed: Option<Instant>,
     /// Handoffs whose player's gateway has no stream here yet, by gateway id.
     pub(crate) awaiting_gateway:
-        HashMap<u32, Vec<(ShardId, PlayerId, u64, meridian_rpc::pb::Handoff)>>,
+        FxHashMap<u32, Vec<(ShardId, PlayerId, u64, meridian_rpc::pb::Handoff)>>,
     /// Versions and recent positions of everyone in this world.
     pub(crate) history: crate::views::History,
     /// Clients just handed in whose view is still derived from what they were told.
-    pub(crate) divergent: HashMap<PlayerId, crate::views::Divergent>,
+    pub(crate) divergent: FxHashMap<PlayerId, crate::views::Divergent>,
     pub(crate) resume_window: Duration,
 }
 
@@ -177,11 +178,11 @@ impl WorldActor {
             geometry,
             metrics,
             commands,
-            links: HashMap::new(),
-            gateway_links: HashMap::new(),
-            seats: HashMap::new(),
-            handed_off: HashMap::new(),
-            early: HashMap::new(),
+            links: FxHashMap::default(),
+            gateway_links: FxHashMap::default(),
+            seats: FxHashMap::default(),
+            handed_off: FxHashMap::default(),
+            early: FxHashMap::default(),
             ghosts: Ghosts::default(),
             outbox: Outbox::default(),
             peer_out: PeerOutbox::default(),
@@ -191,11 +192,11 @@ impl WorldActor {
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: Instant::now(),
             resume_key: config.resume_key.clone(),
-            parked: HashMap::new(),
+            parked: FxHashMap::default(),
             epoch_changed: None,
-            awaiting_gateway: HashMap::new(),
+            awaiting_gateway: FxHashMap::default(),
             history: Default::default(),
-            divergent: HashMap::new(),
+            divergent: FxHashMap::default(),
             resume_window: config.resume_window,
         };
         (sender, actor)

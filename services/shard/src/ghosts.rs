@@ -8,7 +8,8 @@
 //! held while a ghost of the older one is shown and the old owner has not yet said
 //! `Released`; anything older than the track's generation is stale and dropped.
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,7 +47,7 @@ struct Track {
 
 #[derive(Default)]
 pub struct Ghosts {
-    tracks: HashMap<PlayerId, Track>,
+    tracks: FxHashMap<PlayerId, Track>,
 }
 
 impl Ghosts {

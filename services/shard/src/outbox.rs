@@ -1,25 +1,29 @@
 //! Assembles one round's output: per gateway link, one `Delivery` per connection holding
 //! all of that connection's frames back to back, encoded once and never touched again.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use meridian_protocol::{encode_frame, pb::ServerMessage};
 use meridian_rpc::pb::{Delivery, ShardBatch};
 
 use crate::actor::LinkId;
 
+/// Starting size of a connection's frame buffer in a round: a few notifications fit
+/// without growing it (growing showed as ~4% of a busy shard's time in realloc).
+const FRAMES_CAPACITY: usize = 256;
+
 #[derive(Default)]
 struct LinkOut {
     deliveries: Vec<Delivery>,
     frames: Vec<Vec<u8>>,
-    by_session: HashMap<u64, usize>,
+    by_session: FxHashMap<u64, usize>,
 }
 
 /// Output of one round of the world task. Reused across rounds: the maps keep their
 /// capacity; only the frame buffers handed to gRPC are new.
 #[derive(Default)]
 pub struct Outbox {
-    links: HashMap<LinkId, LinkOut>,
+    links: FxHashMap<LinkId, LinkOut>,
     pub n_messages: u64,
 }
 
@@ -28,7 +32,7 @@ impl Outbox {
         let out = self.links.entry(link).or_default();
         let index = *out.by_session.entry(session).or_insert_with(|| {
             out.deliveries.push(Delivery { session, ..Default::default() });
-            out.frames.push(Vec::new());
+            out.frames.push(Vec::with_capacity(FRAMES_CAPACITY));
             out.deliveries.len() - 1
         });
         (out, index)

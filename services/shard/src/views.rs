@@ -10,7 +10,8 @@
 //! the new world has not caught up with is left alone until it has (no Left + Entered). Once
 //! told and world agree, the player goes back to the normal path.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use meridian_protocol::server;
@@ -44,7 +45,7 @@ struct Recent {
 /// The latest versions and recent positions of every player in this shard's world.
 #[derive(Default)]
 pub struct History {
-    players: HashMap<PlayerId, Recent>,
+    players: FxHashMap<PlayerId, Recent>,
 }
 
 impl History {
@@ -118,7 +119,7 @@ pub struct Told {
 
 /// A client whose view is derived from its told state until it matches the world.
 pub struct Divergent {
-    pub told: HashMap<PlayerId, Told>,
+    pub told: FxHashMap<PlayerId, Told>,
     pub since: Instant,
 }
 
