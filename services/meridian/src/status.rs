@@ -6,6 +6,9 @@ use serde_json::json;
 
 use crate::cli::StatusArgs;
 
+/// How long a shard may take to answer `/readyz`.
+const READYZ_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (view, health) = runtime.block_on(async {
@@ -17,7 +20,12 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         // Health as each shard reports it on its admin port (/readyz).
         let mut health = std::collections::BTreeMap::new();
         for shard in view.shards.values() {
-            health.insert(shard.id.0, crate::http::status(&shard.admin, "/readyz").await);
+            health.insert(
+                shard.id.0,
+                meridian_observe::admin_get(&shard.admin, "/readyz", READYZ_WITHIN)
+                    .await
+                    .map(|(code, _)| code),
+            );
         }
         anyhow::Ok((view, health))
     })?;

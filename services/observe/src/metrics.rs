@@ -65,9 +65,15 @@ impl Histogram {
     }
 }
 
+/// A value read at scrape time from state the node keeps anyway (a registration flag, the
+/// partition epoch), so nothing has to copy it into an atomic.
+type ReadFn = Box<dyn Fn() -> i64 + Send + Sync>;
+
 enum Metric {
     Counter(Arc<Counter>),
     Gauge(Arc<Gauge>),
+    CounterFn(ReadFn),
+    GaugeFn(ReadFn),
     Histogram(Arc<Histogram>),
 }
 
@@ -108,9 +114,38 @@ impl Registry {
         gauge
     }
 
-    pub fn histogram(&self, name: &str, help: &str, bounds: &[f64]) -> Arc<Histogram> {
+    /// A counter whose value `read` computes on every scrape (it must never go down).
+    pub fn counter_fn(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        let read = move || i64::try_from(read()).unwrap_or(i64::MAX);
+        self.push(name, help, labels, Metric::CounterFn(Box::new(read)));
+    }
+
+    /// A gauge whose value `read` computes on every scrape.
+    pub fn gauge_fn(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        read: impl Fn() -> i64 + Send + Sync + 'static,
+    ) {
+        self.push(name, help, labels, Metric::GaugeFn(Box::new(read)));
+    }
+
+    pub fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        bounds: &[f64],
+    ) -> Arc<Histogram> {
         let histogram = Arc::new(Histogram::new(bounds));
-        self.push(name, help, &[], Metric::Histogram(Arc::clone(&histogram)));
+        self.push(name, help, labels, Metric::Histogram(Arc::clone(&histogram)));
         histogram
     }
 
@@ -121,8 +156,8 @@ impl Registry {
         let mut last_name = "";
         for entry in entries.iter() {
             let kind = match entry.metric {
-                Metric::Counter(_) => "counter",
-                Metric::Gauge(_) => "gauge",
+                Metric::Counter(_) | Metric::CounterFn(_) => "counter",
+                Metric::Gauge(_) | Metric::GaugeFn(_) => "gauge",
                 Metric::Histogram(_) => "histogram",
             };
             if entry.name != last_name {
@@ -149,6 +184,9 @@ impl Registry {
                 }
                 Metric::Gauge(g) => {
                     let _ = writeln!(out, "{}{} {}", entry.name, braces(""), g.get());
+                }
+                Metric::GaugeFn(read) | Metric::CounterFn(read) => {
+                    let _ = writeln!(out, "{}{} {}", entry.name, braces(""), read());
                 }
                 Metric::Histogram(h) => {
                     let mut cumulative = 0;
@@ -178,7 +216,8 @@ mod tests {
         let registry = Registry::default();
         let logins = registry.counter("meridian_logins_total", "Logins accepted.", &[]);
         let errors = registry.counter("meridian_errors_total", "Errors.", &[("code", "MALFORMED")]);
-        let latency = registry.histogram("meridian_delay_seconds", "Delay.", &[0.001, 0.01]);
+        let latency = registry.histogram("meridian_delay_seconds", "Delay.", &[], &[0.001, 0.01]);
+        registry.gauge_fn("meridian_epoch", "Epoch.", &[("node", "a")], || 7);
         logins.add(3);
         errors.inc();
         latency.observe(0.005);
@@ -188,5 +227,6 @@ mod tests {
         assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.001\"} 0\n"));
         assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.01\"} 1\n"));
         assert!(text.contains("meridian_delay_seconds_count 1\n"));
+        assert!(text.contains("# TYPE meridian_epoch gauge\nmeridian_epoch{node=\"a\"} 7\n"));
     }
 }

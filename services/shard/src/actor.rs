@@ -78,6 +78,10 @@ pub enum Command {
     Load {
         reply: oneshot::Sender<meridian_cluster::LoadProfile>,
     },
+    /// Where this shard's players stand on the coarse grid of the live map.
+    Density {
+        reply: oneshot::Sender<meridian_cluster::DensityReport>,
+    },
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
     /// How far a drain has got: (local players, handoffs not yet confirmed).
@@ -256,6 +260,9 @@ impl WorldActor {
             }
             Command::Load { reply } => {
                 let _ = reply.send(self.load_profile());
+            }
+            Command::Density { reply } => {
+                let _ = reply.send(self.density());
             }
             Command::LeaseExpired => self.after_lease_expiry(),
             Command::DrainStatus { reply } => {
@@ -604,6 +611,23 @@ impl WorldActor {
             load.y[(at.y / band) as usize] += 1;
         }
         load
+    }
+
+    /// Players per square of [`meridian_cluster::DENSITY_CELL`] cells, squares with
+    /// players only (`ready` is filled in by the admin route).
+    fn density(&self) -> meridian_cluster::DensityReport {
+        let cell = meridian_cluster::DENSITY_CELL;
+        let mut squares: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
+        for (_, at) in self.world.local_players() {
+            *squares.entry((at.x / cell, at.y / cell)).or_default() += 1;
+        }
+        meridian_cluster::DensityReport {
+            shard: self.id.0,
+            epoch: self.geometry.epoch,
+            ready: false,
+            cell,
+            counts: squares.into_iter().map(|((column, row), n)| [column, row, n]).collect(),
+        }
     }
 
     fn report(&self) -> String {

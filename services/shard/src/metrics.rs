@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use meridian_cluster::ShardId;
+use meridian_cluster::{RegistrationStatus, ShardId};
 use meridian_observe::{Counter, Gauge, Registry};
 
 pub struct ShardMetrics {
@@ -112,5 +112,24 @@ impl ShardMetrics {
             ),
             epoch: registry.gauge("meridian_shard_partition_epoch", "Partition epoch in use.", l),
         }
+    }
+
+    /// etcd status, read from the registration at scrape time.
+    pub fn watch_registration(&self, registry: &Registry, id: ShardId, status: RegistrationStatus) {
+        let shard = id.0.to_string();
+        let l: &[(&str, &str)] = &[("shard", shard.as_str())];
+        let registered = status.clone();
+        registry.gauge_fn(
+            "meridian_shard_etcd_registered",
+            "1 while this shard's key is held in etcd on a live lease, else 0.",
+            l,
+            move || i64::from(registered.is_registered()),
+        );
+        registry.counter_fn(
+            "meridian_shard_etcd_lease_expirations_total",
+            "Times etcd let this shard's lease expire (taken for dead).",
+            l,
+            move || status.expirations(),
+        );
     }
 }
