@@ -178,6 +178,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         );
     }
     println!("  status:   meridian status --cluster {} --etcd {etcd_url}", args.cluster);
+    if let Some(admin) = summary["gateways"][0]["admin"].as_str() {
+        println!("  live map: http://{admin}/map");
+    }
     println!("Ctrl-C stops the cluster.");
     if let Some(path) = &args.ready_file {
         write_json_atomically(path, &summary)?;
