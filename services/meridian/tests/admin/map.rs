@@ -13,12 +13,12 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use meridian_testkit::browser::{self, Browser};
 use meridian_testkit::{
-    deadline, drain_shard, http_get, wait_for_expected_partition, wait_until, Bot, ExtraShard,
-    DEFAULT_LEASE_TTL,
+    deadline, drain_shard, http_get, wait_for_expected_partition, wait_ready, wait_until, Bot,
+    Cluster, ExtraShard, DEFAULT_LEASE_TTL,
 };
 use serde_json::Value;
 
-use crate::{two_shards, with_cluster, RESUME_KEY_HEX};
+use crate::{admin_ports, two_shards, with_cluster, RESUME_KEY_HEX};
 
 /// The viewport: the 800x800 map canvas and the side panel.
 const WINDOW: (u32, u32) = (1250, 830);
@@ -248,6 +248,61 @@ fn page_history(page: &mut Browser) -> anyhow::Result<Vec<u64>> {
     Ok(value.as_array().into_iter().flatten().filter_map(Value::as_u64).collect())
 }
 
+/// `meridian status --web 127.0.0.1:0` on the cluster serves the same map as the gateway:
+/// the page, and `/map.json` with the same epoch and regions.
+fn status_web_serves_the_map(cluster: &Cluster, gateway: SocketAddr) -> anyhow::Result<()> {
+    let mut child = std::process::Command::new(cluster.bin())
+        .args(["status", "--web", "127.0.0.1:0"])
+        .args(["--etcd", cluster.etcd_url(), "--cluster", cluster.cluster_name()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting `meridian status --web`")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+        let _ = sender.send(line);
+    });
+    let checked = (|| {
+        let line = lines
+            .recv_timeout(Duration::from_secs(10))
+            .context("`meridian status --web` printed no URL within 10 s")?;
+        let addr: SocketAddr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("no address in {line:?}"))?;
+        let (code, page) = http_get(addr, "/map")?;
+        ensure!(code == 200 && page.contains("<canvas"), "GET /map answered {code}");
+        // Both follow etcd on their own: wait until they agree.
+        let mut last = (Value::Null, Value::Null);
+        wait_until(
+            deadline(Duration::from_secs(10)),
+            "status --web and the gateway to agree",
+            || match (map_json(addr), map_json(gateway)) {
+                (Ok(ours), Ok(theirs)) => {
+                    let same =
+                        ours["epoch"] == theirs["epoch"] && ours["regions"] == theirs["regions"];
+                    last = (ours, theirs);
+                    same
+                }
+                _ => false,
+            },
+        )
+        .with_context(|| format!("status --web served {}, the gateway {}", last.0, last.1))?;
+        let map = last.0;
+        ensure!(map["gateway"].is_null(), "status --web claims to be a gateway: {map}");
+        anyhow::Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    checked.context("meridian status --web")
+}
+
 pub fn live_map_in_headless_chromium() {
     if !browser::chromium_installed() {
         panic!(
@@ -259,6 +314,8 @@ pub fn live_map_in_headless_chromium() {
         let admin = cluster.gateway(0).admin;
         let url = format!("http://{admin}/map");
         let partition = wait_for_expected_partition(cluster, Duration::from_secs(15))?;
+        // Logins need the gateway's streams to the shards: wait until it says it can route.
+        wait_ready(&admin_ports(cluster), Duration::from_secs(15))?;
         let mut crowd = Vec::new();
         for i in 0..CROWD {
             let mut bot = Bot::connect(cluster.game_addr(0))?;
@@ -305,6 +362,8 @@ pub fn live_map_in_headless_chromium() {
             started.elapsed().as_secs_f64(),
             shot.display()
         );
+
+        status_web_serves_the_map(cluster, admin)?;
 
         // Live: one open page follows a scale-out and a drain.
         let mut page = Browser::open(&url, WINDOW)?;

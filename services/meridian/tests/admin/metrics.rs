@@ -11,10 +11,11 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use meridian_testkit::pb::{Direction, ErrorCode};
 use meridian_testkit::{
-    deadline, http_get, msg, wait_for_expected_partition, wait_until, Bot, Cluster, Exposition,
+    deadline, http_get, msg, wait_for_expected_partition, wait_ready, wait_until, Bot, Cluster,
+    Exposition,
 };
 
-use crate::{two_shards, with_cluster};
+use crate::{admin_ports, two_shards, with_cluster};
 
 const BOTS: usize = 6;
 const MOVES_EACH: usize = 5;
@@ -147,6 +148,8 @@ fn play(cluster: &Cluster) -> anyhow::Result<Vec<Bot>> {
 pub fn metrics_are_strict_prometheus_and_move_under_load() {
     with_cluster("metrics under load", two_shards(), |cluster| {
         let partition = wait_for_expected_partition(cluster, Duration::from_secs(15))?;
+        // Logins need the gateway's streams to the shards: wait until it says it can route.
+        wait_ready(&admin_ports(cluster), Duration::from_secs(15))?;
         let (gateway, shards) = scrape_all(cluster)?;
         check_families("gateway 1", &gateway, GATEWAY_FAMILIES)?;
         for (shard, metrics) in cluster.shards().iter().zip(&shards) {
