@@ -124,3 +124,54 @@ async fn answer(mut stream: TcpStream, registry: Registry, readiness: Readiness,
     })
     .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn serve() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let registry = Registry::default();
+        registry.counter("meridian_test_total", "A test counter.", &[]).add(2);
+        let readiness: Readiness = Arc::new(|| Err("not registered in etcd".into()));
+        let routes: Routes = Arc::new(|path: &str| {
+            let reply: ReplyFuture = match path {
+                "/page" => Box::pin(async { Reply::html("<p>hi</p>".into()) }),
+                _ => return None,
+            };
+            Some(reply)
+        });
+        tokio::spawn(serve_admin_with(listener, registry, readiness, routes));
+        addr
+    }
+
+    /// Sends `request` as a browser would (all headers at once) and reads the whole answer.
+    async fn ask(addr: &str, request: &str) -> String {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        answer
+    }
+
+    #[tokio::test]
+    async fn answers_probes_metrics_and_routes_with_their_content_types() {
+        let addr = serve().await;
+        let headers =
+            "Host: x\r\nUser-Agent: a browser with a long header line\r\nAccept: */*\r\n\r\n";
+        let page = ask(&addr, &format!("GET /page?t=1 HTTP/1.1\r\n{headers}")).await;
+        assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
+        assert!(page.contains("content-type: text/html; charset=utf-8\r\n"), "{page}");
+        assert!(page.ends_with("\r\n\r\n<p>hi</p>"), "{page}");
+        let ready = ask(&addr, "GET /readyz HTTP/1.0\r\n\r\n").await;
+        assert!(ready.starts_with("HTTP/1.1 503 Service Unavailable"), "{ready}");
+        assert!(ready.ends_with("not registered in etcd\n"), "{ready}");
+        let metrics = ask(&addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
+        assert!(metrics.ends_with("meridian_test_total 2\n"), "{metrics}");
+        let missing = ask(&addr, "GET /nothing HTTP/1.0\r\n\r\n").await;
+        assert!(missing.starts_with("HTTP/1.1 404 Not Found"), "{missing}");
+        let garbage = ask(&addr, "\u{1}\u{2}\n").await;
+        assert!(garbage.starts_with("HTTP/1.1 404"), "{garbage}");
+    }
+}
