@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use meridian_cluster::{ClusterView, EpochCell, GatewayId, RegistrationStatus};
-use meridian_observe::{Counter, Gauge, Histogram, Registry};
-use meridian_protocol::pb::ErrorCode;
+use meridian_observe::{Counter, CounterFamily, Gauge, Histogram, Registry};
+use meridian_protocol::{error_codes, pb::ErrorCode};
 
 use crate::IoBackend;
 
@@ -27,7 +27,7 @@ pub struct GatewayMetrics {
     /// From reading a Move to queueing its answer (ack or refusal from the shard) for the
     /// client: the gateway-shard-gateway round trip as the gateway sees it.
     pub move_delay: Arc<Histogram>,
-    errors: Vec<(ErrorCode, Arc<Counter>)>,
+    errors: CounterFamily,
 }
 
 impl GatewayMetrics {
@@ -42,28 +42,13 @@ impl GatewayMetrics {
                 &[("gateway", gateway.as_str()), ("io", io.as_str())],
             )
             .set(1);
-        let codes = [
-            ErrorCode::Malformed,
-            ErrorCode::FrameTooLarge,
-            ErrorCode::NotLoggedIn,
-            ErrorCode::AlreadyLoggedIn,
-            ErrorCode::RateLimited,
-            ErrorCode::Unavailable,
-            ErrorCode::InvalidToken,
-            ErrorCode::ShuttingDown,
-            ErrorCode::InvalidArgument,
-        ];
-        let errors = codes
-            .into_iter()
-            .map(|code| {
-                let counter = registry.counter(
-                    "meridian_gateway_errors_total",
-                    "Errors sent to clients by the gateway, by code.",
-                    &[("gateway", gateway.as_str()), ("code", code.as_str_name())],
-                );
-                (code, counter)
-            })
-            .collect();
+        let errors = registry.counter_family(
+            "meridian_gateway_errors_total",
+            "Errors sent to clients by the gateway, by code.",
+            l,
+            "code",
+            error_codes().map(|code| code.as_str_name()),
+        );
         GatewayMetrics {
             connections: registry.gauge(
                 "meridian_gateway_connections",
@@ -170,8 +155,6 @@ impl GatewayMetrics {
     }
 
     pub fn error(&self, code: ErrorCode) {
-        if let Some((_, counter)) = self.errors.iter().find(|(c, _)| *c == code) {
-            counter.inc();
-        }
+        self.errors.inc(code.as_str_name());
     }
 }

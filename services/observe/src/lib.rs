@@ -12,7 +12,7 @@ mod metrics;
 
 pub use admin::{serve_admin, serve_admin_with, Readiness, Reply, ReplyFuture, Routes};
 pub use client::admin_get;
-pub use metrics::{Counter, Gauge, Histogram, Registry};
+pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Registry};
 
 /// Sets up `tracing` once for the process: `RUST_LOG`-style filter (default `info`),
 /// human-readable lines on stderr, or JSON lines when `json` is set.

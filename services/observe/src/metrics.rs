@@ -20,6 +20,25 @@ impl Counter {
     }
 }
 
+/// One counter per value of a label (error codes), registered together; counting a value
+/// that was not registered does nothing.
+#[derive(Debug, Default)]
+pub struct CounterFamily {
+    counters: Vec<(&'static str, Arc<Counter>)>,
+}
+
+impl CounterFamily {
+    pub fn add(&self, value: &str, n: u64) {
+        if let Some((_, counter)) = self.counters.iter().find(|(v, _)| *v == value) {
+            counter.add(n);
+        }
+    }
+
+    pub fn inc(&self, value: &str) {
+        self.add(value, 1);
+    }
+}
+
 /// A value that goes up and down.
 #[derive(Debug, Default)]
 pub struct Gauge(AtomicI64);
@@ -112,6 +131,26 @@ impl Registry {
         let gauge = Arc::new(Gauge::default());
         self.push(name, help, labels, Metric::Gauge(Arc::clone(&gauge)));
         gauge
+    }
+
+    /// A counter per value of `label` (besides the common `labels`), all at 0.
+    pub fn counter_family(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        label: &str,
+        values: impl IntoIterator<Item = &'static str>,
+    ) -> CounterFamily {
+        let counters = values
+            .into_iter()
+            .map(|value| {
+                let all: Vec<(&str, &str)> =
+                    labels.iter().copied().chain(std::iter::once((label, value))).collect();
+                (value, self.counter(name, help, &all))
+            })
+            .collect();
+        CounterFamily { counters }
     }
 
     /// A counter whose value `read` computes on every scrape (it must never go down).
@@ -215,15 +254,23 @@ mod tests {
     fn renders_prometheus_text() {
         let registry = Registry::default();
         let logins = registry.counter("meridian_logins_total", "Logins accepted.", &[]);
-        let errors = registry.counter("meridian_errors_total", "Errors.", &[("code", "MALFORMED")]);
+        let errors = registry.counter_family(
+            "meridian_errors_total",
+            "Errors.",
+            &[],
+            "code",
+            ["MALFORMED", "RATE_LIMITED"],
+        );
         let latency = registry.histogram("meridian_delay_seconds", "Delay.", &[], &[0.001, 0.01]);
         registry.gauge_fn("meridian_epoch", "Epoch.", &[("node", "a")], || 7);
         logins.add(3);
-        errors.inc();
+        errors.inc("MALFORMED");
+        errors.inc("NOT_A_CODE");
         latency.observe(0.005);
         let text = registry.render();
         assert!(text.contains("# TYPE meridian_logins_total counter\nmeridian_logins_total 3\n"));
         assert!(text.contains("meridian_errors_total{code=\"MALFORMED\"} 1\n"));
+        assert!(text.contains("meridian_errors_total{code=\"RATE_LIMITED\"} 0\n"));
         assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.001\"} 0\n"));
         assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.01\"} 1\n"));
         assert!(text.contains("meridian_delay_seconds_count 1\n"));

@@ -539,6 +539,9 @@ impl WorldActor {
     /// it is cut (its players leave the world) rather than allowed to slow everyone else.
     fn flush(&mut self) {
         self.metrics.notifications.add(self.outbox.n_messages);
+        for (code, n) in self.outbox.n_errors.drain(..) {
+            self.metrics.errors.add(code.as_str_name(), n);
+        }
         let mut cut = Vec::new();
         for (link, batch, bytes) in self.outbox.drain() {
             let Some(out) = self.links.get(&link) else {

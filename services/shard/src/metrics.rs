@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use meridian_cluster::{RegistrationStatus, ShardId};
-use meridian_observe::{Counter, Gauge, Registry};
+use meridian_observe::{Counter, CounterFamily, Gauge, Registry};
+use meridian_protocol::error_codes;
 
 pub struct ShardMetrics {
     pub players: Arc<Gauge>,
@@ -13,6 +14,8 @@ pub struct ShardMetrics {
     pub moves_rate_limited: Arc<Counter>,
     pub chats: Arc<Counter>,
     pub notifications: Arc<Counter>,
+    /// Errors the shard sent to clients (through their gateways), by code.
+    pub errors: CounterFamily,
     pub delivery_bytes: Arc<Counter>,
     pub batches_in: Arc<Counter>,
     pub batches_out: Arc<Counter>,
@@ -50,6 +53,13 @@ impl ShardMetrics {
                 "meridian_shard_notifications_total",
                 "Server messages produced for clients.",
                 l,
+            ),
+            errors: registry.counter_family(
+                "meridian_shard_errors_total",
+                "Errors sent to clients by the shard (through their gateway), by code.",
+                l,
+                "code",
+                error_codes().map(|code| code.as_str_name()),
             ),
             delivery_bytes: registry.counter(
                 "meridian_shard_delivery_bytes_total",

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use meridian_protocol::{encode_frame, pb::ServerMessage};
+use meridian_protocol::encode_frame;
+use meridian_protocol::pb::{server_message::Kind, ErrorCode, ServerMessage};
 use meridian_rpc::pb::{Delivery, ShardBatch};
 
 use crate::actor::LinkId;
@@ -21,6 +22,8 @@ struct LinkOut {
 pub struct Outbox {
     links: HashMap<LinkId, LinkOut>,
     pub n_messages: u64,
+    /// Errors among them, by code (for the errors-by-code metric).
+    pub n_errors: Vec<(ErrorCode, u64)>,
 }
 
 impl Outbox {
@@ -38,7 +41,7 @@ impl Outbox {
     pub fn push(&mut self, link: LinkId, session: u64, message: &ServerMessage) {
         let (out, index) = self.slot(link, session);
         encode_frame(message, &mut out.frames[index]);
-        self.n_messages += 1;
+        self.count(message);
     }
 
     /// Appends the answer to a Move (its ack or its error), counted for the gateway.
@@ -46,7 +49,18 @@ impl Outbox {
         let (out, index) = self.slot(link, session);
         encode_frame(message, &mut out.frames[index]);
         out.deliveries[index].move_answers += 1;
+        self.count(message);
+    }
+
+    fn count(&mut self, message: &ServerMessage) {
         self.n_messages += 1;
+        if let Some(Kind::Error(error)) = &message.kind {
+            let code = ErrorCode::try_from(error.code).unwrap_or(ErrorCode::ErrorUnspecified);
+            match self.n_errors.iter_mut().find(|(c, _)| *c == code) {
+                Some((_, n)) => *n += 1,
+                None => self.n_errors.push((code, 1)),
+            }
+        }
     }
 
     /// Records the player's latest position and ownership generation for the gateway.

@@ -21,6 +21,7 @@ use anyhow::{bail, Context};
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+use crate::elastic::die_with_parent;
 use crate::process::{process_alive, signal_group};
 use crate::wait::{deadline, wait_until};
 
@@ -94,6 +95,8 @@ fn chromium(profile: &Profile, window: (u32, u32)) -> anyhow::Result<Command> {
         .stdout(log.try_clone()?)
         .stderr(log)
         .process_group(0);
+    // A test killed outright takes its browser with it.
+    die_with_parent(&mut command);
     Ok(command)
 }
 

@@ -47,6 +47,7 @@ const SHARD_FAMILIES: &[&str] = &[
     "meridian_shard_ghosts",
     "meridian_shard_partition_epoch",
     "meridian_shard_etcd_registered",
+    "meridian_shard_errors_total",
 ];
 
 /// GETs and strictly parses a node's `/metrics`.
@@ -84,10 +85,10 @@ fn counters(metrics: &Exposition) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// A sample's value, `code` the label of the errors family.
-fn errors_with(metrics: &Exposition, code: ErrorCode) -> f64 {
+/// The errors with `code` a node counts in its errors family `family`.
+fn errors_with(metrics: &Exposition, family: &str, code: ErrorCode) -> f64 {
     metrics
-        .family("meridian_gateway_errors_total")
+        .family(family)
         .into_iter()
         .flat_map(|f| &f.samples)
         .filter(|s| s.labels.get("code").map(String::as_str) == Some(code.as_str_name()))
@@ -135,8 +136,13 @@ fn play(cluster: &Cluster) -> anyhow::Result<Vec<Bot>> {
             bot.move_ok(direction, 1 + (i * MOVES_EACH + step) as u64)?;
         }
     }
-    // A move before login (NOT_LOGGED_IN, connection kept) and a frame that is no protobuf
-    // (MALFORMED, connection closed).
+    // A move with no direction, refused by the shard (INVALID_ARGUMENT); a move before login
+    // (NOT_LOGGED_IN, connection kept) and a frame that is no protobuf (MALFORMED, connection
+    // closed), refused by the gateway.
+    let client_time = 1_000;
+    bots[1].send(&msg::move_raw(0, client_time))?;
+    let answer = bots[1].recv_answer(deadline(Duration::from_secs(5)), client_time)?;
+    ensure!(answer.error()? == ErrorCode::InvalidArgument, "a move without direction: {answer:?}");
     let mut early = Bot::connect(game)?;
     let answer = early.move_(Direction::Up, 77)?;
     ensure!(answer.error()? == ErrorCode::NotLoggedIn, "a move before login: {answer:?}");
@@ -162,16 +168,20 @@ pub fn metrics_are_strict_prometheus_and_move_under_load() {
                 .any(|s| s.labels.get("io").is_some_and(|io| io == "uring" || io == "epoll")),
             "the io backend family names no backend: {io:?}"
         );
-        for code in ["MALFORMED", "FRAME_TOO_LARGE", "NOT_LOGGED_IN", "RATE_LIMITED", "UNAVAILABLE"]
-        {
-            let family = gateway.family("meridian_gateway_errors_total").context("errors")?;
-            ensure!(
-                family
-                    .samples
-                    .iter()
-                    .any(|s| s.labels.get("code").map(String::as_str) == Some(code)),
-                "no errors series for {code}"
-            );
+        // Every error code has its series from the start, on every node.
+        let families = std::iter::once((&gateway, "meridian_gateway_errors_total"))
+            .chain(shards.iter().map(|m| (m, "meridian_shard_errors_total")));
+        for (metrics, name) in families {
+            let family = metrics.family(name).with_context(|| format!("no {name}"))?;
+            let codes: Vec<&str> = family
+                .samples
+                .iter()
+                .filter_map(|s| s.labels.get("code"))
+                .map(String::as_str)
+                .collect();
+            for code in meridian_protocol::error_codes() {
+                ensure!(codes.contains(&code.as_str_name()), "no {name} series for {code:?}");
+            }
         }
 
         let bots = play(cluster)?;
@@ -183,7 +193,13 @@ pub fn metrics_are_strict_prometheus_and_move_under_load() {
             let Ok((g, s)) = scrape_all(cluster) else { return false };
             let gw = |name: &str| total(&g, name) - total(&gateway, name);
             let sh = |name: &str| shards_total(&s, name) - shards_total(&shards, name);
-            let error = |code| errors_with(&g, code) - errors_with(&gateway, code);
+            let family = "meridian_gateway_errors_total";
+            let error = |code| errors_with(&g, family, code) - errors_with(&gateway, family, code);
+            let family = "meridian_shard_errors_total";
+            let shard_errors = |code| {
+                let now: f64 = s.iter().map(|m| errors_with(m, family, code)).sum();
+                now - shards.iter().map(|m| errors_with(m, family, code)).sum::<f64>()
+            };
             let n = BOTS as f64;
             let checks = [
                 ("gateway logins", gw("meridian_gateway_logins_total"), n),
@@ -193,6 +209,7 @@ pub fn metrics_are_strict_prometheus_and_move_under_load() {
                 ("gateway move delays", gw("meridian_gateway_move_delay_seconds_count"), moves),
                 ("MALFORMED errors", error(ErrorCode::Malformed), 1.0),
                 ("NOT_LOGGED_IN errors", error(ErrorCode::NotLoggedIn), 1.0),
+                ("shard INVALID_ARGUMENT errors", shard_errors(ErrorCode::InvalidArgument), 1.0),
                 ("gateway connections", total(&g, "meridian_gateway_connections"), n),
                 ("shard logins", sh("meridian_shard_logins_total"), n),
                 ("shard moves", sh("meridian_shard_moves_total"), moves),
