@@ -70,6 +70,11 @@ pub fn readyz_follows_etcd() {
             );
         }
         let noticed = stopped.elapsed();
+        // Still unready, every one, while etcd stays away.
+        for (name, admin) in &nodes {
+            let (code, body) = http_get(*admin, "/readyz")?;
+            ensure!(code == 503, "{name}: /readyz answered {code} {body:?} with etcd still gone");
+        }
 
         let etcd = RestartedEtcd::start(cluster, Duration::from_secs(10))?;
         let restarted = Instant::now();
