@@ -144,7 +144,8 @@ fn check_regions(
     let mut shares = BTreeMap::new();
     for region in map["regions"].as_array().into_iter().flatten() {
         let shard = region["shard"].as_u64().context("region shard")?;
-        let colour = colours[&shard];
+        let colour =
+            *colours.get(&shard).with_context(|| format!("shard {shard} is not listed"))?;
         let edge = |a: &str, b: &str| {
             let (a, b) = (region[a].as_f64().unwrap_or(0.0), region[b].as_f64().unwrap_or(0.0));
             (a + 0.12 * (b - a), b - 0.12 * (b - a))
@@ -153,8 +154,8 @@ fn check_regions(
         let (px0, py0) = to_pixel(rx0, ry0);
         let (px1, py1) = to_pixel(rx1, ry1);
         let (mut own, mut other, mut all) = (0u64, 0u64, 0u64);
-        for y in py0 as u32..py1 as u32 {
-            for x in px0 as u32..px1 as u32 {
+        for y in py0 as u32..(py1 as u32).min(image.height) {
+            for x in px0 as u32..(px1 as u32).min(image.width) {
                 let pixel = image.at(x, y);
                 all += 1;
                 if same_colour(pixel, colour) {
@@ -196,7 +197,10 @@ fn check_regions(
             })
             .and_then(|r| r["shard"].as_u64())
             .context("nobody owns the crowd's square")?;
-        let (pixel, colour) = (image.at(px as u32, py as u32), colours[&owner]);
+        ensure!((px as u32) < image.width && (py as u32) < image.height, "crowd off the image");
+        let colour =
+            *colours.get(&owner).with_context(|| format!("shard {owner} is not listed"))?;
+        let pixel = image.at(px as u32, py as u32);
         ensure!(
             pixel.iter().zip(colour).all(|(p, c)| *p < c || c == 0) && !same_colour(pixel, colour),
             "the crowd's square at ({px:.0}, {py:.0}) is {pixel:?}, not darker than shard {owner}'s {colour:?}"
