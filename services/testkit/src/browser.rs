@@ -358,3 +358,31 @@ fn pipe() -> anyhow::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: both descriptors were just created by pipe2 and are owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_run_fails_and_its_whole_group_is_killed() {
+        // A stand-in for a hung Chromium: a shell that never exits, with a child of its own.
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 300 & sleep 300"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let started = Instant::now();
+        let error = finish(&mut child, Duration::from_millis(300), "the stand-in to exit")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("waiting for the stand-in to exit"), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Nothing of the group is left: signalling it finds no process.
+        wait_until(deadline(Duration::from_secs(5)), "the group to be gone", || {
+            // SAFETY: kill(2) with signal 0 only checks that the group exists.
+            unsafe { libc::kill(-pid, 0) != 0 }
+        })
+        .unwrap();
+    }
+}
