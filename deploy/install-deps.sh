@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs the system packages Meridian builds and tests with, if they are missing:
-# etcd (the tests and `meridian up` start their own) and protoc (etcd-client's build).
+# etcd (the tests and `meridian up` start their own), protoc (etcd-client's build) and
+# Chromium (the live map's test renders the gateway's /map in headless Chromium).
 set -euo pipefail
 need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+# A font too: --no-install-recommends would leave the map's labels without one.
+[ -x /usr/bin/chromium ] || need+=(chromium fonts-dejavu-core)
 if ((${#need[@]})); then
     echo "installing: ${need[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

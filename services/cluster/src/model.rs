@@ -68,6 +68,30 @@ impl LoadProfile {
     }
 }
 
+/// Side of one square of a [`DensityReport`], in cells.
+pub const DENSITY_CELL: u32 = 10;
+
+/// Where a shard's players stand on a coarse 2-D grid, as its admin port serves it at
+/// `/density` (for the live map; not kept in etcd, see ARCHITECTURE.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DensityReport {
+    pub shard: u32,
+    /// The partition epoch the shard is using.
+    pub epoch: u64,
+    /// Whether the shard answers `/readyz` with 200 right now.
+    pub ready: bool,
+    /// Side of a square, in cells ([`DENSITY_CELL`]).
+    pub cell: u32,
+    /// `[column, row, players]` for every square with players (column = x / cell).
+    pub counts: Vec<[u32; 3]>,
+}
+
+impl DensityReport {
+    pub fn players(&self) -> u64 {
+        self.counts.iter().map(|c| u64::from(c[2])).sum()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GatewayRecord {
     pub id: GatewayId,

@@ -75,8 +75,9 @@ pub struct Conn<T> {
     /// Output not yet handed to the kernel.
     pub out: Vec<u8>,
     pub session: Session,
-    /// client_time of every move relayed and not yet answered, oldest first.
-    inflight: VecDeque<u64>,
+    /// client_time of every move relayed and not yet answered, oldest first, with when it
+    /// was read (for the move delay histogram).
+    inflight: VecDeque<(u64, Instant)>,
     /// Sequence number of the next input relayed for this connection (Join is 1).
     next_seq: u64,
     /// The player's name, last acknowledged position and ownership generation, kept to
@@ -328,7 +329,7 @@ impl<T> Core<T> {
             // connection open, so no link failure answered them) are refused now, in order,
             // before the ViewReset: every move gets exactly one answer.
             let unanswered = std::mem::take(&mut conn.inflight);
-            for client_time in unanswered {
+            for (client_time, _) in unanswered {
                 let detail = "shard failed before answering";
                 self.ctx.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
             }
@@ -358,7 +359,7 @@ impl<T> Core<T> {
                 continue;
             }
             let unanswered = std::mem::take(&mut conn.inflight);
-            for client_time in unanswered {
+            for (client_time, _) in unanswered {
                 self.ctx.refuse(
                     conn,
                     slot,
@@ -504,8 +505,13 @@ impl Ctx {
             conn.last_position = Some((at.x, at.y));
             conn.generation = delivery.generation;
         }
-        for _ in 0..delivery.move_answers {
-            conn.inflight.pop_front();
+        if delivery.move_answers > 0 {
+            let now = Instant::now();
+            for _ in 0..delivery.move_answers {
+                if let Some((_, read_at)) = conn.inflight.pop_front() {
+                    self.shared.metrics.move_delay.observe((now - read_at).as_secs_f64());
+                }
+            }
         }
         if delivery.close {
             conn.session = Session::Gone;
@@ -624,7 +630,7 @@ impl Ctx {
                     return self.refuse(conn, slot, ErrorCode::RateLimited, detail, m.client_time);
                 }
                 if let Some((player, link)) = self.route(conn, slot, m.client_time) {
-                    conn.inflight.push_back(m.client_time);
+                    conn.inflight.push_back((m.client_time, Instant::now()));
                     self.relay(&link, session, player, conn.take_seq(), Input::Move(m));
                 }
             }

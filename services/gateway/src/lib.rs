@@ -13,6 +13,7 @@
 mod core;
 mod epoll;
 mod ids;
+pub mod map;
 mod metrics;
 mod relay;
 mod routing;
@@ -27,7 +28,7 @@ use std::time::Duration;
 use meridian_cluster::{
     ClusterError, ClusterKeys, ClusterWatch, GatewayId, GatewayRecord, Registration,
 };
-use meridian_observe::{serve_admin, Readiness, Registry};
+use meridian_observe::{serve_admin_with, Readiness, Registry};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -142,6 +143,7 @@ pub async fn run(
         Registration::start(client, keys.gateway(config.id), record.to_json(), config.lease_ttl)
             .await?;
     let status = registration.status();
+    metrics.watch_cluster(&registry, config.id, status.clone(), watch.view());
     let table = Arc::clone(&shared.routing);
     let readiness: Readiness = Arc::new(move || {
         if !status.is_registered() {
@@ -159,7 +161,14 @@ pub async fn run(
             }
         })
     });
-    tokio::spawn(serve_admin(admin, registry, readiness));
+    let links = Arc::clone(&shared.routing);
+    let live_map = map::LiveMap::new(
+        config.cluster.clone(),
+        Some(config.id),
+        watch.view(),
+        Arc::new(move |id| Some(links.read(|t| t.link(id).is_some_and(|l| l.is_up())))),
+    );
+    tokio::spawn(serve_admin_with(admin, registry, readiness, live_map.routes()));
     info!(gateway = %config.id, %game_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
 
     shutdown.await;

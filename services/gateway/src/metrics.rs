@@ -2,11 +2,15 @@
 
 use std::sync::Arc;
 
-use meridian_cluster::GatewayId;
-use meridian_observe::{Counter, Gauge, Registry};
-use meridian_protocol::pb::ErrorCode;
+use meridian_cluster::{ClusterView, EpochCell, GatewayId, RegistrationStatus};
+use meridian_observe::{Counter, CounterFamily, Gauge, Histogram, Registry};
+use meridian_protocol::{error_codes, pb::ErrorCode};
 
 use crate::IoBackend;
+
+/// Upper bounds of the move delay histogram, in seconds.
+const MOVE_DELAY_BUCKETS: [f64; 12] =
+    [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0];
 
 pub struct GatewayMetrics {
     pub connections: Arc<Gauge>,
@@ -20,7 +24,10 @@ pub struct GatewayMetrics {
     pub batches_from_shards: Arc<Counter>,
     pub slow_clients_cut: Arc<Counter>,
     pub relay_queue_full: Arc<Counter>,
-    errors: Vec<(ErrorCode, Arc<Counter>)>,
+    /// From reading a Move to queueing its answer (ack or refusal from the shard) for the
+    /// client: the gateway-shard-gateway round trip as the gateway sees it.
+    pub move_delay: Arc<Histogram>,
+    errors: CounterFamily,
 }
 
 impl GatewayMetrics {
@@ -35,28 +42,13 @@ impl GatewayMetrics {
                 &[("gateway", gateway.as_str()), ("io", io.as_str())],
             )
             .set(1);
-        let codes = [
-            ErrorCode::Malformed,
-            ErrorCode::FrameTooLarge,
-            ErrorCode::NotLoggedIn,
-            ErrorCode::AlreadyLoggedIn,
-            ErrorCode::RateLimited,
-            ErrorCode::Unavailable,
-            ErrorCode::InvalidToken,
-            ErrorCode::ShuttingDown,
-            ErrorCode::InvalidArgument,
-        ];
-        let errors = codes
-            .into_iter()
-            .map(|code| {
-                let counter = registry.counter(
-                    "meridian_gateway_errors_total",
-                    "Errors sent to clients by the gateway, by code.",
-                    &[("gateway", gateway.as_str()), ("code", code.as_str_name())],
-                );
-                (code, counter)
-            })
-            .collect();
+        let errors = registry.counter_family(
+            "meridian_gateway_errors_total",
+            "Errors sent to clients by the gateway, by code.",
+            l,
+            "code",
+            error_codes().map(|code| code.as_str_name()),
+        );
         GatewayMetrics {
             connections: registry.gauge(
                 "meridian_gateway_connections",
@@ -113,13 +105,56 @@ impl GatewayMetrics {
                 "Inputs that found a shard's relay queue full and waited in the worker for room.",
                 l,
             ),
+            move_delay: registry.histogram(
+                "meridian_gateway_move_delay_seconds",
+                "From reading a client's Move to queueing the shard's answer to it.",
+                l,
+                &MOVE_DELAY_BUCKETS,
+            ),
             errors,
         }
     }
 
+    /// etcd status and the partition epoch, read at scrape time from the registration and
+    /// the cluster view.
+    pub fn watch_cluster(
+        &self,
+        registry: &Registry,
+        id: GatewayId,
+        status: RegistrationStatus,
+        view: Arc<EpochCell<ClusterView>>,
+    ) {
+        let gateway = id.0.to_string();
+        let l: &[(&str, &str)] = &[("gateway", gateway.as_str())];
+        let registered = status.clone();
+        registry.gauge_fn(
+            "meridian_gateway_etcd_registered",
+            "1 while this gateway's key is held in etcd on a live lease, else 0.",
+            l,
+            move || i64::from(registered.is_registered()),
+        );
+        registry.counter_fn(
+            "meridian_gateway_etcd_lease_expirations_total",
+            "Times etcd let this gateway's lease expire.",
+            l,
+            move || status.expirations(),
+        );
+        let epoch_view = Arc::clone(&view);
+        registry.gauge_fn(
+            "meridian_gateway_partition_epoch",
+            "The partition epoch this gateway routes by (0 before the first).",
+            l,
+            move || epoch_view.read(|v| v.partition.as_ref().map_or(0, |p| p.epoch as i64)),
+        );
+        registry.gauge_fn(
+            "meridian_gateway_shards_known",
+            "Shards registered in etcd as this gateway sees them.",
+            l,
+            move || view.read(|v| v.shards.len() as i64),
+        );
+    }
+
     pub fn error(&self, code: ErrorCode) {
-        if let Some((_, counter)) = self.errors.iter().find(|(c, _)| *c == code) {
-            counter.inc();
-        }
+        self.errors.inc(code.as_str_name());
     }
 }

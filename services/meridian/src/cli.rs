@@ -226,6 +226,10 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Serve the live map (`/map`, `/map.json`) on this address instead of printing, until
+    /// Ctrl-C; port 0 picks a free port (the URL is printed).
+    #[arg(long, value_name = "ADDR", conflicts_with = "json")]
+    pub web: Option<SocketAddr>,
 }
 
 fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {

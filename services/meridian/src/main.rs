@@ -4,7 +4,6 @@
 
 mod cli;
 mod drain;
-mod http;
 mod node;
 mod status;
 mod up;

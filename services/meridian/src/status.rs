@@ -6,7 +6,13 @@ use serde_json::json;
 
 use crate::cli::StatusArgs;
 
+/// How long a shard may take to answer `/readyz`.
+const READYZ_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.web {
+        return serve_map(&args, addr);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (view, health) = runtime.block_on(async {
         let client = meridian_cluster::connect(&args.cluster.etcd)
@@ -17,7 +23,12 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         // Health as each shard reports it on its admin port (/readyz).
         let mut health = std::collections::BTreeMap::new();
         for shard in view.shards.values() {
-            health.insert(shard.id.0, crate::http::status(&shard.admin, "/readyz").await);
+            health.insert(
+                shard.id.0,
+                meridian_observe::admin_get(&shard.admin, "/readyz", READYZ_WITHIN)
+                    .await
+                    .map(|(code, _)| code),
+            );
         }
         anyhow::Ok((view, health))
     })?;
@@ -70,4 +81,34 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `meridian status --web ADDR`: the gateways' live map, served from this process's own view
+/// of etcd (it routes nothing, so shard health comes from their `/readyz` alone).
+fn serve_map(args: &StatusArgs, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let client = meridian_cluster::connect(&args.cluster.etcd)
+            .await
+            .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
+        let keys = ClusterKeys::new(&args.cluster.cluster);
+        let watch = ClusterWatch::start(client, keys).await?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr} for the live map"))?;
+        let map = meridian_gateway::map::LiveMap::new(
+            args.cluster.cluster.clone(),
+            None,
+            watch.view(),
+            std::sync::Arc::new(|_| None),
+        );
+        println!("live map: http://{}/map (Ctrl-C stops)", listener.local_addr()?);
+        let ready: meridian_observe::Readiness = std::sync::Arc::new(|| Ok(()));
+        let registry = meridian_observe::Registry::default();
+        tokio::select! {
+            _ = meridian_observe::serve_admin_with(listener, registry, ready, map.routes()) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        anyhow::Ok(())
+    })
 }

@@ -178,6 +178,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         );
     }
     println!("  status:   meridian status --cluster {} --etcd {etcd_url}", args.cluster);
+    if let Some(admin) = summary["gateways"][0]["admin"].as_str() {
+        println!("  live map: http://{admin}/map");
+    }
     println!("Ctrl-C stops the cluster.");
     if let Some(path) = &args.ready_file {
         write_json_atomically(path, &summary)?;
@@ -244,7 +247,11 @@ async fn wait_until_ready(
                 .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
             if let Some(ready) = ready {
                 let admin = ready["admin"].as_str().unwrap_or_default().to_string();
-                if crate::http::status(&admin, "/readyz").await == Some(200) {
+                if meridian_observe::admin_get(&admin, "/readyz", Duration::from_secs(1))
+                    .await
+                    .map(|(code, _)| code)
+                    == Some(200)
+                {
                     if node.name.starts_with("shard") {
                         shards.push(ready);
                     } else {

@@ -1,15 +1,18 @@
 //! Observability shared by every Meridian node: one place that sets up `tracing`, a tiny
-//! lock-free metrics registry rendered as Prometheus text, and the admin HTTP port
-//! (`/healthz`, `/readyz`, `/metrics`).
+//! lock-free metrics registry rendered as Prometheus text, the admin HTTP port
+//! (`/healthz`, `/readyz`, `/metrics`, plus node-specific pages), and the tiny client one
+//! node uses to read another's admin port.
 //!
 //! Metrics are plain atomics updated on hot paths with relaxed ordering; rendering walks
 //! them on scrape. Nothing here allocates per update or takes a lock per update.
 
 mod admin;
+mod client;
 mod metrics;
 
-pub use admin::{serve_admin, serve_admin_with, JsonFuture, Readiness, Routes};
-pub use metrics::{Counter, Gauge, Histogram, Registry};
+pub use admin::{serve_admin, serve_admin_with, Readiness, Reply, ReplyFuture, Routes};
+pub use client::admin_get;
+pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Registry};
 
 /// Sets up `tracing` once for the process: `RUST_LOG`-style filter (default `info`),
 /// human-readable lines on stderr, or JSON lines when `json` is set.

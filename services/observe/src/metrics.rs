@@ -20,6 +20,25 @@ impl Counter {
     }
 }
 
+/// One counter per value of a label (error codes), registered together; counting a value
+/// that was not registered does nothing.
+#[derive(Debug, Default)]
+pub struct CounterFamily {
+    counters: Vec<(&'static str, Arc<Counter>)>,
+}
+
+impl CounterFamily {
+    pub fn add(&self, value: &str, n: u64) {
+        if let Some((_, counter)) = self.counters.iter().find(|(v, _)| *v == value) {
+            counter.add(n);
+        }
+    }
+
+    pub fn inc(&self, value: &str) {
+        self.add(value, 1);
+    }
+}
+
 /// A value that goes up and down.
 #[derive(Debug, Default)]
 pub struct Gauge(AtomicI64);
@@ -65,9 +84,15 @@ impl Histogram {
     }
 }
 
+/// A value read at scrape time from state the node keeps anyway (a registration flag, the
+/// partition epoch), so nothing has to copy it into an atomic.
+type ReadFn = Box<dyn Fn() -> i64 + Send + Sync>;
+
 enum Metric {
     Counter(Arc<Counter>),
     Gauge(Arc<Gauge>),
+    CounterFn(ReadFn),
+    GaugeFn(ReadFn),
     Histogram(Arc<Histogram>),
 }
 
@@ -108,9 +133,58 @@ impl Registry {
         gauge
     }
 
-    pub fn histogram(&self, name: &str, help: &str, bounds: &[f64]) -> Arc<Histogram> {
+    /// A counter per value of `label` (besides the common `labels`), all at 0.
+    pub fn counter_family(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        label: &str,
+        values: impl IntoIterator<Item = &'static str>,
+    ) -> CounterFamily {
+        let counters = values
+            .into_iter()
+            .map(|value| {
+                let all: Vec<(&str, &str)> =
+                    labels.iter().copied().chain(std::iter::once((label, value))).collect();
+                (value, self.counter(name, help, &all))
+            })
+            .collect();
+        CounterFamily { counters }
+    }
+
+    /// A counter whose value `read` computes on every scrape (it must never go down).
+    pub fn counter_fn(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        let read = move || i64::try_from(read()).unwrap_or(i64::MAX);
+        self.push(name, help, labels, Metric::CounterFn(Box::new(read)));
+    }
+
+    /// A gauge whose value `read` computes on every scrape.
+    pub fn gauge_fn(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        read: impl Fn() -> i64 + Send + Sync + 'static,
+    ) {
+        self.push(name, help, labels, Metric::GaugeFn(Box::new(read)));
+    }
+
+    pub fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        bounds: &[f64],
+    ) -> Arc<Histogram> {
         let histogram = Arc::new(Histogram::new(bounds));
-        self.push(name, help, &[], Metric::Histogram(Arc::clone(&histogram)));
+        self.push(name, help, labels, Metric::Histogram(Arc::clone(&histogram)));
         histogram
     }
 
@@ -121,8 +195,8 @@ impl Registry {
         let mut last_name = "";
         for entry in entries.iter() {
             let kind = match entry.metric {
-                Metric::Counter(_) => "counter",
-                Metric::Gauge(_) => "gauge",
+                Metric::Counter(_) | Metric::CounterFn(_) => "counter",
+                Metric::Gauge(_) | Metric::GaugeFn(_) => "gauge",
                 Metric::Histogram(_) => "histogram",
             };
             if entry.name != last_name {
@@ -149,6 +223,9 @@ impl Registry {
                 }
                 Metric::Gauge(g) => {
                     let _ = writeln!(out, "{}{} {}", entry.name, braces(""), g.get());
+                }
+                Metric::GaugeFn(read) | Metric::CounterFn(read) => {
+                    let _ = writeln!(out, "{}{} {}", entry.name, braces(""), read());
                 }
                 Metric::Histogram(h) => {
                     let mut cumulative = 0;
@@ -177,16 +254,26 @@ mod tests {
     fn renders_prometheus_text() {
         let registry = Registry::default();
         let logins = registry.counter("meridian_logins_total", "Logins accepted.", &[]);
-        let errors = registry.counter("meridian_errors_total", "Errors.", &[("code", "MALFORMED")]);
-        let latency = registry.histogram("meridian_delay_seconds", "Delay.", &[0.001, 0.01]);
+        let errors = registry.counter_family(
+            "meridian_errors_total",
+            "Errors.",
+            &[],
+            "code",
+            ["MALFORMED", "RATE_LIMITED"],
+        );
+        let latency = registry.histogram("meridian_delay_seconds", "Delay.", &[], &[0.001, 0.01]);
+        registry.gauge_fn("meridian_epoch", "Epoch.", &[("node", "a")], || 7);
         logins.add(3);
-        errors.inc();
+        errors.inc("MALFORMED");
+        errors.inc("NOT_A_CODE");
         latency.observe(0.005);
         let text = registry.render();
         assert!(text.contains("# TYPE meridian_logins_total counter\nmeridian_logins_total 3\n"));
         assert!(text.contains("meridian_errors_total{code=\"MALFORMED\"} 1\n"));
+        assert!(text.contains("meridian_errors_total{code=\"RATE_LIMITED\"} 0\n"));
         assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.001\"} 0\n"));
         assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.01\"} 1\n"));
         assert!(text.contains("meridian_delay_seconds_count 1\n"));
+        assert!(text.contains("# TYPE meridian_epoch gauge\nmeridian_epoch{node=\"a\"} 7\n"));
     }
 }

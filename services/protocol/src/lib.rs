@@ -23,7 +23,7 @@ pub use frame::{
     decode_body, encode_frame, next_frame, CodecError, FrameError, FrameHeader, FrameReader,
     MAX_PREFIX_BYTES,
 };
-pub use messages::server;
+pub use messages::{error_codes, server};
 pub use token::{TokenError, TokenKey, TOKEN_LEN};
 pub use validate::{
     validate_chat, validate_direction, validate_name, InvalidArgument, MAX_CHAT_BYTES,

@@ -1,5 +1,10 @@
 //! Short constructors for the server messages, so call sites read like the protocol table.
 
+/// Every error code a server sends (all but `ERROR_UNSPECIFIED`), in wire order.
+pub fn error_codes() -> impl Iterator<Item = crate::pb::ErrorCode> {
+    (1..).map_while(|code| crate::pb::ErrorCode::try_from(code).ok())
+}
+
 /// `ServerMessage` constructors.
 pub mod server {
     use crate::pb::{self, server_message::Kind, ErrorCode, ServerMessage};

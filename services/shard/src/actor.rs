@@ -79,6 +79,10 @@ pub enum Command {
     Load {
         reply: oneshot::Sender<meridian_cluster::LoadProfile>,
     },
+    /// Where this shard's players stand on the coarse grid of the live map.
+    Density {
+        reply: oneshot::Sender<meridian_cluster::DensityReport>,
+    },
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
     /// How far a drain has got: (local players, handoffs not yet confirmed).
@@ -257,6 +261,9 @@ impl WorldActor {
             }
             Command::Load { reply } => {
                 let _ = reply.send(self.load_profile());
+            }
+            Command::Density { reply } => {
+                let _ = reply.send(self.density());
             }
             Command::LeaseExpired => self.after_lease_expiry(),
             Command::DrainStatus { reply } => {
@@ -533,6 +540,9 @@ impl WorldActor {
     /// it is cut (its players leave the world) rather than allowed to slow everyone else.
     fn flush(&mut self) {
         self.metrics.notifications.add(self.outbox.n_messages);
+        for (code, n) in self.outbox.n_errors.drain(..) {
+            self.metrics.errors.add(code.as_str_name(), n);
+        }
         let mut cut = Vec::new();
         for (link, batch, bytes) in self.outbox.drain() {
             let Some(out) = self.links.get(&link) else {
@@ -605,6 +615,23 @@ impl WorldActor {
             load.y[(at.y / band) as usize] += 1;
         }
         load
+    }
+
+    /// Players per square of [`meridian_cluster::DENSITY_CELL`] cells, squares with
+    /// players only (`ready` is filled in by the admin route).
+    fn density(&self) -> meridian_cluster::DensityReport {
+        let cell = meridian_cluster::DENSITY_CELL;
+        let mut squares: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
+        for (_, at) in self.world.local_players() {
+            *squares.entry((at.x / cell, at.y / cell)).or_default() += 1;
+        }
+        meridian_cluster::DensityReport {
+            shard: self.id.0,
+            epoch: self.geometry.epoch,
+            ready: false,
+            cell,
+            counts: squares.into_iter().map(|((column, row), n)| [column, row, n]).collect(),
+        }
     }
 
     fn report(&self) -> String {

@@ -28,7 +28,7 @@ use meridian_cluster::{
     ClusterError, ClusterKeys, ClusterWatch, Coordinator, Registration, ShardId, ShardRecord,
     ShardState,
 };
-use meridian_observe::{serve_admin_with, JsonFuture, Readiness, Registry, Routes};
+use meridian_observe::{serve_admin_with, Readiness, Registry, Reply, ReplyFuture, Routes};
 use meridian_world::WorldConfig;
 use tokio::net::TcpListener;
 use tracing::info;
@@ -132,6 +132,7 @@ pub async fn run(
     tokio::spawn(coordinator.run(lease, watch.changes()));
 
     let status = registration.status();
+    metrics.watch_registration(&registry, config.id, status.clone());
     tokio::spawn(watch_expiry(status.clone(), commands.clone()));
     let me = config.id;
     let readiness: Readiness = Arc::new(move || {
@@ -146,21 +147,7 @@ pub async fn run(
             Err("holds no region".into())
         }
     });
-    let report_commands = commands.clone();
-    let routes: Routes = Arc::new(move |path: &str| {
-        if path != "/players" {
-            return None;
-        }
-        let commands = report_commands.clone();
-        let body: JsonFuture = Box::pin(async move {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            if commands.send(actor::Command::Report { reply }).await.is_err() {
-                return "{}".to_string();
-            }
-            answer.await.unwrap_or_else(|_| "{}".to_string())
-        });
-        Some(body)
-    });
+    let routes = admin_routes(commands.clone(), Arc::clone(&readiness));
     tokio::spawn(serve_admin_with(admin, registry, readiness, routes));
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(publish_load(
@@ -207,6 +194,40 @@ pub async fn run(
         result?;
     }
     outcome
+}
+
+/// The shard's own admin pages: `/players` (who it owns, for conservation checks) and
+/// `/density` (where they stand, for the gateways' live map).
+fn admin_routes(
+    commands: tokio::sync::mpsc::Sender<actor::Command>,
+    readiness: Readiness,
+) -> Routes {
+    Arc::new(move |path: &str| {
+        let commands = commands.clone();
+        let reply: ReplyFuture = match path {
+            "/players" => Box::pin(async move {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                if commands.send(actor::Command::Report { reply }).await.is_err() {
+                    return Reply::json("{}".to_string());
+                }
+                Reply::json(answer.await.unwrap_or_else(|_| "{}".to_string()))
+            }),
+            "/density" => {
+                let ready = readiness().is_ok();
+                Box::pin(async move {
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    let mut density = Default::default();
+                    if commands.send(actor::Command::Density { reply }).await.is_ok() {
+                        density = answer.await.unwrap_or_default();
+                    }
+                    let density = meridian_cluster::DensityReport { ready, ..density };
+                    Reply::json(serde_json::to_string(&density).unwrap_or_default())
+                })
+            }
+            _ => return None,
+        };
+        Some(reply)
+    })
 }
 
 /// Waits until every local player has been handed off and every handoff confirmed.

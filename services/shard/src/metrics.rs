@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use meridian_cluster::ShardId;
-use meridian_observe::{Counter, Gauge, Registry};
+use meridian_cluster::{RegistrationStatus, ShardId};
+use meridian_observe::{Counter, CounterFamily, Gauge, Registry};
+use meridian_protocol::error_codes;
 
 pub struct ShardMetrics {
     pub players: Arc<Gauge>,
@@ -13,6 +14,8 @@ pub struct ShardMetrics {
     pub moves_rate_limited: Arc<Counter>,
     pub chats: Arc<Counter>,
     pub notifications: Arc<Counter>,
+    /// Errors the shard sent to clients (through their gateways), by code.
+    pub errors: CounterFamily,
     pub delivery_bytes: Arc<Counter>,
     pub batches_in: Arc<Counter>,
     pub batches_out: Arc<Counter>,
@@ -50,6 +53,13 @@ impl ShardMetrics {
                 "meridian_shard_notifications_total",
                 "Server messages produced for clients.",
                 l,
+            ),
+            errors: registry.counter_family(
+                "meridian_shard_errors_total",
+                "Errors sent to clients by the shard (through their gateway), by code.",
+                l,
+                "code",
+                error_codes().map(|code| code.as_str_name()),
             ),
             delivery_bytes: registry.counter(
                 "meridian_shard_delivery_bytes_total",
@@ -112,5 +122,24 @@ impl ShardMetrics {
             ),
             epoch: registry.gauge("meridian_shard_partition_epoch", "Partition epoch in use.", l),
         }
+    }
+
+    /// etcd status, read from the registration at scrape time.
+    pub fn watch_registration(&self, registry: &Registry, id: ShardId, status: RegistrationStatus) {
+        let shard = id.0.to_string();
+        let l: &[(&str, &str)] = &[("shard", shard.as_str())];
+        let registered = status.clone();
+        registry.gauge_fn(
+            "meridian_shard_etcd_registered",
+            "1 while this shard's key is held in etcd on a live lease, else 0.",
+            l,
+            move || i64::from(registered.is_registered()),
+        );
+        registry.counter_fn(
+            "meridian_shard_etcd_lease_expirations_total",
+            "Times etcd let this shard's lease expire (taken for dead).",
+            l,
+            move || status.expirations(),
+        );
     }
 }

@@ -3,7 +3,8 @@
 
 use rustc_hash::FxHashMap;
 
-use meridian_protocol::{encode_frame, pb::ServerMessage};
+use meridian_protocol::encode_frame;
+use meridian_protocol::pb::{server_message::Kind, ErrorCode, ServerMessage};
 use meridian_rpc::pb::{Delivery, ShardBatch};
 
 use crate::actor::LinkId;
@@ -25,6 +26,8 @@ struct LinkOut {
 pub struct Outbox {
     links: FxHashMap<LinkId, LinkOut>,
     pub n_messages: u64,
+    /// Errors among them, by code (for the errors-by-code metric).
+    pub n_errors: Vec<(ErrorCode, u64)>,
 }
 
 impl Outbox {
@@ -42,7 +45,7 @@ impl Outbox {
     pub fn push(&mut self, link: LinkId, session: u64, message: &ServerMessage) {
         let (out, index) = self.slot(link, session);
         encode_frame(message, &mut out.frames[index]);
-        self.n_messages += 1;
+        self.count(message);
     }
 
     /// Appends the answer to a Move (its ack or its error), counted for the gateway.
@@ -50,7 +53,18 @@ impl Outbox {
         let (out, index) = self.slot(link, session);
         encode_frame(message, &mut out.frames[index]);
         out.deliveries[index].move_answers += 1;
+        self.count(message);
+    }
+
+    fn count(&mut self, message: &ServerMessage) {
         self.n_messages += 1;
+        if let Some(Kind::Error(error)) = &message.kind {
+            let code = ErrorCode::try_from(error.code).unwrap_or(ErrorCode::ErrorUnspecified);
+            match self.n_errors.iter_mut().find(|(c, _)| *c == code) {
+                Some((_, n)) => *n += 1,
+                None => self.n_errors.push((code, 1)),
+            }
+        }
     }
 
     /// Records the player's latest position and ownership generation for the gateway.

@@ -32,7 +32,7 @@ const LOG_TAIL_LINES: usize = 60;
 
 /// Asks the kernel to SIGKILL the child when the thread that started it exits, so nothing
 /// outlives a test that panicked before dropping its handles.
-fn die_with_parent(command: &mut Command) {
+pub(crate) fn die_with_parent(command: &mut Command) {
     // SAFETY: prctl between fork and exec touches no memory shared with the parent.
     unsafe {
         command.pre_exec(|| {

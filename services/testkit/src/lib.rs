@@ -20,11 +20,16 @@
 //! readiness and per-shard loads to watch them by ([`metric_total`], [`wait_ready`],
 //! [`loads`]).
 //!
+//! For the operator's view: headless Chromium driving the gateways' live map ([`browser`]:
+//! one-shot screenshots and DOM dumps, and a page kept open over the DevTools protocol),
+//! and a strict parser of the Prometheus text the admin ports serve ([`Exposition`]).
+//!
 //! This crate is for tests only (`publish = false`). It must never be a dependency of a
 //! service crate, and it must never leave a process running after the `Cluster` that started
 //! it is dropped.
 
 mod bot;
+pub mod browser;
 mod bystander;
 mod cluster;
 pub mod conservation;
@@ -35,6 +40,7 @@ pub mod msg;
 mod outcome;
 mod partition;
 mod process;
+mod prometheus;
 mod rest;
 mod rng;
 pub mod scenario;
@@ -61,6 +67,7 @@ pub use meridian_protocol::pb;
 pub use outcome::{chat_round, Outcome};
 pub use partition::{wait_for_expected_partition, wait_for_partition, Border, Partition, Region};
 pub use process::process_alive;
+pub use prometheus::{Exposition, PromFamily, PromSample};
 pub use rest::{ping_all, settle, truth_of};
 pub use rng::{test_seed, Rng, SEED_ENV};
 pub use scenario::{generate, Action, HotSpots, ScenarioConfig, Script, SlotScript};
