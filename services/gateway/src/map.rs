@@ -299,13 +299,22 @@ fn add_reported(density: &mut BTreeMap<(u32, u32), f64>, report: &DensityReport)
 /// the map can draw of a shard that does not answer.
 fn add_estimated(density: &mut BTreeMap<(u32, u32), f64>, record: &ShardRecord) {
     let total: u32 = record.load.x.iter().sum();
-    if total == 0 || LOAD_BAND != DENSITY_CELL {
+    if total == 0 {
         return;
     }
-    for (column, &nx) in record.load.x.iter().enumerate().filter(|(_, n)| **n > 0) {
-        for (row, &ny) in record.load.y.iter().enumerate().filter(|(_, n)| **n > 0) {
+    // Bands of LOAD_BAND cells summed into squares of DENSITY_CELL cells.
+    let squares = |bands: &[u32]| {
+        let mut by_square: BTreeMap<u32, u32> = BTreeMap::new();
+        for (band, &n) in bands.iter().enumerate().filter(|(_, n)| **n > 0) {
+            *by_square.entry(band as u32 * LOAD_BAND / DENSITY_CELL).or_default() += n;
+        }
+        by_square
+    };
+    let (columns, rows) = (squares(&record.load.x), squares(&record.load.y));
+    for (&column, &nx) in &columns {
+        for (&row, &ny) in &rows {
             let share = f64::from(nx) * f64::from(ny) / f64::from(total);
-            *density.entry((column as u32, row as u32)).or_default() += share;
+            *density.entry((column, row)).or_default() += share;
         }
     }
 }
@@ -328,10 +337,11 @@ mod tests {
 
     fn view() -> ClusterView {
         let mut view = ClusterView::default();
-        let mut x = vec![0; 40];
-        let mut y = vec![0; 40];
-        x[30] = 4;
-        y[5] = 4;
+        // Shard 2's four players stand in the square at cells (300.., 50..).
+        let bands = (400 / LOAD_BAND) as usize;
+        let (mut x, mut y) = (vec![0; bands], vec![0; bands]);
+        x[(305 / LOAD_BAND) as usize] = 4;
+        y[(55 / LOAD_BAND) as usize] = 4;
         view.shards.insert(ShardId(1), record(1, ShardState::Serving, 6, LoadProfile::default()));
         view.shards.insert(ShardId(2), record(2, ShardState::Serving, 4, LoadProfile { x, y }));
         view.shards.insert(ShardId(5), record(5, ShardState::Draining, 0, LoadProfile::default()));
