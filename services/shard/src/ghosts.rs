@@ -216,7 +216,6 @@ fn apply_now(
     let version = (message.generation, message.subject_seq);
     let result = match message.kind {
         Some(Kind::Upsert(upsert)) => {
-            debug!(player = %id, from = %track.source, ?version, was_present = track.present, "ghost upsert");
             track.present = true;
             let name: Arc<str> = upsert.name.into();
             let at = position(upsert.position);

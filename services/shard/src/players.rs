@@ -406,7 +406,10 @@ impl WorldActor {
                 generation,
                 next_seq: handoff.next_seq,
                 pending: Default::default(),
-                ghosted_at: Vec::new(),
+                // The old owner kept the player as a ghost when it handed it over: it is
+                // kept up to date from here like any holder, and told to drop it when it is
+                // out of reach (else it would show the player frozen where it left).
+                ghosted_at: vec![from],
                 subject_seq: handoff.subject_seq,
             },
         );

@@ -68,9 +68,14 @@ impl History {
         recent.steps.push_back((version, at));
     }
 
-    /// The newest state of the player this world knows, if it knows one that still holds.
+    /// The newest state of the player this world has had.
     pub fn version(&self, id: PlayerId) -> Option<Version> {
-        self.players.get(&id).filter(|r| !r.out_of_reach).map(|r| r.version)
+        self.players.get(&id).map(|r| r.version)
+    }
+
+    /// Whether this world's copy of the player was dropped only for being out of reach.
+    fn out_of_reach(&self, id: PlayerId) -> bool {
+        self.players.get(&id).is_some_and(|r| r.out_of_reach)
     }
 
     /// The player's copy left this world: it left the world itself (`left_world`), or only
@@ -87,6 +92,22 @@ impl History {
     pub fn expire(&mut self) {
         self.players
             .retain(|_, r| r.removed.is_none_or(|since| since.elapsed() < REMOVED_LIFETIME));
+    }
+
+    /// The player's recent walk from where it came into sight (by `sees`) to where it is,
+    /// if the history holds a continuous walk from out of sight. `None` otherwise.
+    fn walk_into_sight(
+        &self,
+        id: PlayerId,
+        sees: impl Fn(Position) -> bool,
+    ) -> Option<Vec<Position>> {
+        let recent = self.players.get(&id)?;
+        let steps: Vec<Position> = recent.steps.iter().map(|(_, at)| *at).collect();
+        let outside = steps.iter().rposition(|at| !sees(*at))?;
+        let walk = &steps[outside..];
+        let continuous =
+            walk.windows(2).all(|w| w[0].x.abs_diff(w[1].x) + w[0].y.abs_diff(w[1].y) <= 1);
+        (continuous && walk.len() > 1).then(|| walk[1..].to_vec())
     }
 
     /// Positions after `from`, oldest first (the last is the current one), if they form a
@@ -146,6 +167,12 @@ impl WorldActor {
             let have = divergent.told.get(&subject).copied();
             let behind = !force
                 && match (version, have) {
+                    // Dropped here for being out of reach: what this world last had says
+                    // nothing about where the player is now. One the client sees will come
+                    // back as a ghost; wait for it rather than say Left.
+                    (Some(version), Some(told)) if self.history.out_of_reach(subject) => {
+                        told.seen || version < told.version
+                    }
                     (Some(version), Some(told)) => version < told.version,
                     // Unknown here and in view: its ghost is on its way. Unknown and only
                     // near: it is not near this shard's region either; nothing to wait for.
@@ -160,11 +187,22 @@ impl WorldActor {
             match (have, want) {
                 (None, None) => {}
                 (None, Some(at)) => {
+                    // The client does not have it. If this world saw it come into sight,
+                    // it enters where it did and walks on from there, as in one world.
+                    let walk = self.history.walk_into_sight(subject, sees).unwrap_or_default();
+                    let (enter, then) = walk.split_first().map_or((at, &[][..]), |(e, t)| (*e, t));
                     self.outbox.push(
                         link,
                         session,
-                        &server::entered(subject.0, at.x, at.y, name()),
+                        &server::entered(subject.0, enter.x, enter.y, name()),
                     );
+                    for step in then {
+                        self.outbox.push(
+                            link,
+                            session,
+                            &server::moved(subject.0, step.x, step.y, 0),
+                        );
+                    }
                     let version = version.unwrap_or_default();
                     divergent.told.insert(subject, Told { at, version, seen: true });
                 }
@@ -242,6 +280,7 @@ mod tests {
         let mut history = History::default();
         history.record(P, (1, 5), at(10, 10));
         history.forget(P, true);
+        assert!(!history.out_of_reach(P));
         assert_eq!(history.version(P), Some((1, 5)));
         assert_eq!(history.steps_after(P, (1, 4), at(10, 10)), Some(vec![]));
     }
@@ -253,9 +292,23 @@ mod tests {
         let mut history = History::default();
         history.record(P, (1, 5), at(10, 10));
         history.forget(P, false);
-        assert_eq!(history.version(P), None);
+        assert!(history.out_of_reach(P));
+        assert_eq!(history.version(P), Some((1, 5)));
         history.record(P, (1, 9), at(12, 11));
+        assert!(!history.out_of_reach(P));
         assert_eq!(history.version(P), Some((1, 9)));
+    }
+
+    #[test]
+    fn a_walk_into_sight_starts_where_it_entered() {
+        let mut history = History::default();
+        for (seq, x) in [(1, 30), (2, 29), (3, 28), (4, 27)] {
+            history.record(P, (1, seq), at(x, 10));
+        }
+        let sees = |p: Position| p.x <= 28;
+        assert_eq!(history.walk_into_sight(P, sees), Some(vec![at(28, 10), at(27, 10)]));
+        // Always in sight as far as the history goes back: nothing to replay.
+        assert_eq!(history.walk_into_sight(P, |_| true), None);
     }
 
     #[test]
