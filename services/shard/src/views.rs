@@ -102,7 +102,9 @@ impl History {
         sees: impl Fn(Position) -> bool,
     ) -> Option<Vec<Position>> {
         let recent = self.players.get(&id)?;
-        let steps: Vec<Position> = recent.steps.iter().map(|(_, at)| *at).collect();
+        let mut steps: Vec<Position> = recent.steps.iter().map(|(_, at)| *at).collect();
+        // A state can repeat a position (a handoff, a refreshed ghost): not a step.
+        steps.dedup();
         let outside = steps.iter().rposition(|at| !sees(*at))?;
         let walk = &steps[outside..];
         let continuous =
@@ -302,7 +304,7 @@ mod tests {
     #[test]
     fn a_walk_into_sight_starts_where_it_entered() {
         let mut history = History::default();
-        for (seq, x) in [(1, 30), (2, 29), (3, 28), (4, 27)] {
+        for (seq, x) in [(1, 30), (2, 29), (3, 28), (4, 27), (5, 27)] {
             history.record(P, (1, seq), at(x, 10));
         }
         let sees = |p: Position| p.x <= 28;
