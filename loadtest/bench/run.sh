@@ -31,6 +31,8 @@ fi
 echo "[bench] building release binaries (meridian, loadtest, loadtest-report) and benches"
 cargo build --release -q -p meridian -p loadtest
 if [[ " $* " != *" --no-micro "* ]]; then
-    cargo bench -q --no-run -p meridian-protocol -p meridian-world 2>/dev/null
+    # Built exactly as suite.py runs them, so the suite's timing holds no compile.
+    cargo bench -q --no-run -p meridian-protocol --bench codec
+    cargo bench -q --no-run -p meridian-world --bench view_diff
 fi
 exec python3 loadtest/bench/suite.py "$@"

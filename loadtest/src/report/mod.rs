@@ -4,7 +4,7 @@
 //! be drawn from older summaries that lack newer fields); plots are drawn by `plots` with
 //! plotters' SVG backend and inlined, so the page needs no network, script or font file.
 
-mod plots;
+pub(crate) mod plots;
 
 use std::fmt::Write as _;
 

@@ -22,6 +22,23 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
+/// Intervals shorter than this are left out of rate plots.
+const MIN_RATE_SPAN_S: f64 = 0.5;
+
+/// An axis label that stays short: 350k, 1.2M, 12.5, 0.25.
+pub fn compact(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude >= 1e6 {
+        format!("{:.1}M", value / 1e6)
+    } else if magnitude >= 1e4 {
+        format!("{:.0}k", value / 1e3)
+    } else if magnitude >= 100.0 || value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
 fn colour(index: usize) -> RGBColor {
     COLOURS[index % COLOURS.len()]
 }
@@ -225,10 +242,16 @@ fn linear_plot(
             .caption(caption, ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(40)
-            .y_label_area_size(60)
+            .y_label_area_size(70)
             .build_cartesian_2d(0.0..x_max, 0.0..y_max * 1.1)
             .map_err(draw_error)?;
-        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(draw_error)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .y_label_formatter(&|v| compact(*v))
+            .draw()
+            .map_err(draw_error)?;
         draw(&mut chart)?;
         legend(&mut chart)?;
         root.present().map_err(draw_error)?;
@@ -283,10 +306,15 @@ fn over_time(
             let mut previous_t = 0.0;
             run.seconds
                 .iter()
-                .map(|s| {
-                    let span = if rate { (s.t - previous_t).max(1e-3) } else { 1.0 };
+                .filter_map(|s| {
+                    let span = s.t - previous_t;
                     previous_t = s.t;
-                    (s.t, value(s) / span)
+                    match rate {
+                        // A last, partial interval makes a meaningless spike or dip.
+                        true if span < MIN_RATE_SPAN_S => None,
+                        true => Some((s.t, value(s) / span)),
+                        false => Some((s.t, value(s))),
+                    }
                 })
                 .collect()
         })

@@ -123,3 +123,13 @@ fn slugs_are_file_names() {
     assert_eq!(slug("Gateway: uring vs epoll!"), "gateway-uring-vs-epoll");
     assert_eq!(escape("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");
 }
+
+#[test]
+fn axis_labels_stay_short() {
+    use super::plots::compact;
+    assert_eq!(compact(350_000.0), "350k");
+    assert_eq!(compact(1_250_000.0), "1.2M");
+    assert_eq!(compact(1_500.0), "1500");
+    assert_eq!(compact(12.0), "12");
+    assert_eq!(compact(0.25), "0.25");
+}
