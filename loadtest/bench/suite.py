@@ -78,6 +78,21 @@ def cpu_seconds(pids):
     return total / CLOCK_TICKS
 
 
+def cpu_by_thread_name(pid):
+    """CPU seconds per thread name (gw-uring-0, tokio-rt-worker, ...) of one process."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # Numbered threads of one kind (gw-uring-0, gw-uring-1) are summed as gw-uring.
+        kind = re.sub(r"-\d+$", "", name)
+        out[kind] = out.get(kind, 0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
 def children_of(pid):
     """PIDs of the direct children of `pid` (nginx workers under their master)."""
     out = []
@@ -279,6 +294,8 @@ class Suite:
             time.sleep(1.0)
             names = thread_names(strace_pid)
         cpu_before = {name: cpu_seconds(pids) for name, pids in watch}
+        gateway_pid = dict(watch).get("gateway", [None])[0]
+        threads_before = cpu_by_thread_name(gateway_pid) if gateway_pid else {}
         wall_before = time.time()
         with open(self.runs_dir / f"{slug}.log", "w") as progress:
             bots_process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=progress)
@@ -289,6 +306,11 @@ class Suite:
         cpu = {name: cpu_seconds(pids) - cpu_before[name] for name, pids in watch}
         if watch:
             cpu["loadtest"] = usage.ru_utime + usage.ru_stime
+        threads = {}
+        if gateway_pid:
+            after = cpu_by_thread_name(gateway_pid)
+            threads = {kind: round(after[kind] - threads_before.get(kind, 0), 3)
+                       for kind in after}
         if tracer is not None:
             stop(tracer, "strace", signal.SIGINT)
         if bots_process.returncode != 0:
@@ -308,6 +330,7 @@ class Suite:
             "cpu_s": {name: round(value, 3) for name, value in cpu.items()},
             "cpu_us_per_msg": {name: round(value * 1e6 / max(messages, 1), 3)
                                for name, value in cpu.items()},
+            "gateway_cpu_s_by_thread": threads,
         }
         if summary.get("ramp"):
             result["ramp_largest_passing"] = summary["ramp"]["largest_passing"]
@@ -670,12 +693,17 @@ def build_tables(r, s):
     for key, run in r.items():
         if isinstance(run, dict) and run.get("cpu_us_per_msg"):
             c = run["cpu_us_per_msg"]
-            cpu_rows.append([run["label"], fmt(run["messages"]), fmt(c.get("gateway")),
+            threads = run.get("gateway_cpu_s_by_thread", {})
+            total = sum(threads.values())
+            workers = sum(v for k, v in threads.items() if k.startswith("gw-"))
+            share = f"{100 * workers / total:.0f}%" if total else "-"
+            cpu_rows.append([run["label"], fmt(run["messages"]), fmt(c.get("gateway")), share,
                              fmt(c.get("shards")), fmt(c.get("nginx", c.get("haproxy"))),
                              fmt(c.get("loadtest"))])
     if cpu_rows:
         tables.append({"title": "Where the CPU goes: µs per relayed message, by process",
-                       "header": ["run", "messages", "gateway", "shards", "proxy", "loadtest"],
+                       "header": ["run", "messages", "gateway", "of it in I/O workers",
+                                  "shards", "proxy", "loadtest"],
                        "rows": cpu_rows})
     tables.append({"title": "Targets of issue 5", "header": ["target", "measured", "met"],
                    "rows": target_rows(r, s)})
@@ -732,7 +760,8 @@ def target_rows(r, s):
                      f"{fmt(c['bots'])} bots online; steady-state p99 {fmt(steady, 3)} ms "
                      f"({s['capacity_window_seconds']} s window once all were connected), whole "
                      f"run p99 {fmt(c['p99_ms'], 3)} ms (logins included); "
-                     f"{fmt(c['moves_lost'])} lost, {fmt(c['disconnects'])} disconnects",
+                     f"{fmt(c['moves_lost'])} lost, {fmt(c['disconnects'])} disconnects; the "
+                     f"bots' own send schedule lagged up to {fmt(c['send_lag_max_ms'], 1)} ms",
                      verdict(ok)])
     dense = [r[k] for k in ("uring_dense", "uring4_dense") if r.get(k)]
     if dense:
