@@ -19,6 +19,7 @@ command -v nginx >/dev/null || need+=(nginx)
 [ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || need+=(libnginx-mod-stream)
 command -v haproxy >/dev/null || need+=(haproxy)
 command -v strace >/dev/null || need+=(strace)
+command -v perf >/dev/null || need+=(linux-perf)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ "${#need[@]}" -gt 0 ]; then
     echo "[bench] installing ${need[*]}"
@@ -27,6 +28,10 @@ if [ "${#need[@]}" -gt 0 ]; then
     # ports; whatever the packages do with their default services does not matter to it.
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+# perf counts the gateway's syscalls through a tracepoint, which needs tracefs; without it
+# the suite reports strace's counts only.
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing || true
 
 echo "[bench] building release binaries (meridian, loadtest, loadtest-report) and benches"
 cargo build --release -q -p meridian -p loadtest

@@ -120,6 +120,7 @@ fn cdf(runs: &[Run], name: &str) -> anyhow::Result<String> {
             .map_err(draw_error)?;
         chart
             .configure_mesh()
+            .max_light_lines(1)
             .x_desc("delay (ms, log scale)")
             .y_desc("fraction of moves")
             .draw()
@@ -181,6 +182,7 @@ fn boxes(runs: &[Run], name: &str) -> anyhow::Result<String> {
             .map_err(draw_error)?;
         chart
             .configure_mesh()
+            .max_light_lines(1)
             .disable_x_mesh()
             .x_labels(runs.len().max(1))
             .x_label_formatter(&|x| {
@@ -247,6 +249,7 @@ fn linear_plot(
             .map_err(draw_error)?;
         chart
             .configure_mesh()
+            .max_light_lines(1)
             .x_desc(x_desc)
             .y_desc(y_desc)
             .y_label_formatter(&|v| compact(*v))
