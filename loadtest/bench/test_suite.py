@@ -126,6 +126,16 @@ class Verdicts(unittest.TestCase):
         self.assertEqual(verdicts[">= 300,000 notifications / s in the densest configuration"],
                          "**no**")
 
+    def test_a_target_met_by_one_count_and_missed_by_another_says_partly(self):
+        results = self.results(0.01, 0.5, 20.0, 400_000.0)
+        results["uring_dense"]["syscalls_perf"] = {"workers_per_msg": 0.002,
+                                                   "all_per_msg": 0.01}
+        results["epoll_dense"]["syscalls_perf"] = {"workers_per_msg": 0.2, "all_per_msg": 0.2}
+        verdict = self.verdicts(results)["io_uring"]
+        self.assertTrue(verdict.startswith("partly"), verdict)
+        self.assertIn("perf I/O workers yes", verdict)
+        self.assertIn("perf all threads no", verdict)
+
     def test_lost_moves_fail_the_capacity_target_even_with_a_low_p99(self):
         results = self.results(0.01, 0.5, 20.0, 400_000.0)
         results["capacity"]["moves_lost"] = 3
