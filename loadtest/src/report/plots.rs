@@ -143,7 +143,7 @@ fn cdf(runs: &[Run], name: &str) -> anyhow::Result<String> {
                     PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
                 });
         }
-        legend(&mut chart)?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         root.present().map_err(draw_error)?;
     }
     Ok(svg)
@@ -151,6 +151,7 @@ fn cdf(runs: &[Run], name: &str) -> anyhow::Result<String> {
 
 fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
 ) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
@@ -159,7 +160,7 @@ where
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .draw()
         .map_err(draw_error)
 }
@@ -256,7 +257,8 @@ fn linear_plot(
             .draw()
             .map_err(draw_error)?;
         draw(&mut chart)?;
-        legend(&mut chart)?;
+        // Time series and ramps start low on the left; the legend covers least there.
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present().map_err(draw_error)?;
     }
     Ok(svg)
