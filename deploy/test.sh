@@ -5,5 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh
 cargo test --workspace --all-targets "$@"
+# The benchmark suite's parsing and verdicts (stdlib only, no load is run).
+PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py
 # The Helm chart, offline: lint, render for several Kubernetes versions, strict schemas.
 .ci/chart-check

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -55,13 +55,31 @@ pub struct Plan {
     pub seed: u64,
     /// When the first bot started; `client_time` counts microseconds from here.
     pub started: Instant,
-    /// No move is due at or after this instant.
-    pub sending_ends: Instant,
-    /// Moves still unanswered at this instant are lost.
-    pub drain_ends: Instant,
+    /// No move is due at or after `started` plus this many microseconds. Ramp mode pulls
+    /// it in when a step fails, so it is read on every use, never cached.
+    pub sending_ends_us: AtomicU64,
+    /// Moves still unanswered this long after sending ends are lost.
+    pub drain: Duration,
 }
 
 impl Plan {
+    /// No move is due at or after this instant.
+    pub fn sending_ends(&self) -> Instant {
+        self.started + Duration::from_micros(self.sending_ends_us.load(Ordering::Relaxed))
+    }
+
+    /// Moves still unanswered at this instant are lost.
+    pub fn drain_ends(&self) -> Instant {
+        self.sending_ends() + self.drain
+    }
+
+    /// Ends sending at `at` if that is earlier than planned (ramp mode: a step failed). A
+    /// bot notices at its next due move, at most one move interval later.
+    pub fn stop_sending_at(&self, at: Instant) {
+        let micros = at.saturating_duration_since(self.started).as_micros() as u64;
+        self.sending_ends_us.fetch_min(micros, Ordering::Relaxed);
+    }
+
     /// The loopback source address of bot `index`, when bots are spread over several.
     fn source_ip(&self, index: u32) -> Option<IpAddr> {
         (self.source_ips > 1).then(|| {
@@ -80,7 +98,7 @@ pub async fn connect(plan: &Plan, index: u32) -> io::Result<TcpStream> {
     if let Some(source) = plan.source_ip(index) {
         socket.bind(SocketAddr::new(source, 0))?;
     }
-    let deadline = (Instant::now() + CONNECT_TIMEOUT).min(plan.drain_ends);
+    let deadline = (Instant::now() + CONNECT_TIMEOUT).min(plan.drain_ends());
     let stream = timeout_at(deadline, socket.connect(plan.target))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
@@ -135,7 +153,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, stream: Option<
         plan: &plan,
         stats: &stats,
         player_id,
-        position: std::sync::atomic::AtomicU64::new(u64::MAX),
+        position: AtomicU64::new(u64::MAX),
         ledger: Mutex::new(Ledger::default()),
         writer_done: Notify::new(),
         reader_done: Notify::new(),
@@ -198,7 +216,7 @@ async fn send(
 async fn log_in(io: Io<'_>, login: &Login, stats: &Stats, plan: &Plan) -> anyhow::Result<u64> {
     let message = pb::Login { name: login.name.clone(), spawn: login.spawn, token: String::new() };
     send(io.write_half, io.encoded, client_message::Kind::Login(message)).await?;
-    let deadline = (Instant::now() + LOGIN_TIMEOUT).min(plan.drain_ends);
+    let deadline = (Instant::now() + LOGIN_TIMEOUT).min(plan.drain_ends());
     loop {
         while let Some(message) = io.frames.next_message::<ServerMessage>()? {
             match message.kind {
@@ -256,7 +274,7 @@ struct Session<'a> {
     player_id: u64,
     /// Own position as of the last ack or ViewReset, packed `x << 32 | y`; `u64::MAX`
     /// before the first.
-    position: std::sync::atomic::AtomicU64,
+    position: AtomicU64,
     ledger: Mutex<Ledger>,
     writer_done: Notify,
     reader_done: Notify,
@@ -300,10 +318,14 @@ impl Session<'_> {
         let mut due = logged_in_at + Duration::from_nanos(phase_ns);
         let mut last_client_time = 0;
         let mut intact = true;
-        while due < self.plan.sending_ends {
+        while due < self.plan.sending_ends() {
             tokio::select! {
                 () = sleep_until(due) => {}
                 () = self.reader_done.notified() => break,
+            }
+            // Ramp mode may have ended the run while this bot slept.
+            if due >= self.plan.sending_ends() {
+                break;
             }
             let now = Instant::now();
             // Microseconds since the run started, forced unique and non-zero for this bot.
@@ -380,7 +402,7 @@ impl Session<'_> {
                 },
                 // Wakes the loop to re-check the ledger once the last move is out.
                 () = self.writer_done.notified() => {}
-                () = sleep_until(self.plan.drain_ends) => break,
+                () = sleep_until(self.plan.drain_ends()) => break,
             }
         }
         self.reader_done.notify_one();
@@ -388,7 +410,7 @@ impl Session<'_> {
 
     /// Handles every whole frame buffered so far, all received at `now`.
     fn handle_frames(&self, frames: &mut FrameReader, now: Instant) -> Result<(), CodecError> {
-        let in_window = now < self.plan.sending_ends;
+        let in_window = now < self.plan.sending_ends();
         while let Some(message) = frames.next_message::<ServerMessage>()? {
             match message.kind {
                 Some(server_message::Kind::Moved(moved))
@@ -435,6 +457,7 @@ impl Session<'_> {
                 bump(&self.stats.moves_acked);
                 let delay = now.saturating_duration_since(sent_at).as_micros() as u64;
                 self.stats.delays.record(delay);
+                self.stats.step_delays.record(delay);
                 if let Some(at) = at {
                     let before = self.position.swap(pack(at), Ordering::Relaxed);
                     if before != u64::MAX

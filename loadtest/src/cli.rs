@@ -10,6 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use meridian_protocol::MAX_NAME_BYTES;
 
+use crate::ramp::RampConfig;
+
 /// Meridian's stress-test client: connects bots at a fixed rate, moves them on an open-loop
 /// schedule and measures the delay until each move's own `Moved` ack comes back.
 #[derive(Debug, Parser)]
@@ -71,6 +73,39 @@ pub struct Cli {
     #[arg(long, default_value = "3s", value_parser = parse_duration,
           env = "MERIDIAN_LOADTEST_DRAIN")]
     pub drain: Duration,
+
+    /// Also write a self-contained HTML report of this run (plots inline, no network).
+    #[arg(long, env = "MERIDIAN_LOADTEST_HTML")]
+    pub html: Option<std::path::PathBuf>,
+
+    /// The run's name in reports.
+    #[arg(long, default_value = "run", env = "MERIDIAN_LOADTEST_LABEL")]
+    pub label: String,
+
+    /// Ramp mode: start with --ramp-start bots, add --ramp-step every --ramp-step-duration
+    /// until a step's p99 own-move delay passes --max-p99 (or acks fall behind, or bots
+    /// fail), and report the largest passing step. --bots is the most it tries, --duration
+    /// the longest it runs.
+    #[arg(long, env = "MERIDIAN_LOADTEST_RAMP")]
+    pub ramp: bool,
+
+    /// Ramp mode: bots in the first step (default: --ramp-step).
+    #[arg(long, env = "MERIDIAN_LOADTEST_RAMP_START")]
+    pub ramp_start: Option<u32>,
+
+    /// Ramp mode: bots added per step.
+    #[arg(long, default_value_t = 500, env = "MERIDIAN_LOADTEST_RAMP_STEP")]
+    pub ramp_step: u32,
+
+    /// Ramp mode: how long each step is measured once its bots are connected.
+    #[arg(long, default_value = "5s", value_parser = parse_duration,
+          env = "MERIDIAN_LOADTEST_RAMP_STEP_DURATION")]
+    pub ramp_step_duration: Duration,
+
+    /// Ramp mode: a step passes only if its p99 own-move delay is at most this.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration,
+          env = "MERIDIAN_LOADTEST_MAX_P99")]
+    pub max_p99: Duration,
 }
 
 /// The longest any duration flag may be; keeps every deadline computable.
@@ -149,6 +184,9 @@ pub struct Config {
     pub source_ips: u32,
     pub name_prefix: String,
     pub drain: Duration,
+    pub html: Option<std::path::PathBuf>,
+    pub label: String,
+    pub ramp: Option<RampConfig>,
 }
 
 impl Config {
@@ -188,6 +226,23 @@ impl Config {
                 "--name-prefix is too long: bot name {longest_name:?} is over {MAX_NAME_BYTES} bytes"
             ));
         }
+        let ramp_start = cli.ramp_start.unwrap_or(cli.ramp_step);
+        if cli.ramp {
+            if cli.ramp_step == 0 {
+                problems.push("--ramp-step must be at least 1".to_owned());
+            }
+            if ramp_start == 0 {
+                problems.push("--ramp-start must be at least 1".to_owned());
+            }
+            if cli.ramp_step_duration.is_zero() || cli.ramp_step_duration > MAX_DURATION {
+                problems.push("--ramp-step-duration must be between 1us and 7 days".to_owned());
+            }
+            if cli.max_p99.is_zero() {
+                problems.push("--max-p99 must be longer than zero".to_owned());
+            }
+        } else if cli.ramp_start.is_some() {
+            problems.push("--ramp-start only makes sense with --ramp".to_owned());
+        }
         if !problems.is_empty() {
             anyhow::bail!("invalid command line:\n  - {}", problems.join("\n  - "));
         }
@@ -205,6 +260,15 @@ impl Config {
             source_ips: cli.source_ips,
             name_prefix: cli.name_prefix,
             drain: cli.drain,
+            html: cli.html,
+            label: cli.label,
+            ramp: cli.ramp.then_some(RampConfig {
+                start: ramp_start,
+                step: cli.ramp_step,
+                step_duration: cli.ramp_step_duration,
+                max_p99: cli.max_p99,
+                max_bots: cli.bots,
+            }),
         })
     }
 }
@@ -269,6 +333,60 @@ mod tests {
         for expected in ["--bots", "--move-interval", "--addr", "--name-prefix", "--drain"] {
             assert!(message.contains(expected), "{expected} missing from: {message}");
         }
+    }
+
+    #[test]
+    fn ramp_flags_become_a_ramp_config_and_are_checked() {
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "--addr",
+            "127.0.0.1:7000",
+            "--bots",
+            "5000",
+            "--ramp",
+            "--ramp-step",
+            "250",
+            "--ramp-step-duration",
+            "3s",
+            "--max-p99",
+            "20ms",
+        ])
+        .unwrap();
+        let ramp = Config::from_cli(cli).unwrap().ramp.expect("--ramp given");
+        assert_eq!(ramp.start, 250, "the first step defaults to one step");
+        assert_eq!(ramp.step, 250);
+        assert_eq!(ramp.max_bots, 5000);
+        assert_eq!(ramp.step_duration, Duration::from_secs(3));
+        assert_eq!(ramp.max_p99, Duration::from_millis(20));
+
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "--addr",
+            "127.0.0.1:7000",
+            "--bots",
+            "10",
+            "--ramp",
+            "--ramp-step",
+            "0",
+            "--max-p99",
+            "0ms",
+        ])
+        .unwrap();
+        let message = Config::from_cli(cli).unwrap_err().to_string();
+        for expected in ["--ramp-step", "--ramp-start", "--max-p99"] {
+            assert!(message.contains(expected), "{expected} missing from: {message}");
+        }
+        let cli = Cli::try_parse_from([
+            "loadtest",
+            "--addr",
+            "127.0.0.1:7000",
+            "--bots",
+            "10",
+            "--ramp-start",
+            "5",
+        ])
+        .unwrap();
+        assert!(Config::from_cli(cli).unwrap_err().to_string().contains("only makes sense"));
     }
 
     #[test]

@@ -108,6 +108,38 @@ impl Histogram {
     }
 }
 
+impl Histogram {
+    /// The distribution as `(value µs, fraction of samples at or below it)` points for a
+    /// CDF plot: one point per bucket where the fraction has grown by at least `min_step`
+    /// since the last point (so at most ~`1 / min_step` points), plus the first and the
+    /// last bucket. Values are bucket tops, clamped to the exact maximum. Empty when empty.
+    pub fn cdf(&self, min_step: f64) -> Vec<(f64, f64)> {
+        let mut points = Vec::new();
+        if self.count == 0 {
+            return points;
+        }
+        let mut seen = 0u64;
+        let mut last_fraction = -1.0;
+        for (index, &n) in self.counts.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            seen += n;
+            let fraction = seen as f64 / self.count as f64;
+            let last = seen == self.count;
+            if points.is_empty() || last || fraction - last_fraction >= min_step {
+                let top = (bucket_range(index).1 as f64).min(self.max as f64);
+                points.push((top, fraction));
+                last_fraction = fraction;
+            }
+            if last {
+                break;
+            }
+        }
+        points
+    }
+}
+
 /// The shared, lock-free side: bots record, the reporter sweeps.
 #[derive(Debug)]
 pub struct AtomicHistogram {
@@ -219,6 +251,24 @@ mod tests {
         let p999 = histogram.quantile(0.999).unwrap();
         assert!((p999 - 250_000.0).abs() / 250_000.0 < 0.01, "p999 {p999}");
         assert_eq!(histogram.quantile(1.0), Some(250_000.0), "p100 is clamped to the max");
+    }
+
+    #[test]
+    fn cdf_climbs_to_one_with_bounded_points() {
+        assert!(Histogram::default().cdf(0.01).is_empty());
+        let mut histogram = Histogram::default();
+        for v in 1..=10_000u64 {
+            histogram.record(v);
+        }
+        let points = histogram.cdf(0.01);
+        assert!(points.len() <= 102, "{} points", points.len());
+        assert!(points.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1), "monotonic");
+        assert_eq!(points.last(), Some(&(10_000.0, 1.0)), "ends at the max with everything");
+        let median = points.iter().find(|p| p.1 >= 0.5).unwrap().0;
+        assert!((median - 5_000.0).abs() < 150.0, "median near 5000, got {median}");
+        let mut single = Histogram::default();
+        single.record(700);
+        assert_eq!(single.cdf(0.01), vec![(700.0, 1.0)]);
     }
 
     #[test]

@@ -8,16 +8,23 @@
 //! and lost moves, prints one progress line per second to stderr, and prints a JSON
 //! summary to stdout (and to `--json PATH`).
 //!
+//! With `--ramp` it adds bots step by step and reports the largest number whose p99 stays
+//! under `--max-p99`; with `--html` it also writes a self-contained report with plots.
+//!
 //! Modules: `cli` (command line and validated config), `bot` (one bot's connection and
-//! schedule), `histogram` (the delay histogram), `stats` (counters, progress, summary).
+//! schedule), `histogram` (the delay histogram), `stats` (counters, progress, summary),
+//! `ramp` (the ramp's step decisions); the HTML report is the library's `report` module,
+//! shared with `loadtest-report`, which combines several runs into one page.
 
 mod bot;
 mod cli;
 mod histogram;
+mod ramp;
 mod stats;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +38,7 @@ use tracing_subscriber::EnvFilter;
 use crate::bot::Plan;
 use crate::cli::{Cli, Config};
 use crate::histogram::Histogram;
+use crate::ramp::{Ramp, RampConfig, RampSummary, StepMeasure};
 use crate::stats::{Reporter, SecondStats, Stats, Summary};
 
 /// File descriptors kept for everything that is not a bot socket.
@@ -61,7 +69,7 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Runs the test and prints (and writes) its JSON summary.
+/// Runs the test and prints (and writes) its JSON summary, and its HTML report if asked.
 async fn run_and_report(config: &Config) -> anyhow::Result<()> {
     let summary = run(config).await?;
     let json = serde_json::to_string_pretty(&summary).context("serializing the summary")?;
@@ -69,6 +77,21 @@ async fn run_and_report(config: &Config) -> anyhow::Result<()> {
     if let Some(path) = &config.json {
         std::fs::write(path, format!("{json}\n"))
             .with_context(|| format!("writing the summary to {}", path.display()))?;
+    }
+    if let Some(path) = &config.html {
+        let value: serde_json::Value = serde_json::from_str(&json)?;
+        let run = loadtest::report::Run::from_summary(&config.label, &value)?;
+        let report = loadtest::report::Report {
+            title: format!("loadtest: {} ({} bots)", config.label, config.bots),
+            notes: vec![format!("target {}", config.addr)],
+            sections: vec![loadtest::report::Section {
+                name: config.label.clone(),
+                runs: vec![run],
+            }],
+            tables: Vec::new(),
+        };
+        std::fs::write(path, report.to_html()?)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
     }
     Ok(())
 }
@@ -79,7 +102,6 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
     raise_fd_limit(u64::from(config.bots) + SPARE_FDS);
 
     let started = Instant::now();
-    let sending_ends = started + config.duration;
     let plan = Arc::new(Plan {
         target,
         source_ips: config.source_ips,
@@ -90,8 +112,8 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
         move_interval: config.move_interval,
         seed: config.seed,
         started,
-        sending_ends,
-        drain_ends: sending_ends + config.drain,
+        sending_ends_us: AtomicU64::new(config.duration.as_micros() as u64),
+        drain: config.drain,
     });
     let stats = Arc::new(Stats::default());
 
@@ -107,23 +129,14 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
 
     let mut bots = JoinSet::new();
     bots.spawn(bot::run(Arc::clone(&plan), Arc::clone(&stats), 0, Some(first)));
-    for index in 1..config.bots {
-        let due = config.connect_interval.checked_mul(index).and_then(|d| started.checked_add(d));
-        let Some(at) = due.filter(|&at| at < sending_ends) else {
-            warn!(
-                started = index,
-                target = config.bots,
-                "--duration ended before every bot connected"
-            );
-            break;
-        };
-        sleep_until(at).await;
-        bots.spawn(bot::run(Arc::clone(&plan), Arc::clone(&stats), index, None));
-        // Reap finished bots as we go so the set holds only live ones.
-        while let Some(done) = bots.try_join_next() {
-            report_panic(done);
+    let ramp = match &config.ramp {
+        None => {
+            let first_due = started + config.connect_interval;
+            spawn_bots(&plan, &stats, &mut bots, 1..config.bots, first_due, config).await;
+            None
         }
-    }
+        Some(ramp) => Some(run_ramp(&plan, &stats, &mut bots, ramp.clone(), config).await),
+    };
     while let Some(done) = bots.join_next().await {
         report_panic(done);
     }
@@ -132,7 +145,129 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
     // The reporter only stops when told to; if it is gone, it panicked.
     let _ = stop_reporter.send(());
     let (delays, per_second) = reporter.await.context("the progress reporter panicked")?;
-    Ok(Summary::build(config, &stats, &delays, per_second, elapsed))
+    Ok(Summary::build(config, &stats, &delays, per_second, elapsed, ramp))
+}
+
+/// Starts bots `indices`, one per `--connect-interval` from `first_due`, on an absolute
+/// schedule (a slow connect does not push the next one back); stops early if sending ends.
+async fn spawn_bots(
+    plan: &Arc<Plan>,
+    stats: &Arc<Stats>,
+    bots: &mut JoinSet<()>,
+    indices: std::ops::Range<u32>,
+    first_due: Instant,
+    config: &Config,
+) {
+    for index in indices.clone() {
+        let due = config
+            .connect_interval
+            .checked_mul(index - indices.start)
+            .and_then(|d| first_due.checked_add(d));
+        let Some(at) = due.filter(|&at| at < plan.sending_ends()) else {
+            warn!(
+                started = index,
+                target = indices.end,
+                "sending ended before every bot connected"
+            );
+            break;
+        };
+        sleep_until(at).await;
+        bots.spawn(bot::run(Arc::clone(plan), Arc::clone(stats), index, None));
+        // Reap finished bots as we go so the set holds only live ones.
+        while let Some(done) = bots.try_join_next() {
+            report_panic(done);
+        }
+    }
+}
+
+/// The counters a ramp step differentiates.
+#[derive(Debug, Clone, Copy)]
+struct StepCounters {
+    sent: u64,
+    acked: u64,
+    notifications: u64,
+    failures: u64,
+}
+
+impl StepCounters {
+    fn read(stats: &Stats) -> StepCounters {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StepCounters {
+            sent: load(&stats.moves_sent),
+            acked: load(&stats.moves_acked),
+            notifications: load(&stats.notifications),
+            failures: load(&stats.connect_failures)
+                + load(&stats.login_failures)
+                + load(&stats.disconnects)
+                + stats.errors_total(),
+        }
+    }
+}
+
+/// Ramp mode: grows the bot count step by step, measures each step's window, and ends
+/// sending when the ramp is over. Bots keep their open-loop schedules throughout; the
+/// ramp only adds bots and reads counters.
+async fn run_ramp(
+    plan: &Arc<Plan>,
+    stats: &Arc<Stats>,
+    bots: &mut JoinSet<()>,
+    ramp_config: RampConfig,
+    config: &Config,
+) -> RampSummary {
+    let step_duration = ramp_config.step_duration;
+    // New bots log in and send their first move within one move interval; the window
+    // starts after that so every bot of the step is measured for the whole window.
+    let settle = config.move_interval.min(Duration::from_secs(2));
+    let mut ramp = Ramp::new(ramp_config);
+    let mut spawned = 1u32;
+    let mut out_of_time = false;
+    while let Some(target) = ramp.next_target() {
+        if spawned < target {
+            let first_due = Instant::now();
+            spawn_bots(plan, stats, bots, spawned..target, first_due, config).await;
+            spawned = target;
+        }
+        let window_starts = Instant::now() + settle;
+        let window_ends = window_starts + step_duration;
+        if window_ends > plan.sending_ends() {
+            out_of_time = true;
+            break;
+        }
+        sleep_until(window_starts).await;
+        stats.step_delays.sweep();
+        let before = StepCounters::read(stats);
+        sleep_until(window_ends).await;
+        let delays = stats.step_delays.sweep();
+        let after = StepCounters::read(stats);
+        let result = ramp.record(StepMeasure {
+            bots_target: target,
+            bots_online: stats.bots_online.load(Ordering::Relaxed),
+            sent: after.sent - before.sent,
+            acked: after.acked - before.acked,
+            failures: after.failures - before.failures,
+            p50_ms: delays.quantile(0.5).map(|us| us / 1e3),
+            p99_ms: delays.quantile(0.99).map(|us| us / 1e3),
+            notifications_per_s: (after.notifications - before.notifications) as f64
+                / step_duration.as_secs_f64(),
+        });
+        eprintln!(
+            "ramp: {} bots: p50 {} p99 {} ms, {} / {} acked: {}",
+            result.measure.bots_target,
+            result.measure.p50_ms.map_or("-".to_owned(), |v| format!("{v:.2}")),
+            result.measure.p99_ms.map_or("-".to_owned(), |v| format!("{v:.2}")),
+            result.measure.acked,
+            result.measure.sent,
+            if result.passed { "pass".to_owned() } else { result.reasons.join("; ") },
+        );
+    }
+    plan.stop_sending_at(Instant::now());
+    let summary = ramp.summary(out_of_time);
+    eprintln!(
+        "ramp: largest passing step {} bots ({})",
+        summary.largest_passing.map_or("none".to_owned(), |n| n.to_string()),
+        summary.stopped_because
+    );
+    summary
 }
 
 fn report_panic(done: Result<(), tokio::task::JoinError>) {

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::cli::Config;
 use crate::histogram::{AtomicHistogram, Histogram};
+use crate::ramp::RampSummary;
 
 /// Error codes at or above this index share the last slot, reported as `UNKNOWN`.
 const ERROR_SLOTS: usize = 16;
@@ -47,6 +48,8 @@ pub struct Stats {
     /// With `--border-x/--border-y`: delays of moves that crossed a border, and of the rest.
     pub delays_crossing: AtomicHistogram,
     pub delays_inner: AtomicHistogram,
+    /// Ramp mode: the delays of the current step, swept by the ramp at each step's edges.
+    pub step_delays: AtomicHistogram,
 }
 
 /// Adds one to a counter; relaxed because the counters are only read for reporting.
@@ -64,6 +67,11 @@ impl Stats {
         let slot = usize::try_from(code).map_or(ERROR_SLOTS - 1, |c| c.min(ERROR_SLOTS - 1));
         bump(&self.errors);
         bump(&self.errors_by_code[slot]);
+    }
+
+    /// Every `Error` received so far, whatever its code.
+    pub fn errors_total(&self) -> u64 {
+        load(&self.errors)
     }
 
     pub fn errors_by_code(&self) -> BTreeMap<String, u64> {
@@ -111,7 +119,8 @@ pub struct SecondStats {
     pub sent: u64,
     pub acked: u64,
     pub notifications: u64,
-    /// p99 of the acks received in this interval; null when there were none.
+    /// p50 and p99 of the acks received in this interval; null when there were none.
+    pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
 }
 
@@ -166,6 +175,7 @@ impl Reporter {
             sent: totals.sent - self.last.sent,
             acked: totals.acked - self.last.acked,
             notifications: totals.notifications - self.last.notifications,
+            p50_ms: delays.quantile(0.5).map(micros_to_ms),
             p99_ms: delays.quantile(0.99).map(micros_to_ms),
         };
         self.last = totals;
@@ -215,9 +225,33 @@ impl DelaySummary {
     }
 }
 
+/// The five numbers of a box plot, in milliseconds: whiskers at p1 and p99 (the paper's
+/// figures care about the tail, and min/max of thousands of samples are single outliers),
+/// the box from p25 to p75, and the median.
+#[derive(Debug, Clone, Serialize)]
+pub struct BoxStats {
+    pub p1: f64,
+    pub p25: f64,
+    pub p50: f64,
+    pub p75: f64,
+    pub p99: f64,
+}
+
+impl BoxStats {
+    pub fn of(delays: &Histogram) -> Option<BoxStats> {
+        let q = |q: f64| delays.quantile(q).map(micros_to_ms);
+        Some(BoxStats { p1: q(0.01)?, p25: q(0.25)?, p50: q(0.5)?, p75: q(0.75)?, p99: q(0.99)? })
+    }
+}
+
+/// The delay CDF's resolution: a point per 0.5% of the samples (at most ~200 points).
+const CDF_STEP: f64 = 0.005;
+
 /// The final report, printed to stdout and written to `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// The run's name in reports (`--label`).
+    pub label: String,
     pub bots_target: u32,
     pub bots_connected: u64,
     pub duration_s: f64,
@@ -230,6 +264,9 @@ pub struct Summary {
     pub notifications: u64,
     pub notifications_per_s: f64,
     pub delay_ms: DelaySummary,
+    /// `[delay ms, fraction of acked moves at or below it]`, for the CDF plot.
+    pub delay_cdf: Vec<[f64; 2]>,
+    pub delay_box_ms: Option<BoxStats>,
     /// Only with `--border-x/--border-y`: moves whose ack crossed a border, and the rest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_crossing_ms: Option<DelaySummary>,
@@ -247,6 +284,9 @@ pub struct Summary {
     /// Wall time from the first bot's start to the last bot's end (drain and logout included).
     pub elapsed_s: f64,
     pub per_second: Vec<SecondStats>,
+    /// Only with `--ramp`: every step and the largest passing number of bots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<RampSummary>,
     pub seed: u64,
 }
 
@@ -257,13 +297,19 @@ impl Summary {
         delays: &Histogram,
         per_second: Vec<SecondStats>,
         elapsed: Duration,
+        ramp: Option<RampSummary>,
     ) -> Summary {
-        let duration_s = config.duration.as_secs_f64();
+        // A ramp ends when it ends; rates are over the time moves were actually sent.
+        let duration_s = match &ramp {
+            Some(_) => per_second.last().map_or(config.duration.as_secs_f64(), |s| s.t).max(1e-3),
+            None => config.duration.as_secs_f64(),
+        };
         let notifications = load(&stats.notifications);
         let borders = !(config.border_x.is_empty() && config.border_y.is_empty());
         let crossing = stats.delays_crossing.sweep();
         let inner = stats.delays_inner.sweep();
         Summary {
+            label: config.label.clone(),
             bots_target: config.bots,
             bots_connected: load(&stats.bots_connected),
             duration_s,
@@ -275,6 +321,12 @@ impl Summary {
             notifications,
             notifications_per_s: round3(notifications as f64 / duration_s),
             delay_ms: DelaySummary::of(delays),
+            delay_cdf: delays
+                .cdf(CDF_STEP)
+                .into_iter()
+                .map(|(us, fraction)| [micros_to_ms(us), fraction])
+                .collect(),
+            delay_box_ms: BoxStats::of(delays),
             delay_crossing_ms: borders.then(|| DelaySummary::of(&crossing)),
             delay_inner_ms: borders.then(|| DelaySummary::of(&inner)),
             moves_crossing: borders.then(|| crossing.count()),
@@ -287,6 +339,7 @@ impl Summary {
             send_lag_max_ms: micros_to_ms(load(&stats.send_lag_max_us) as f64),
             elapsed_s: round3(elapsed.as_secs_f64()),
             per_second,
+            ramp,
             seed: config.seed,
         }
     }
@@ -341,6 +394,7 @@ mod tests {
         let acked: Vec<u64> = seconds.iter().map(|s| s.acked).collect();
         assert_eq!(acked, [3, 1, 0]);
         assert_eq!(seconds[0].p99_ms, Some(2.0));
+        assert_eq!(seconds[0].p50_ms, Some(2.0));
         assert_eq!(seconds[1].p99_ms, Some(4.0));
         assert_eq!(seconds[2].p99_ms, None);
         assert_eq!(seconds[2].t, 2.5);

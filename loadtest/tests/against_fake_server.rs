@@ -384,3 +384,100 @@ async fn a_bad_command_line_lists_every_problem() {
         assert!(stderr.contains(problem), "{problem} not reported: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ramp_against_a_quick_server_passes_every_step_and_writes_a_report() {
+    let (addr, counts) = start_fake_server(Behaviour::default()).await;
+    let addr = addr.to_string();
+    let html = std::env::temp_dir().join(format!("loadtest-ramp-{}.html", std::process::id()));
+    let html_arg = html.to_str().expect("temp path is UTF-8").to_owned();
+    let summary = run_ok(
+        "ramp-pass",
+        &[
+            "--addr",
+            &addr,
+            "--bots",
+            "9",
+            "--ramp",
+            "--ramp-step",
+            "3",
+            "--ramp-step-duration",
+            "1s",
+            "--max-p99",
+            "200ms",
+            "--move-interval",
+            "100ms",
+            "--duration",
+            "30s",
+            "--drain",
+            "1s",
+            "--html",
+            &html_arg,
+            "--label",
+            "quick",
+        ],
+    )
+    .await;
+    let ramp = &summary["ramp"];
+    let targets: Vec<u64> = ramp["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["bots_target"].as_u64().unwrap())
+        .collect();
+    assert_eq!(targets, [3, 6, 9], "three steps of three bots: {ramp}");
+    assert_eq!(ramp["largest_passing"].as_u64(), Some(9), "{ramp}");
+    assert!(ramp["stopped_because"].as_str().unwrap().contains("reached"), "{ramp}");
+    assert_eq!(get(&counts.logins), 9);
+    let elapsed = summary["elapsed_s"].as_f64().unwrap();
+    assert!(elapsed < 15.0, "the ramp ends sending when it is over, not at --duration: {elapsed}");
+    assert_eq!(n(&summary, "moves_lost"), 0);
+    assert_eq!(n(&summary, "moves_acked"), n(&summary, "moves_sent"));
+    assert_eq!(summary["label"].as_str(), Some("quick"));
+    assert!(summary["delay_cdf"].as_array().is_some_and(|cdf| !cdf.is_empty()));
+    assert!(summary["delay_box_ms"]["p50"].as_f64().is_some());
+    assert!(summary["per_second"][0].get("p50_ms").is_some());
+
+    let page = std::fs::read_to_string(&html).expect("--html written");
+    let _ = std::fs::remove_file(&html);
+    assert!(page.contains("<svg") && page.contains("quick"), "the report has plots of the run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ramp_stops_at_the_first_step_over_max_p99() {
+    let reply_delay = Duration::from_millis(120);
+    let (addr, _) = start_fake_server(Behaviour { reply_delay, ..Behaviour::default() }).await;
+    let addr = addr.to_string();
+    let summary = run_ok(
+        "ramp-fail",
+        &[
+            "--addr",
+            &addr,
+            "--bots",
+            "20",
+            "--ramp",
+            "--ramp-step",
+            "2",
+            "--ramp-step-duration",
+            "1s",
+            "--max-p99",
+            "50ms",
+            "--move-interval",
+            "100ms",
+            "--duration",
+            "30s",
+            "--drain",
+            "1s",
+        ],
+    )
+    .await;
+    let ramp = &summary["ramp"];
+    let steps = ramp["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "the first step is already too slow: {ramp}");
+    assert_eq!(steps[0]["passed"].as_bool(), Some(false));
+    assert!(steps[0]["p99_ms"].as_f64().unwrap() >= 120.0, "{ramp}");
+    assert!(ramp["largest_passing"].is_null(), "nothing passed: {ramp}");
+    assert_eq!(n(&summary, "bots_connected"), 2, "no bots beyond the failed step");
+    // Open loop holds in ramp mode too: ~10 moves/s per bot, answered 120 ms late.
+    assert!(n(&summary, "moves_sent") >= 2 * 9, "{summary}");
+}

@@ -1,0 +1,946 @@
+#!/usr/bin/env python3
+"""Meridian's benchmark suite: one run, one machine, every comparison side by side.
+
+Run it through `loadtest/bench/run.sh` (which builds the release binaries and installs
+nginx, HAProxy and strace if missing). It starts its own clusters (`meridian up`) and
+proxies on loopback ports, drives them with `loadtest`, reads the kernel's accounting of
+the processes it started (/proc/<pid>/stat, strace), and writes into --out:
+
+  bench.json      every measured number, the settings, the machine and the commit
+  report.html     the self-contained report with plots (loadtest-report)
+  svg/            every plot as an SVG file
+  tables.md       the tables, ready for BENCHMARKS.md
+  runs/           each loadtest run's JSON summary and progress log
+
+With --update-docs it also rewrites the generated block of BENCHMARKS.md and copies the
+SVGs to docs/bench/. Every load is bounded in bots and seconds (see SETTINGS); only
+processes this script started are stopped, by their PIDs.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = ROOT / "target" / "release"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# Every load the suite puts on the machine, per mode: bots, seconds, move intervals.
+SETTINGS = {
+    "quick": {
+        "io_bots": 300, "io_seconds": 5, "io_interval": "250ms",
+        "strace_seconds": 4,
+        "ramp_max": 1500, "ramp_step": 500, "ramp_step_seconds": 2,
+        "capacity_bots": 5000, "capacity_window_seconds": 4,
+        "dense_bots": 300, "dense_seconds": 5, "dense_interval": "250ms", "dense_side": 20,
+        "bench_args": ["--sample-count", "100"],
+    },
+    "full": {
+        "io_bots": 1000, "io_seconds": 15, "io_interval": "250ms",
+        "strace_seconds": 8,
+        "ramp_max": 6000, "ramp_step": 500, "ramp_step_seconds": 3,
+        "capacity_bots": 5000, "capacity_window_seconds": 15,
+        "dense_bots": 400, "dense_seconds": 12, "dense_interval": "250ms", "dense_side": 20,
+        "bench_args": ["--sample-count", "500"],
+    },
+}
+MAX_P99_MS = 50
+CAPACITY_INTERVAL = "1s"
+
+
+def log(message):
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"[bench {stamp}] {message}", flush=True)
+
+
+def sh(command):
+    return subprocess.run(command, shell=True, capture_output=True, text=True).stdout.strip()
+
+
+def cpu_seconds(pids):
+    """User + system CPU seconds of processes (all their threads), from /proc/<pid>/stat."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # Fields 14 and 15 (utime, stime) are the 12th and 13th after the ")".
+        total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+def cpu_by_thread_name(pid):
+    """CPU seconds per thread name (gw-uring-0, tokio-rt-worker, ...) of one process."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # Numbered threads of one kind (gw-uring-0, gw-uring-1) are summed as gw-uring.
+        kind = re.sub(r"-\d+$", "", name)
+        out[kind] = out.get(kind, 0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
+def children_of(pid):
+    """PIDs of the direct children of `pid` (nginx workers under their master)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def thread_names(pid):
+    names = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names[int(task.name)] = (task / "comm").read_text().strip()
+        except OSError:
+            pass
+    return names
+
+
+def stop(process, name, sig=signal.SIGTERM, timeout=10):
+    """Stops one process this script started, by its PID, and reaps it."""
+    if process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log(f"{name} (pid {process.pid}) did not stop in {timeout}s; killing it")
+        process.kill()
+        process.wait()
+
+
+def wait_for_file(path, process, name, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError:
+                pass
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode} during start-up")
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} was not ready within {seconds}s")
+
+
+def wait_for_port(port, process, name, seconds=10):
+    import socket
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode} during start-up")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {seconds}s")
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """`meridian up` with its own etcd, shards and one gateway; stopped by its PID."""
+
+    def __init__(self, work, name, shards, io):
+        self.name = name
+        self.ready_file = work / f"{name}.ready.json"
+        # A ready file left by an earlier suite in the same folder would name dead ports.
+        self.ready_file.unlink(missing_ok=True)
+        self.log_file = open(work / f"{name}.up.log", "w")
+        command = [str(RELEASE / "meridian"), "up", "--shards", str(shards), "--io", io,
+                   "--port", "0", "--cluster", name, "--ready-file", str(self.ready_file)]
+        self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        cwd=ROOT)
+        ready = wait_for_file(self.ready_file, self.process, f"cluster {name}")
+        gateway = ready["gateways"][0]
+        self.game = gateway["game"]
+        self.game_port = int(self.game.rsplit(":", 1)[1])
+        self.gateway_pid = int(gateway["pid"])
+        self.shard_pids = [int(s["pid"]) for s in ready["shards"]]
+        # Give the shards a moment to settle on the partition before measuring.
+        time.sleep(1.0)
+
+    def stop(self):
+        stop(self.process, f"cluster {self.name}", signal.SIGINT, timeout=20)
+        self.log_file.close()
+
+
+class Proxy:
+    """nginx `stream` or HAProxy in the foreground with a generated config on loopback."""
+
+    def __init__(self, work, kind, upstream_port):
+        self.kind = kind
+        self.port = free_port()
+        directory = work / kind
+        directory.mkdir(exist_ok=True)
+        if kind == "nginx":
+            config = directory / "nginx.conf"
+            config.write_text(f"""
+load_module /usr/lib/nginx/modules/ngx_stream_module.so;
+worker_processes 2;
+worker_rlimit_nofile 20000;
+pid {directory}/nginx.pid;
+error_log {directory}/error.log warn;
+daemon off;
+events {{ worker_connections 20000; }}
+stream {{
+    server {{
+        listen 127.0.0.1:{self.port};
+        proxy_pass 127.0.0.1:{upstream_port};
+        tcp_nodelay on;
+        proxy_timeout 10m;
+    }}
+}}
+""")
+            command = ["nginx", "-c", str(config), "-p", str(directory)]
+        else:
+            config = directory / "haproxy.cfg"
+            config.write_text(f"""
+global
+    # Two fds per relayed connection; the environment's hard limit is 20,000.
+    maxconn 9000
+    nbthread 2
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 10m
+    timeout server 10m
+frontend bench
+    bind 127.0.0.1:{self.port}
+    default_backend gateway
+backend gateway
+    server gw1 127.0.0.1:{upstream_port}
+""")
+            command = ["haproxy", "-db", "-f", str(config)]
+        self.log_file = open(directory / "stdout.log", "w")
+        self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT)
+        wait_for_port(self.port, self.process, kind)
+        time.sleep(0.3)
+
+    def pids(self):
+        return [self.process.pid] + children_of(self.process.pid)
+
+    def stop(self):
+        # nginx: SIGTERM is a fast shutdown of master and workers; HAProxy stops on it too.
+        stop(self.process, self.kind)
+        self.log_file.close()
+
+
+class Suite:
+    def __init__(self, args):
+        self.args = args
+        self.mode = "quick" if args.quick else "full"
+        self.s = dict(SETTINGS[self.mode])
+        self.out = Path(args.out).resolve()
+        self.runs_dir = self.out / "runs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.results = {}
+        self.manifest_sections = {}
+        self.started = time.time()
+        self.builds_seen = 0
+        self.step_number = 0
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def note_builds(self):
+        running = sh("pgrep -c -x rustc || true")
+        self.builds_seen = max(self.builds_seen, int(running or 0))
+
+    def loadtest(self, label, addr, bots, seconds, interval, extra=(), section=None,
+                 watch=(), strace_pid=None):
+        """One loadtest run; returns its summary plus the CPU seconds of `watch` PIDs."""
+        self.step_number += 1
+        self.note_builds()
+        log(f"run {self.step_number}: {label}: {bots} bots, {seconds}s, move every {interval}")
+        slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+        json_path = self.runs_dir / f"{slug}.json"
+        command = [str(RELEASE / "loadtest"), "--addr", addr, "--bots", str(bots),
+                   "--duration", f"{seconds}s", "--move-interval", interval,
+                   "--drain", "3s", "--json", str(json_path), "--label", label, *extra]
+        tracer = None
+        trace_path = self.runs_dir / f"{slug}.strace"
+        names = {}
+        if strace_pid is not None:
+            tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", str(trace_path),
+                                       "-p", str(strace_pid)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+            names = thread_names(strace_pid)
+        gateway_pid = dict(watch).get("gateway", [None])[0]
+        perf = None
+        perf_path = self.runs_dir / f"{slug}.perf.csv"
+        if gateway_pid and shutil.which("perf"):
+            # Counting syscalls with a tracepoint costs the traced process almost nothing,
+            # unlike strace, so this count comes from the very run that measures CPU.
+            perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter",
+                                     "--per-thread", "-o", str(perf_path),
+                                     "-p", str(gateway_pid)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.3)
+        cpu_before = {name: cpu_seconds(pids) for name, pids in watch}
+        threads_before = cpu_by_thread_name(gateway_pid) if gateway_pid else {}
+        wall_before = time.time()
+        with open(self.runs_dir / f"{slug}.log", "w") as progress:
+            bots_process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=progress)
+            # wait4 gives the load generator's own CPU time (all its threads).
+            _, status, usage = os.wait4(bots_process.pid, 0)
+            bots_process.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.time() - wall_before
+        cpu = {name: cpu_seconds(pids) - cpu_before[name] for name, pids in watch}
+        if watch:
+            cpu["loadtest"] = usage.ru_utime + usage.ru_stime
+        threads = {}
+        if gateway_pid:
+            after = cpu_by_thread_name(gateway_pid)
+            threads = {kind: round(after[kind] - threads_before.get(kind, 0), 3)
+                       for kind in after}
+        if tracer is not None:
+            stop(tracer, "strace", signal.SIGINT)
+        perf_counts = None
+        if perf is not None:
+            stop(perf, "perf", signal.SIGINT)
+            perf_counts = read_perf_syscalls(perf_path)
+        if bots_process.returncode != 0:
+            raise RuntimeError(f"loadtest {label} failed; see {self.runs_dir / (slug + '.log')}")
+        summary = json.loads(json_path.read_text())
+        messages = summary["moves_sent"] + summary["moves_acked"] + summary["notifications"]
+        result = {
+            "label": label, "summary_file": str(json_path.relative_to(self.out)),
+            "bots": summary["bots_connected"], "moves_sent": summary["moves_sent"],
+            "moves_acked": summary["moves_acked"], "moves_lost": summary["moves_lost"],
+            "moves_errored": summary["moves_errored"], "disconnects": summary["disconnects"],
+            "notifications": summary["notifications"],
+            "notifications_per_s": summary["notifications_per_s"],
+            "messages": messages, "wall_s": round(wall, 3),
+            "p50_ms": summary["delay_ms"]["p50"], "p99_ms": summary["delay_ms"]["p99"],
+            "send_lag_max_ms": summary["send_lag_max_ms"],
+            "cpu_s": {name: round(value, 3) for name, value in cpu.items()},
+            "cpu_us_per_msg": {name: round(value * 1e6 / max(messages, 1), 3)
+                               for name, value in cpu.items()},
+            "gateway_cpu_s_by_thread": threads,
+        }
+        if summary.get("ramp"):
+            result["ramp_largest_passing"] = summary["ramp"]["largest_passing"]
+            result["ramp_stopped_because"] = summary["ramp"]["stopped_because"]
+            result["ramp_steps"] = summary["ramp"]["steps"]
+        if tracer is not None:
+            result["syscalls"] = count_syscalls(trace_path, names, messages)
+            trace_path.unlink(missing_ok=True)
+        if perf_counts:
+            result["syscalls_perf"] = per_message(perf_counts, messages)
+        if section:
+            self.manifest_sections.setdefault(section, []).append(
+                {"label": label, "summary": str(json_path.relative_to(self.out))})
+        cpu_text = ", ".join(f"{n} {v} µs/msg" for n, v in result["cpu_us_per_msg"].items())
+        log(f"  -> p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
+            f"{messages / max(wall, 1e-3):.0f} msgs/s, lost {result['moves_lost']}"
+            + (f", {cpu_text}" if cpu_text else "")
+            + (f", ramp largest passing {result.get('ramp_largest_passing')}"
+               if "ramp_largest_passing" in result else "")
+            + (f", syscalls/msg {result['syscalls']['all_per_msg']} (all threads) "
+               f"{result['syscalls']['workers_per_msg']} (I/O workers)"
+               if "syscalls" in result else ""))
+        return result
+
+    def ramp(self, label, cluster, section):
+        s = self.s
+        # The longest the ramp may run: every step's connects, settling and window, plus
+        # slack; the ramp ends earlier at its first failing step.
+        steps = -(-s["ramp_max"] // s["ramp_step"])
+        bound = steps * (s["ramp_step_seconds"] + 2 + s["ramp_step"] // 1000) + 10
+        return self.loadtest(
+            label, cluster.game, s["ramp_max"], bound, CAPACITY_INTERVAL,
+            extra=["--ramp", "--ramp-step", str(s["ramp_step"]),
+                   "--ramp-step-duration", f"{s['ramp_step_seconds']}s",
+                   "--max-p99", f"{MAX_P99_MS}ms"],
+            section=section)
+
+    # ---- the comparisons -----------------------------------------------------------
+
+    def run(self):
+        s = self.s
+        work = self.out / "work"
+        work.mkdir(exist_ok=True)
+        r = self.results
+        spread = dict(bots=s["io_bots"], seconds=s["io_seconds"], interval=s["io_interval"])
+        io_section = "Gateway I/O: io_uring vs epoll (same workloads)"
+        relay_section = "Relay hop: bots -> proxy -> gateway vs bots -> gateway"
+
+        for io in ("uring", "epoll"):
+            log(f"cluster: 1 gateway (--io={io}) + 1 shard")
+            cluster = Cluster(work, f"bench-{io}-1", 1, io)
+            try:
+                watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
+                r[f"{io}_direct"] = self.loadtest(f"{io} spread", cluster.game, **spread,
+                                                  watch=watch, section=io_section)
+                r[f"{io}_strace"] = self.loadtest(
+                    f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
+                    s["io_interval"], strace_pid=cluster.gateway_pid)
+                r[f"{io}_dense"] = self.dense(cluster, f"{io} dense", watch, io_section)
+                r[f"{io}_dense_strace"] = self.dense(cluster, f"{io} dense, strace", None, None,
+                                                     seconds=s["strace_seconds"],
+                                                     strace_pid=cluster.gateway_pid)
+                if io == "uring" and not self.args.no_proxies:
+                    self.manifest_sections[relay_section] = [
+                        {"label": "uring spread", "summary": r["uring_direct"]["summary_file"]}]
+                    for kind in ("nginx", "haproxy"):
+                        proxy = Proxy(work, kind, cluster.game_port)
+                        try:
+                            r[f"{kind}_relay"] = self.loadtest(
+                                f"via {kind}", f"127.0.0.1:{proxy.port}", **spread,
+                                watch=watch + [(kind, proxy.pids())], section=relay_section)
+                        finally:
+                            proxy.stop()
+                    # The direct run again, after the proxies: the two direct runs bracket
+                    # them and their difference shows how much the machine drifted.
+                    r["uring_direct_again"] = self.loadtest(
+                        "uring spread, again", cluster.game, **spread, watch=watch,
+                        section=relay_section)
+                r[f"{io}_ramp"] = self.ramp(f"{io} ramp", cluster,
+                                            "Capacity ramp: 1 move/s per bot")
+            finally:
+                cluster.stop()
+
+        log("cluster: 1 gateway (--io=uring) + 4 shards")
+        cluster = Cluster(work, "bench-uring-4", 4, "uring")
+        shard_section = "Shards: 1 vs 4 (same workloads)"
+        try:
+            watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
+            self.manifest_sections[shard_section] = [
+                {"label": "uring spread", "summary": r["uring_direct"]["summary_file"]},
+                {"label": "uring dense", "summary": r["uring_dense"]["summary_file"]}]
+            r["uring4_direct"] = self.loadtest("4 shards spread", cluster.game, **spread,
+                                               watch=watch, section=shard_section)
+            r["uring4_dense"] = self.dense(cluster, "4 shards dense", watch, shard_section)
+            bots = s["capacity_bots"]
+            window = s["capacity_window_seconds"]
+            # One ramp step of all the bots: connect them (1 per ms), let them settle, then
+            # measure a window in steady state; the whole run's numbers are kept as well.
+            r["capacity"] = self.loadtest(
+                f"capacity {bots} bots, 4 shards", cluster.game, bots,
+                bots // 1000 + window + 15, CAPACITY_INTERVAL, watch=watch,
+                extra=["--ramp", "--ramp-start", str(bots), "--ramp-step", str(bots),
+                       "--ramp-step-duration", f"{window}s", "--max-p99", f"{MAX_P99_MS}ms"],
+                section="Capacity: 1 gateway + 4 shards, 1 move/s")
+            r["uring4_ramp"] = self.ramp("4 shards ramp", cluster,
+                                         "Capacity ramp: 1 move/s per bot")
+        finally:
+            cluster.stop()
+
+        if not self.args.no_micro:
+            r["micro"] = self.micro_benchmarks()
+
+    def dense(self, cluster, label, watch, section, seconds=None, strace_pid=None):
+        """The densest workload: every bot in sight of every other, moving 4 times a second;
+        it overloads this machine, which is what the syscall comparison asks for."""
+        s = self.s
+        side = s["dense_side"]
+        # Around the map's centre: with 4 shards the area spans the four-way corner.
+        x0 = 200 - side // 2
+        area = f"{x0},{x0},{x0 + side - 1},{x0 + side - 1}"
+        return self.loadtest(
+            label, cluster.game, s["dense_bots"], seconds or s["dense_seconds"],
+            s["dense_interval"], extra=["--spawn-area", area], watch=watch or (),
+            section=section, strace_pid=strace_pid)
+
+    def micro_benchmarks(self):
+        log("micro-benchmarks (divan): codec and view diff")
+        results = {}
+        for package, bench in (("meridian-protocol", "codec"), ("meridian-world", "view_diff")):
+            self.note_builds()
+            output = subprocess.run(
+                ["cargo", "bench", "-q", "-p", package, "--bench", bench, "--",
+                 *self.s["bench_args"]],
+                cwd=ROOT, capture_output=True, text=True, timeout=900)
+            if output.returncode != 0:
+                raise RuntimeError(f"cargo bench {package}: {output.stderr[-2000:]}")
+            (self.runs_dir / f"micro-{bench}.txt").write_text(output.stdout)
+            results[bench] = parse_divan(output.stdout)
+            log(f"  -> {bench}: {len(results[bench])} benchmarks")
+        return results
+
+    # ---- output ----------------------------------------------------------------------
+
+    def machine(self):
+        model = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
+        commit = sh(f"git -C {ROOT} rev-parse --short HEAD")
+        dirty = sh(f"git -C {ROOT} status --porcelain --untracked-files=no")
+        return {
+            "nproc": os.cpu_count(), "kernel": os.uname().release, "cpu": model or "unknown",
+            "memory": sh("free -h | awk '/Mem:/ {print $2}'"),
+            "commit": commit + ("-dirty" if dirty else ""),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "load_average_at_start": self.load_at_start,
+            "concurrent_rustc_seen": self.builds_seen,
+            "nginx": sh("nginx -v 2>&1"), "haproxy": sh("haproxy -v | head -1"),
+        }
+
+    def rerender(self):
+        data = json.loads((self.out / "bench.json").read_text())
+        manifest = json.loads((self.out / "manifest.json").read_text())
+        self.mode, self.s, self.results = data["mode"], data["settings"], data["results"]
+        self.manifest_sections = {x["name"]: x["runs"] for x in manifest["sections"]}
+        self.elapsed = data["elapsed_s"]
+        self.saved_machine = data["machine"]
+        self.write()
+        return 0
+
+    def write(self):
+        machine = getattr(self, "saved_machine", None) or self.machine()
+        tables = build_tables(self.results, self.s)
+        elapsed = getattr(self, "elapsed", None) or round(time.time() - self.started, 1)
+        data = {"mode": self.mode, "settings": self.s, "max_p99_ms": MAX_P99_MS,
+                "machine": machine, "elapsed_s": elapsed, "results": self.results,
+                "tables": tables}
+        (self.out / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
+        notes = [
+            f"{machine['nproc']} cores ({machine['cpu']}), kernel {machine['kernel']}, "
+            f"{machine['memory']} RAM; commit {machine['commit']}; {machine['date_utc']} UTC",
+            f"mode {self.mode}; the suite took {elapsed} s; load average at start "
+            f"{machine['load_average_at_start']}; up to {machine['concurrent_rustc_seen']} "
+            "rustc processes of other builds were seen running during the suite",
+            "bots, servers and proxies share the same cores: ratios hold better than "
+            "absolute numbers",
+        ]
+        manifest = {
+            "title": f"Meridian benchmarks ({self.mode}, {machine['commit']})",
+            "notes": notes, "tables": tables,
+            "sections": [{"name": name, "runs": runs}
+                         for name, runs in self.manifest_sections.items()],
+        }
+        (self.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        subprocess.run([str(RELEASE / "loadtest-report"), "--manifest",
+                        str(self.out / "manifest.json"), "--out", str(self.out / "report.html"),
+                        "--svg-dir", str(self.out / "svg")], check=True)
+        markdown = render_markdown(tables, notes, self.s)
+        (self.out / "tables.md").write_text(markdown)
+        log(f"wrote {self.out}/report.html, bench.json, tables.md in {elapsed} s")
+        if self.args.update_docs:
+            update_docs(self.out, markdown)
+        print(markdown)
+
+
+def per_message(by_kind, messages):
+    """Syscall counts by thread kind -> totals and per-message figures."""
+    total = sum(by_kind.values())
+    workers = sum(count for kind, count in by_kind.items() if kind.startswith("gw-"))
+    return {
+        "all_threads": total, "io_workers": workers, "by_thread": by_kind,
+        "messages": messages,
+        "all_per_msg": round(total / max(messages, 1), 4),
+        "workers_per_msg": round(workers / max(messages, 1), 4),
+    }
+
+
+def read_perf_syscalls(path):
+    """`perf stat -x, --per-thread -e raw_syscalls:sys_enter` output -> {thread kind: n}."""
+    by_kind = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        fields = line.split(",")
+        if len(fields) < 4 or "raw_syscalls:sys_enter" not in fields[3]:
+            continue
+        if not fields[1].isdigit():
+            continue  # "<not counted>" or "<not supported>"
+        # "gw-uring-0-1234": the thread's name, then its id.
+        kind = re.sub(r"(-\d+)?-\d+$", "", fields[0])
+        by_kind[kind] = by_kind.get(kind, 0) + int(fields[1])
+    return by_kind
+
+
+def count_syscalls(path, names, messages):
+    """Counts system calls per thread from `strace -f` output (one line per call)."""
+    per_thread = {}
+    line_start = re.compile(r"^(\d+)\s+([a-z_0-9]+)\(")
+    with open(path, errors="replace") as lines:
+        for line in lines:
+            match = line_start.match(line)
+            if match:
+                tid = int(match.group(1))
+                per_thread[tid] = per_thread.get(tid, 0) + 1
+            elif "<..." in line and "resumed>" in line:
+                continue
+    by_name = {}
+    for tid, count in per_thread.items():
+        name = names.get(tid, "other")
+        by_name[name] = by_name.get(name, 0) + count
+    return per_message(by_name, messages)
+
+
+def parse_divan(text):
+    """Rows of divan's table as {"group/name/arg": {"fastest", "median"}}.
+
+    divan aligns its columns: the header line gives where "fastest" starts and where each
+    "│" separator sits, and every row uses the same character positions (the tree drawing
+    in front of the names uses "│" too, so rows cannot simply be split on it)."""
+    rows = {}
+    lines = text.splitlines()
+    header = next((line for line in lines if "fastest" in line and "median" in line), None)
+    if header is None:
+        return rows
+    fastest_at = header.index("fastest")
+    separators = [i for i, c in enumerate(header) if c == "│"]
+    if len(separators) < 2:
+        return rows
+    stack = []
+    for line in lines:
+        if line is header or len(line) <= separators[1]:
+            continue
+        name_area = line[:fastest_at]
+        name = name_area.strip(" │├╰─")
+        if not name:
+            continue
+        # "├─ name" is depth 0 (below the header's group), "│  ├─ arg" depth 1, ...
+        depth = max((len(name_area) - len(name_area.lstrip(" │├╰─"))) // 3 - 1, 0)
+        stack = stack[:depth] + [name]
+        fastest = line[fastest_at:separators[0]].strip()
+        median = line[separators[1] + 1:separators[2]].strip() if len(separators) > 2 else ""
+        if fastest:
+            rows["/".join(stack)] = {"fastest": fastest, "median": median}
+    return rows
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 2)
+
+
+def fmt(value, digits=2):
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def times_fewer(many, few):
+    value = ratio(many, few)
+    return f"{fmt(value)}x fewer" if value else "-"
+
+
+def io_rows(r, prefix_a, prefix_b):
+    """Rows comparing two gateway runs (and their strace runs) on one workload."""
+    a, b = r.get(prefix_a), r.get(prefix_b)
+    if not (a and b):
+        return []
+    rows = []
+    sources = [("perf, this run", a.get("syscalls_perf"), b.get("syscalls_perf"))]
+    ta, tb = r.get(prefix_a + "_strace"), r.get(prefix_b + "_strace")
+    if ta and tb:
+        sources.append(("strace run", ta["syscalls"], tb["syscalls"]))
+    for source, sa, sb in sources:
+        if not (sa and sb):
+            continue
+        for key, what in (("all_per_msg", "syscalls / message, all gateway threads"),
+                          ("workers_per_msg", "syscalls / message, I/O worker threads only")):
+            rows.append([f"{what} ({source})", fmt(sa[key], 4), fmt(sb[key], 4),
+                         times_fewer(sb[key], sa[key])])
+    ga, gb = a["cpu_us_per_msg"]["gateway"], b["cpu_us_per_msg"]["gateway"]
+    rows.append(["gateway CPU µs / message", fmt(ga), fmt(gb), f"{fmt(ratio(ga, gb))}x"])
+    for what, key in (("delay p50 (ms)", "p50_ms"), ("delay p99 (ms)", "p99_ms")):
+        rows.append([what, fmt(a[key], 3), fmt(b[key], 3), f"{fmt(ratio(a[key], b[key]))}x"])
+    rows.append(["messages relayed / s", fmt(a["messages"] / a["wall_s"], 0),
+                 fmt(b["messages"] / b["wall_s"], 0), ""])
+    rows.append(["moves lost", fmt(a["moves_lost"]), fmt(b["moves_lost"]), ""])
+    return rows
+
+
+def build_tables(r, s):
+    tables = []
+    dense_load = (f"{s['dense_bots']} bots in a {s['dense_side']}x{s['dense_side']} area "
+                  f"(all in sight of each other), a move per {s['dense_interval']}")
+    spread_load = (f"{s['io_bots']} bots spread over the map, a move per {s['io_interval']}")
+    header = ["measure", "io_uring", "epoll", "uring vs epoll"]
+    rows = io_rows(r, "uring_dense", "epoll_dense")
+    if rows:
+        tables.append({"title": f"Gateway I/O under overload: {dense_load}, 1 shard",
+                       "header": header, "rows": rows})
+    rows = io_rows(r, "uring_direct", "epoll_direct")
+    if rows:
+        tables.append({"title": f"Gateway I/O, light load: {spread_load}, 1 shard",
+                       "header": header, "rows": rows})
+    ur, er = r.get("uring_ramp"), r.get("epoll_ramp")
+    u4r = r.get("uring4_ramp")
+    if ur or er or u4r:
+        rows = []
+        for label, run in (("io_uring, 1 shard", ur), ("epoll, 1 shard", er),
+                           ("io_uring, 4 shards", u4r)):
+            if run:
+                rows.append([label, fmt(run.get("ramp_largest_passing")),
+                             run.get("ramp_stopped_because", "")])
+        tables.append({"title": f"Capacity (ramp mode): bots added {s['ramp_step']} at a time, "
+                                f"{s['ramp_step_seconds']} s windows, 1 move/s, up to "
+                                f"{s['ramp_max']}",
+                       "header": ["gateway, shards", f"largest N with p99 <= {MAX_P99_MS} ms",
+                                  "why the ramp stopped"],
+                       "rows": rows})
+    u, u2 = r.get("uring_direct"), r.get("uring_direct_again")
+    if u and (r.get("nginx_relay") or r.get("haproxy_relay")):
+        base = [x for x in (u, u2) if x]
+        base_p50, base_p99 = direct_baseline(r)
+        rows = []
+        for x in base:
+            rows.append([f"bots -> gateway ({x['label']})", "-",
+                         fmt(x["cpu_us_per_msg"]["gateway"]), fmt(x["p50_ms"], 3),
+                         fmt(x["p99_ms"], 3), "-", "-", fmt(x["moves_lost"])])
+        for kind in ("nginx", "haproxy"):
+            p = r.get(f"{kind}_relay")
+            if not p:
+                continue
+            rows.append([f"bots -> {kind} -> gateway", fmt(p["cpu_us_per_msg"][kind]),
+                         fmt(p["cpu_us_per_msg"]["gateway"]), fmt(p["p50_ms"], 3),
+                         fmt(p["p99_ms"], 3), fmt(round(p["p50_ms"] - base_p50, 3), 3),
+                         fmt(round(p["p99_ms"] - base_p99, 3), 3), fmt(p["moves_lost"])])
+        tables.append({"title": f"Relay hop: {spread_load}; added delay against the mean of "
+                                "the direct runs before and after",
+                       "header": ["path", "proxy CPU µs/msg", "gateway CPU µs/msg",
+                                  "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "lost"],
+                       "rows": rows})
+    rows = []
+    for what, one, four in (("spread", r.get("uring_direct"), r.get("uring4_direct")),
+                            ("dense", r.get("uring_dense"), r.get("uring4_dense"))):
+        if not (one and four):
+            continue
+        for label, key, digits in (("delay p50 (ms)", "p50_ms", 3), ("delay p99 (ms)", "p99_ms", 3),
+                                   ("notifications / s", "notifications_per_s", 0),
+                                   ("moves lost", "moves_lost", 0)):
+            rows.append([f"{what}: {label}", fmt(one[key], digits), fmt(four[key], digits),
+                         f"{fmt(ratio(four[key], one[key]))}x" if one[key] else "-"])
+        cpu1, cpu4 = one["cpu_us_per_msg"]["shards"], four["cpu_us_per_msg"]["shards"]
+        rows.append([f"{what}: shard CPU µs / message (all shards)", fmt(cpu1), fmt(cpu4),
+                     f"{fmt(ratio(cpu4, cpu1))}x"])
+    if rows:
+        tables.append({"title": "Shards: 1 vs 4 behind one io_uring gateway, same workloads",
+                       "header": ["measure", "1 shard", "4 shards", "4 vs 1"], "rows": rows})
+    cpu_rows = []
+    for key, run in r.items():
+        if isinstance(run, dict) and run.get("cpu_us_per_msg"):
+            c = run["cpu_us_per_msg"]
+            threads = run.get("gateway_cpu_s_by_thread", {})
+            total = sum(threads.values())
+            workers = sum(v for k, v in threads.items() if k.startswith("gw-"))
+            share = f"{100 * workers / total:.0f}%" if total else "-"
+            cpu_rows.append([run["label"], fmt(run["messages"]), fmt(c.get("gateway")), share,
+                             fmt(c.get("shards")), fmt(c.get("nginx", c.get("haproxy"))),
+                             fmt(c.get("loadtest"))])
+    if cpu_rows:
+        tables.append({"title": "Where the CPU goes: µs per relayed message, by process",
+                       "header": ["run", "messages", "gateway", "of it in I/O workers",
+                                  "shards", "proxy", "loadtest"],
+                       "rows": cpu_rows})
+    tables.append({"title": "Targets of issue 5", "header": ["target", "measured", "met"],
+                   "rows": target_rows(r, s)})
+    micro = r.get("micro")
+    if micro:
+        rows = []
+        for bench, entries in micro.items():
+            for name, values in entries.items():
+                rows.append([f"{bench}::{name}", values["fastest"], values["median"]])
+        tables.append({"title": "Micro-benchmarks (divan, per iteration)",
+                       "header": ["benchmark", "fastest", "median"], "rows": rows})
+    return tables
+
+
+def every_scope(counts):
+    """(source, scope) for every syscall ratio the io_uring verdict weighs."""
+    return [(source, scope) for source, _, _ in counts
+            for scope in ("I/O workers", "all threads")]
+
+
+def every_ratio(counts):
+    """epoll / io_uring syscalls per message, in `every_scope` order."""
+    return [ratio(se[key], su[key]) for _, su, se in counts
+            for key in ("workers_per_msg", "all_per_msg")]
+
+
+def direct_baseline(r):
+    """Mean p50 and p99 of the direct runs made around the proxied ones."""
+    base = [x for x in (r.get("uring_direct"), r.get("uring_direct_again")) if x]
+    return (sum(x["p50_ms"] for x in base) / len(base),
+            sum(x["p99_ms"] for x in base) / len(base))
+
+
+def target_rows(r, s):
+    rows = []
+
+    def verdict(ok):
+        return "n/a" if ok is None else ("yes" if ok else "**no**")
+
+    ud, ed = r.get("uring_dense_strace"), r.get("epoll_dense_strace")
+    u, e = r.get("uring_dense"), r.get("epoll_dense")
+    if ud and ed and u and e:
+        counts = [("strace", ud["syscalls"], ed["syscalls"])]
+        if u.get("syscalls_perf") and e.get("syscalls_perf"):
+            counts.insert(0, ("perf", u["syscalls_perf"], e["syscalls_perf"]))
+        texts = []
+        for source, su, se in counts:
+            workers = ratio(se["workers_per_msg"], su["workers_per_msg"])
+            every = ratio(se["all_per_msg"], su["all_per_msg"])
+            texts.append(f"{source}: {fmt(workers)}x fewer on the I/O worker threads, "
+                         f"{fmt(every)}x on all gateway threads")
+        gu, ge = u["cpu_us_per_msg"]["gateway"], e["cpu_us_per_msg"]["gateway"]
+        met = [x is not None and x >= 47 for x in every_ratio(counts)]
+        if gu >= ge or not any(met):
+            outcome = verdict(False)
+        elif all(met):
+            outcome = verdict(True)
+        else:
+            outcome = "partly: " + ", ".join(
+                f"{source} {scope} {'yes' if ok else 'no'}"
+                for (source, scope), ok in zip(every_scope(counts), met))
+        rows.append(["io_uring: >= 47x fewer syscalls per relayed message than epoll under "
+                     "overload, and lower CPU per message",
+                     "; ".join(texts) + f" (dense workload); CPU {fmt(gu)} vs {fmt(ge)} µs/msg",
+                     outcome])
+    d = r.get("uring_direct")
+    n, h = r.get("nginx_relay"), r.get("haproxy_relay")
+    if d and n:
+        gw = d["cpu_us_per_msg"]["gateway"]
+        ng = n["cpu_us_per_msg"]["nginx"]
+        rows.append(["relay hop: gateway CPU per relayed message <= half of nginx stream's",
+                     f"gateway {fmt(gw)} µs/msg vs nginx {fmt(ng)} µs/msg "
+                     f"({fmt(ratio(gw, ng))}x of nginx's)", verdict(gw <= ng / 2)])
+    if d and n and h:
+        _, base_p99 = direct_baseline(r)
+        rows.append(["relay hop: lower added p99 than nginx and HAProxy",
+                     f"nginx adds {fmt(round(n['p99_ms'] - base_p99, 3), 3)} ms p99, HAProxy "
+                     f"{fmt(round(h['p99_ms'] - base_p99, 3), 3)} ms, against the direct runs; "
+                     "the gateway's own hop cannot be removed from the path to be measured the "
+                     "same way (see BENCHMARKS.md)", verdict(None)])
+    c = r.get("capacity")
+    if c:
+        step = (c.get("ramp_steps") or [{}])[-1]
+        steady = step.get("p99_ms")
+        ok = (step.get("passed", False) and c["bots"] >= 5000 and c["moves_lost"] == 0
+              and c["disconnects"] == 0)
+        rows.append([">= 5,000 bots through 1 gateway + 4 shards at 1 move/s with p99 < 50 ms "
+                     "and zero lost moves",
+                     f"{fmt(c['bots'])} bots online; steady-state p99 {fmt(steady, 3)} ms "
+                     f"({s['capacity_window_seconds']} s window once all were connected), whole "
+                     f"run p99 {fmt(c['p99_ms'], 3)} ms (logins included); "
+                     f"{fmt(c['moves_lost'])} lost, {fmt(c['disconnects'])} disconnects; the "
+                     f"bots' own send schedule lagged up to {fmt(c['send_lag_max_ms'], 1)} ms",
+                     verdict(ok)])
+    dense = [r[k] for k in ("uring_dense", "uring4_dense") if r.get(k)]
+    if dense:
+        best = max(dense, key=lambda d: d["notifications_per_s"])
+        rows.append([">= 300,000 notifications / s in the densest configuration",
+                     f"{fmt(best['notifications_per_s'], 0)} / s ({best['label']}: "
+                     f"{best['bots']} bots in a {s['dense_side']}x{s['dense_side']} area, p99 "
+                     f"{fmt(best['p99_ms'], 3)} ms, {fmt(best['moves_lost'])} lost)",
+                     verdict(best["notifications_per_s"] >= 300_000)])
+    return rows
+
+
+def render_markdown(tables, notes, settings):
+    lines = []
+    for note in notes:
+        lines.append(f"- {note}")
+    lines.append("")
+    for table in tables:
+        lines.append(f"### {table['title']}")
+        lines.append("")
+        lines.append("| " + " | ".join(table["header"]) + " |")
+        lines.append("|" + "|".join(" --- " for _ in table["header"]) + "|")
+        for row in table["rows"]:
+            lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+DOC_PLOTS = {
+    "gateway-i-o-io-uring-vs-epoll-same-workloads-cdf.svg",
+    "gateway-i-o-io-uring-vs-epoll-same-workloads-box.svg",
+    "relay-hop-bots-proxy-gateway-vs-bots-gateway-cdf.svg",
+    "shards-1-vs-4-same-workloads-box.svg",
+    "capacity-ramp-1-move-s-per-bot-ramp.svg",
+    "capacity-1-gateway-4-shards-1-move-s-delay.svg",
+}
+BEGIN = "<!-- bench:begin (generated by loadtest/bench/run.sh --update-docs) -->"
+END = "<!-- bench:end -->"
+
+
+def update_docs(out, markdown):
+    docs = ROOT / "docs" / "bench"
+    docs.mkdir(parents=True, exist_ok=True)
+    # Only the plots BENCHMARKS.md embeds are copied as files; report.html has them all.
+    for old in docs.glob("*.svg"):
+        old.unlink()
+    for svg in sorted((out / "svg").glob("*.svg")):
+        if svg.name in DOC_PLOTS:
+            shutil.copy(svg, docs / svg.name)
+    shutil.copy(out / "report.html", docs / "report.html")
+    shutil.copy(out / "bench.json", docs / "bench.json")
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text += f"\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{markdown}\n{END}{tail}")
+    log(f"updated {path} and {docs}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="about 2 minutes, smaller loads")
+    parser.add_argument("--out", default=str(ROOT / "target" / "bench"),
+                        help="output folder (default target/bench)")
+    parser.add_argument("--update-docs", action="store_true",
+                        help="rewrite BENCHMARKS.md's generated block and docs/bench/")
+    parser.add_argument("--no-proxies", action="store_true", help="skip nginx and HAProxy")
+    parser.add_argument("--no-micro", action="store_true", help="skip the divan benchmarks")
+    parser.add_argument("--rerender", action="store_true",
+                        help="run nothing: redraw the report, tables (and docs) from the "
+                             "bench.json and manifest.json already in --out")
+    args = parser.parse_args()
+    suite = Suite(args)
+    if args.rerender:
+        return suite.rerender()
+    suite.load_at_start = sh("cut -d' ' -f1-3 /proc/loadavg")
+    log(f"mode {suite.mode}: settings {json.dumps(suite.s)}; output in {suite.out}")
+    try:
+        suite.run()
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        log(f"FAILED: {error}")
+        if suite.results:
+            suite.write()
+        return 1
+    suite.write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Tests of the suite's parsing and verdicts: `python3 -m unittest loadtest/bench/test_suite.py`.
+
+They feed recorded tool output (divan's table, strace lines) and made-up results to the
+functions that turn them into numbers and verdicts, so a change in a tool's format or a
+wrong comparison shows up here rather than as a silently wrong BENCHMARKS.md.
+"""
+
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import suite  # noqa: E402
+
+DIVAN = """\
+Timer precision: 20 ns
+codec                    fastest       │ slowest       │ median        │ mean          │ samples │ iters
+├─ decode_moves                        │               │               │               │         │
+│  ├─ 1                  79.69 ns      │ 1.638 ms      │ 99.69 ns      │ 540.6 ns      │ 13984   │ 13984
+│  │                     12.54 Mitem/s │ 610.2 item/s  │ 10.03 Mitem/s │ 1.849 Mitem/s │         │
+│  ╰─ 256                8.846 µs      │ 7.364 ms      │ 9.166 µs      │ 25.18 µs      │ 2208    │ 2208
+│                        28.93 Mitem/s │ 34.76 Kitem/s │ 27.92 Mitem/s │ 10.16 Mitem/s │         │
+├─ encode_moved          45.39 ns      │ 84.62 µs      │ 46.64 ns      │ 181.9 ns      │ 3869    │ 247616
+╰─ split_frames_only     811.1 ns      │ 731.9 µs      │ 821.4 ns      │ 3.542 µs      │ 3495    │ 13980
+"""
+
+
+def run(label, p99, cpu_gateway, messages=1000, **extra):
+    base = {"label": label, "p50_ms": p99 / 4, "p99_ms": p99, "messages": messages,
+            "wall_s": 5.0, "moves_lost": 0, "disconnects": 0, "bots": 300,
+            "notifications_per_s": 1000.0, "send_lag_max_ms": 0.5,
+            "cpu_us_per_msg": {"gateway": cpu_gateway, "shards": 1.0, "loadtest": 2.0}}
+    base.update(extra)
+    return base
+
+
+class ParseDivan(unittest.TestCase):
+    def test_rows_are_named_by_their_tree_path(self):
+        rows = suite.parse_divan(DIVAN)
+        self.assertEqual(list(rows), ["decode_moves/1", "decode_moves/256", "encode_moved",
+                                      "split_frames_only"])
+        self.assertEqual(rows["decode_moves/256"], {"fastest": "8.846 µs", "median": "9.166 µs"})
+        self.assertEqual(rows["encode_moved"]["median"], "46.64 ns")
+
+    def test_output_without_a_table_gives_nothing(self):
+        self.assertEqual(suite.parse_divan("error: no benchmarks\n"), {})
+
+
+class CountSyscalls(unittest.TestCase):
+    def test_calls_are_counted_per_thread_kind_and_resumptions_once(self):
+        lines = [
+            "101 io_uring_enter(3, 1, 0, 0, NULL, 8) = 1",
+            "101 io_uring_enter(3, 2, 0, 0, NULL, 8) = 2",
+            "102 epoll_wait(5, [], 1024, 10 <unfinished ...>",
+            "102 <... epoll_wait resumed>) = 0",
+            "103 futex(0x7f, FUTEX_WAKE_PRIVATE, 1) = 0",
+            "+++ exited with 0 +++",
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".strace", delete=False) as trace:
+            trace.write("\n".join(lines) + "\n")
+        names = {101: "gw-uring-0", 102: "gw-uring-1", 103: "tokio-rt-worker"}
+        counted = suite.count_syscalls(trace.name, names, messages=8)
+        Path(trace.name).unlink()
+        self.assertEqual(counted["all_threads"], 4)
+        self.assertEqual(counted["io_workers"], 3)
+        self.assertEqual(counted["all_per_msg"], 0.5)
+        self.assertEqual(counted["workers_per_msg"], 0.375)
+        self.assertEqual(counted["by_thread"]["tokio-rt-worker"], 1)
+
+
+class ReadPerf(unittest.TestCase):
+    def test_per_thread_counts_are_summed_by_thread_kind(self):
+        text = ("# started on Mon Nov 30 05:17:49 2026\n\n"
+                "gw-uring-0-101,4000,,raw_syscalls:sys_enter,39122070,100.00,,\n"
+                "gw-uring-1-102,1000,,raw_syscalls:sys_enter,39122070,100.00,,\n"
+                "tokio-rt-worker-103,500,,raw_syscalls:sys_enter,39122070,100.00,,\n"
+                "meridian-100,<not counted>,,raw_syscalls:sys_enter,0,100.00,,\n")
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as csv:
+            csv.write(text)
+        counts = suite.read_perf_syscalls(csv.name)
+        Path(csv.name).unlink()
+        self.assertEqual(counts, {"gw-uring": 5000, "tokio-rt-worker": 500})
+        figures = suite.per_message(counts, 1000)
+        self.assertEqual(figures["workers_per_msg"], 5.0)
+        self.assertEqual(figures["all_per_msg"], 5.5)
+
+
+class Verdicts(unittest.TestCase):
+    def results(self, uring_workers, epoll_workers, capacity_p99, notifications):
+        strace = lambda workers: {"syscalls": {"workers_per_msg": workers,  # noqa: E731
+                                               "all_per_msg": workers * 2}}
+        return {
+            "uring_dense": run("uring dense", 10, 1.0),
+            "epoll_dense": run("epoll dense", 12, 2.0),
+            "uring_dense_strace": strace(uring_workers),
+            "epoll_dense_strace": strace(epoll_workers),
+            "uring_direct": run("uring spread", 5, 10.0),
+            "nginx_relay": run("via nginx", 7, 10.0, cpu_us_per_msg={"nginx": 25.0,
+                                                                      "gateway": 10.0}),
+            "capacity": run("capacity", capacity_p99, 2.0, bots=5000,
+                            ramp_steps=[{"p99_ms": capacity_p99,
+                                         "passed": capacity_p99 < 50}]),
+            "uring4_dense": run("4 shards dense", 30, 1.0,
+                                notifications_per_s=notifications),
+        }
+
+    def verdicts(self, results):
+        rows = suite.target_rows(results, suite.SETTINGS["quick"])
+        return {row[0].split(":")[0]: row[2] for row in rows}
+
+    def test_met_targets_say_yes(self):
+        verdicts = self.verdicts(self.results(0.01, 0.5, 20.0, 400_000.0))
+        self.assertEqual(verdicts["io_uring"], "yes")
+        self.assertEqual(verdicts["relay hop"], "yes")
+        self.assertEqual(verdicts[">= 5,000 bots through 1 gateway + 4 shards at 1 move/s "
+                                  "with p99 < 50 ms and zero lost moves"], "yes")
+        self.assertEqual(verdicts[">= 300,000 notifications / s in the densest configuration"],
+                         "yes")
+
+    def test_misses_are_reported_as_no(self):
+        verdicts = self.verdicts(self.results(0.1, 0.5, 400.0, 200_000.0))
+        self.assertEqual(verdicts["io_uring"], "**no**", "5x fewer is not 47x fewer")
+        self.assertEqual(verdicts[">= 5,000 bots through 1 gateway + 4 shards at 1 move/s "
+                                  "with p99 < 50 ms and zero lost moves"], "**no**")
+        self.assertEqual(verdicts[">= 300,000 notifications / s in the densest configuration"],
+                         "**no**")
+
+    def test_a_target_met_by_one_count_and_missed_by_another_says_partly(self):
+        results = self.results(0.01, 0.5, 20.0, 400_000.0)
+        results["uring_dense"]["syscalls_perf"] = {"workers_per_msg": 0.002,
+                                                   "all_per_msg": 0.01}
+        results["epoll_dense"]["syscalls_perf"] = {"workers_per_msg": 0.2, "all_per_msg": 0.2}
+        verdict = self.verdicts(results)["io_uring"]
+        self.assertTrue(verdict.startswith("partly"), verdict)
+        self.assertIn("perf I/O workers yes", verdict)
+        self.assertIn("perf all threads no", verdict)
+
+    def test_lost_moves_fail_the_capacity_target_even_with_a_low_p99(self):
+        results = self.results(0.01, 0.5, 20.0, 400_000.0)
+        results["capacity"]["moves_lost"] = 3
+        verdicts = self.verdicts(results)
+        self.assertEqual(verdicts[">= 5,000 bots through 1 gateway + 4 shards at 1 move/s "
+                                  "with p99 < 50 ms and zero lost moves"], "**no**")
+
+
+class Docs(unittest.TestCase):
+    def test_markdown_tables_escape_pipes(self):
+        table = {"title": "t", "header": ["a", "b"], "rows": [["x|y", "1"]]}
+        text = suite.render_markdown([table], ["note"], suite.SETTINGS["quick"])
+        self.assertIn("| x\\|y | 1 |", text)
+        self.assertIn("- note", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
