@@ -14,6 +14,8 @@ mod core;
 mod epoll;
 mod ids;
 mod metrics;
+mod quic;
+mod quic_tls;
 mod relay;
 mod routing;
 mod uring;
@@ -32,6 +34,8 @@ use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 pub use metrics::GatewayMetrics;
+pub use quic::QuicFront;
+pub use quic_tls::{PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 pub use worker::bind_game_listener;
 
 /// Which event loop the workers run.
@@ -94,10 +98,12 @@ pub enum GatewayError {
 }
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
-/// reused by every worker with SO_REUSEPORT); `admin` serves the admin endpoints.
+/// reused by every worker with SO_REUSEPORT); `quic`, if given, is the QUIC front (one more
+/// worker, after the TCP ones); `admin` serves the admin endpoints.
 pub async fn run(
     config: GatewayConfig,
     game: std::net::TcpListener,
+    quic: Option<QuicFront>,
     admin: TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), GatewayError> {
@@ -123,7 +129,15 @@ pub async fn run(
         stopping: Arc::clone(&stopping),
         round_robin: Default::default(),
     });
-    let workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
+    let mut workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
+    let quic_addr = match quic {
+        Some(front) => {
+            let addr = front.local_addr().map_err(GatewayError::Listener)?;
+            workers.spawn_quic(front, Arc::clone(&shared))?;
+            Some(addr)
+        }
+        None => None,
+    };
     let mailboxes = Arc::new(workers.mailboxes());
     tokio::spawn(relay::maintain_links(
         config.id,
@@ -160,7 +174,7 @@ pub async fn run(
         })
     });
     tokio::spawn(serve_admin(admin, registry, readiness));
-    info!(gateway = %config.id, %game_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
+    info!(gateway = %config.id, %game_addr, ?quic_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
 
     shutdown.await;
     info!(gateway = %config.id, "gateway stopping: telling clients, deregistering");

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use meridian_cluster::GatewayId;
-use meridian_observe::{Counter, Gauge, Registry};
+use meridian_observe::{Counter, Gauge, Histogram, Registry};
 use meridian_protocol::pb::ErrorCode;
 
 use crate::IoBackend;
@@ -20,6 +20,11 @@ pub struct GatewayMetrics {
     pub batches_from_shards: Arc<Counter>,
     pub slow_clients_cut: Arc<Counter>,
     pub relay_queue_full: Arc<Counter>,
+    pub quic_connections: Arc<Gauge>,
+    pub quic_handshakes: Arc<Counter>,
+    pub quic_handshake_failures: Arc<Counter>,
+    pub quic_migrations: Arc<Counter>,
+    pub quic_handshake_seconds: Arc<Histogram>,
     errors: Vec<(ErrorCode, Arc<Counter>)>,
 }
 
@@ -112,6 +117,31 @@ impl GatewayMetrics {
                 "meridian_gateway_relay_queue_full_total",
                 "Inputs refused with UNAVAILABLE because a shard's relay queue was full.",
                 l,
+            ),
+            quic_connections: registry.gauge(
+                "meridian_gateway_quic_connections",
+                "Open QUIC sessions (also counted in meridian_gateway_connections).",
+                l,
+            ),
+            quic_handshakes: registry.counter(
+                "meridian_gateway_quic_handshakes_total",
+                "QUIC handshakes completed with ALPN meridian/1.",
+                l,
+            ),
+            quic_handshake_failures: registry.counter(
+                "meridian_gateway_quic_handshake_failures_total",
+                "QUIC connections refused: failed or timed-out handshakes, wrong ALPN.",
+                l,
+            ),
+            quic_migrations: registry.counter(
+                "meridian_gateway_quic_migrations_total",
+                "QUIC sessions seen arriving from a new client address (connection migration).",
+                l,
+            ),
+            quic_handshake_seconds: registry.histogram(
+                "meridian_gateway_quic_handshake_seconds",
+                "Time from a QUIC client's first packet to a completed handshake.",
+                &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
             ),
             errors,
         }

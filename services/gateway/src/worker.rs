@@ -122,6 +122,22 @@ impl Workers {
             .collect()
     }
 
+    /// Starts the QUIC front as the next worker: deliveries reach it by the worker index in
+    /// its session ids, like any TCP worker.
+    pub fn spawn_quic(
+        &mut self,
+        front: crate::QuicFront,
+        shared: Arc<Shared>,
+    ) -> Result<(), GatewayError> {
+        let index = self.mailboxes.len();
+        let (sender, mail) = sync_channel(MAILBOX);
+        let (waker, thread) = crate::quic::spawn(index, front, shared, mail)
+            .map_err(|source| GatewayError::Worker { index, source })?;
+        self.threads.push(thread);
+        self.mailboxes.push(Mailbox { sender, waker });
+        Ok(())
+    }
+
     pub fn join(self) {
         for thread in self.threads {
             let _ = thread.join();
