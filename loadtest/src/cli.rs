@@ -71,6 +71,37 @@ pub struct Cli {
     #[arg(long, default_value = "3s", value_parser = parse_duration,
           env = "MERIDIAN_LOADTEST_DRAIN")]
     pub drain: Duration,
+
+    /// How bots reach the gateway: its TCP game port, or its QUIC front (UDP; --addr is then
+    /// the QUIC address, and --insecure or --ca is required).
+    #[arg(long, value_enum, default_value = "tcp", env = "MERIDIAN_LOADTEST_TRANSPORT")]
+    pub transport: TransportArg,
+
+    /// QUIC: accept any server certificate (a dev cluster's self-signed one).
+    #[arg(long, conflicts_with = "ca")]
+    pub insecure: bool,
+
+    /// QUIC: trust the certificates in this PEM file.
+    #[arg(long, env = "MERIDIAN_LOADTEST_CA")]
+    pub ca: Option<std::path::PathBuf>,
+
+    /// QUIC: the server name to verify the certificate against (the dev certificate's is
+    /// localhost).
+    #[arg(long, default_value = "localhost", env = "MERIDIAN_LOADTEST_SERVER_NAME")]
+    pub server_name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    Tcp,
+    Quic,
+}
+
+/// The transport, validated: QUIC always knows what to trust.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    Tcp,
+    Quic { trust: crate::quic::Trust, server_name: String },
 }
 
 /// The longest any duration flag may be; keeps every deadline computable.
@@ -149,6 +180,7 @@ pub struct Config {
     pub source_ips: u32,
     pub name_prefix: String,
     pub drain: Duration,
+    pub transport: Transport,
 }
 
 impl Config {
@@ -188,6 +220,28 @@ impl Config {
                 "--name-prefix is too long: bot name {longest_name:?} is over {MAX_NAME_BYTES} bytes"
             ));
         }
+        let transport = match cli.transport {
+            TransportArg::Tcp => {
+                if cli.insecure || cli.ca.is_some() {
+                    problems.push("--insecure and --ca are for --transport quic".to_owned());
+                }
+                Transport::Tcp
+            }
+            TransportArg::Quic => {
+                let trust = match (cli.insecure, cli.ca) {
+                    (true, _) => crate::quic::Trust::Insecure,
+                    (false, Some(path)) => crate::quic::Trust::Ca(path),
+                    (false, None) => {
+                        problems.push(
+                            "--transport quic needs --ca FILE or --insecure (dev certificates)"
+                                .to_owned(),
+                        );
+                        crate::quic::Trust::Insecure
+                    }
+                };
+                Transport::Quic { trust, server_name: cli.server_name }
+            }
+        };
         if !problems.is_empty() {
             anyhow::bail!("invalid command line:\n  - {}", problems.join("\n  - "));
         }
@@ -205,6 +259,7 @@ impl Config {
             source_ips: cli.source_ips,
             name_prefix: cli.name_prefix,
             drain: cli.drain,
+            transport,
         })
     }
 }
@@ -269,6 +324,19 @@ mod tests {
         for expected in ["--bots", "--move-interval", "--addr", "--name-prefix", "--drain"] {
             assert!(message.contains(expected), "{expected} missing from: {message}");
         }
+    }
+
+    #[test]
+    fn quic_needs_something_to_trust() {
+        let config = |extra: &[&str]| {
+            let base = ["loadtest", "--addr", "127.0.0.1:7777", "--bots", "1"];
+            Config::from_cli(Cli::try_parse_from(base.iter().chain(extra)).unwrap())
+        };
+        let message = config(&["--transport", "quic"]).unwrap_err().to_string();
+        assert!(message.contains("--ca FILE or --insecure"), "{message}");
+        let quic = config(&["--transport", "quic", "--insecure"]).unwrap();
+        assert!(matches!(quic.transport, Transport::Quic { .. }));
+        assert!(config(&["--insecure"]).is_err(), "--insecure without QUIC is a mistake");
     }
 
     #[test]
