@@ -16,7 +16,7 @@ use meridian_protocol::pb::{
 use meridian_protocol::{encode_frame, FrameReader, DEFAULT_MAX_FRAME};
 
 use crate::msg;
-use crate::quic::{QuicClient, QuicRead, QuicTarget};
+use crate::quic::{QuicClient, QuicOptions, QuicRead, QuicTarget};
 use crate::stream::StreamCheck;
 use crate::view::View;
 use crate::wait::{deadline, DEFAULT_WAIT};
@@ -157,6 +157,11 @@ pub(crate) fn code_name(code: i32) -> String {
 impl Bot {
     /// Connects to a gateway's game port (TCP) or QUIC front.
     pub fn connect(addr: impl Into<GameAddr>) -> anyhow::Result<Bot> {
+        Bot::connect_with(addr, &QuicOptions::default())
+    }
+
+    /// [`Bot::connect`], with these settings if it is a QUIC connection.
+    pub fn connect_with(addr: impl Into<GameAddr>, quic: &QuicOptions) -> anyhow::Result<Bot> {
         let n = NEXT_BOT.fetch_add(1, Ordering::Relaxed);
         let (addr, link) = match addr.into() {
             GameAddr::Tcp(addr) => {
@@ -167,7 +172,7 @@ impl Bot {
                 (addr, Link::Tcp(stream))
             }
             GameAddr::Quic(target) => {
-                let client = QuicClient::connect(&target).with_context(|| {
+                let client = QuicClient::connect_with(&target, quic).with_context(|| {
                     format!("bot #{n} connecting to gateway {} over QUIC", target.addr)
                 })?;
                 (target.addr, Link::Quic(Box::new(client)))

@@ -46,11 +46,18 @@ impl QuicTarget {
 pub struct QuicOptions {
     pub alpn: Vec<Vec<u8>>,
     pub server_name: String,
+    /// Bytes the gateway may send on the stream ahead of what this client has read
+    /// (quinn's default when `None`); small for a client that is slow on purpose.
+    pub receive_window: Option<u32>,
 }
 
 impl Default for QuicOptions {
     fn default() -> Self {
-        QuicOptions { alpn: vec![ALPN.to_vec()], server_name: DEV_SERVER_NAME.to_string() }
+        QuicOptions {
+            alpn: vec![ALPN.to_vec()],
+            server_name: DEV_SERVER_NAME.to_string(),
+            receive_window: None,
+        }
     }
 }
 
@@ -85,7 +92,7 @@ impl QuicClient {
             .thread_name("quic-bot")
             .enable_all()
             .build()?;
-        let config = client_config(target.cert_der, &options.alpn)?;
+        let config = client_config(target.cert_der, options)?;
         let server_name = options.server_name.clone();
         let addr = target.addr;
         let (endpoint, connection, send, recv, handshake) = runtime.block_on(async move {
@@ -202,8 +209,8 @@ impl Drop for QuicClient {
     }
 }
 
-/// TLS 1.3 with rustls+ring, trusting exactly `cert_der`, offering `alpn`.
-fn client_config(cert_der: &[u8], alpn: &[Vec<u8>]) -> anyhow::Result<quinn::ClientConfig> {
+/// TLS 1.3 with rustls+ring, trusting exactly `cert_der`, offering the options' ALPN.
+fn client_config(cert_der: &[u8], options: &QuicOptions) -> anyhow::Result<quinn::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from(cert_der.to_vec()))?;
@@ -211,11 +218,14 @@ fn client_config(cert_der: &[u8], alpn: &[Vec<u8>]) -> anyhow::Result<quinn::Cli
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    tls.alpn_protocols = alpn.to_vec();
+    tls.alpn_protocols = options.alpn.clone();
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport.keep_alive_interval(Some(KEEP_ALIVE));
+    if let Some(window) = options.receive_window {
+        transport.stream_receive_window(window.into()).receive_window(window.into());
+    }
     config.transport_config(Arc::new(transport));
     Ok(config)
 }

@@ -17,6 +17,7 @@ mod idle;
 mod migration;
 mod mixed;
 mod refusal;
+mod slow;
 
 pub use common::*;
 
