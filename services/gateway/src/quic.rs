@@ -91,6 +91,8 @@ pub struct QuicConn {
     written: usize,
     /// Our side of the stream is finished (after a closing error or a logout).
     finished: bool,
+    /// Listed in the core task's `blocked`: the stream took less than there was to send.
+    blocked: bool,
 }
 
 enum Event {
@@ -222,7 +224,13 @@ fn on_event(
     match event {
         Event::Opened { connection, send, recv } => {
             let reader = connection.clone();
-            let slot = core.insert(QuicConn { connection, send, written: 0, finished: false });
+            let slot = core.insert(QuicConn {
+                connection,
+                send,
+                written: 0,
+                finished: false,
+                blocked: false,
+            });
             let generation = core.generation(slot);
             metrics.quic_connections.add(1);
             tokio::spawn(read_stream(
@@ -359,27 +367,25 @@ fn poll_blocked(
     if blocked.is_empty() {
         return Poll::Pending;
     }
-    let before: usize = blocked.iter().map(|&slot| unsent(core, slot)).sum();
+    let metrics = Arc::clone(&core.shared().metrics);
     let slots = std::mem::take(blocked);
     let mut moved = false;
     for &slot in &slots {
-        // Metrics are counted in write_out; the Arc clone is per blocked slot, not message.
-        let metrics = Arc::clone(&core.shared().metrics);
-        write_out(cx, core, slot, blocked, &metrics);
-        if !blocked.contains(&slot) {
+        let Some(conn) = core.get_mut(slot) else {
             moved = true;
-        }
+            continue;
+        };
+        conn.io.blocked = false;
+        let unsent = conn.out.len() - conn.io.written;
+        write_out(cx, core, slot, blocked, &metrics);
+        let still = core.get_mut(slot).map(|conn| conn.out.len() - conn.io.written);
+        moved |= still != Some(unsent);
     }
-    let after: usize = blocked.iter().map(|&slot| unsent(core, slot)).sum();
-    if moved || after != before {
+    if moved {
         Poll::Ready(())
     } else {
         Poll::Pending
     }
-}
-
-fn unsent(core: &mut Core<QuicConn>, slot: u32) -> usize {
-    core.get_mut(slot).map_or(0, |conn| conn.out.len() - conn.io.written)
 }
 
 /// Writes what the stream takes now. A stream that takes less stays in `blocked`, and
@@ -418,7 +424,8 @@ fn write_out(
             conn.io.finished = true;
             let _ = conn.io.send.finish();
         }
-    } else if !blocked.contains(&slot) {
+    } else if !conn.io.blocked {
+        conn.io.blocked = true;
         blocked.push(slot);
     }
 }
