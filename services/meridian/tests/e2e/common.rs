@@ -49,3 +49,27 @@ pub fn left(bot: &Bot) -> ServerMessage {
 pub fn chat_from(bot: &Bot, text: &str) -> ServerMessage {
     server::chat(bot.id(), text)
 }
+
+/// Hands `$instantiate` (a macro taking `module::scenario, ...`) every scenario that runs
+/// the same over any transport, after the `$extra` ones: the `e2e` target runs them over TCP
+/// with both I/O backends, the `quic` target over QUIC, so a new scenario listed here runs
+/// over both.
+macro_rules! transport_scenarios {
+    ($instantiate:ident $(, $extra_module:ident :: $extra:ident)* $(,)?) => {
+        $instantiate! {
+            $($extra_module::$extra,)*
+            world::login_ok_and_sight_both_ways,
+            world::moves_into_and_out_of_sight,
+            world::clamped_moves_at_the_edge,
+            world::chat_reaches_those_in_sight,
+            world::logout_and_abrupt_disconnects,
+            errors::errors_before_login_keep_the_connection,
+            errors::errors_after_login_keep_the_connection,
+            errors::rate_limit,
+            errors::closing_errors,
+            stale_epoch::stale_epoch_is_refused,
+            failover::gateway_death_and_resume,
+            shard_failure::shard_kill,
+        }
+    };
+}

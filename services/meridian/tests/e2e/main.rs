@@ -12,6 +12,7 @@ mod shard_failure;
 mod stale_epoch;
 mod world;
 
+#[macro_use]
 mod common;
 
 pub use common::*;
@@ -34,18 +35,4 @@ macro_rules! for_both_backends {
     };
 }
 
-for_both_backends! {
-    cluster_up::up_reports_every_node,
-    world::login_ok_and_sight_both_ways,
-    stale_epoch::stale_epoch_is_refused,
-    failover::gateway_death_and_resume,
-    world::moves_into_and_out_of_sight,
-    world::clamped_moves_at_the_edge,
-    world::chat_reaches_those_in_sight,
-    world::logout_and_abrupt_disconnects,
-    errors::errors_before_login_keep_the_connection,
-    errors::errors_after_login_keep_the_connection,
-    errors::rate_limit,
-    errors::closing_errors,
-    shard_failure::shard_kill,
-}
+transport_scenarios!(for_both_backends, cluster_up::up_reports_every_node);

@@ -1,5 +1,6 @@
-//! End-to-end tests of the gateway's QUIC front (issue 7): the world and protocol scenarios
-//! of the `e2e` target run unchanged over QUIC, TCP and QUIC players share one world,
+//! End-to-end tests of the gateway's QUIC front (issue 7): the world, protocol and failure
+//! scenarios of the `e2e` target (shard kill and restore, gateway death and Resume, stale
+//! epochs) run unchanged over QUIC, TCP and QUIC players share one world,
 //! connection migration keeps a session, a dead client leaves by the idle timeout, and bad
 //! handshakes are refused without disturbing anyone.
 //!
@@ -7,9 +8,16 @@
 //! self-signed dev certificate the bots trust from the ready file).
 
 #[path = "../e2e/common.rs"]
+#[macro_use]
 mod common;
 #[path = "../e2e/errors.rs"]
 mod errors;
+#[path = "../e2e/failover.rs"]
+mod failover;
+#[path = "../e2e/shard_failure.rs"]
+mod shard_failure;
+#[path = "../e2e/stale_epoch.rs"]
+mod stale_epoch;
 #[path = "../e2e/world.rs"]
 mod world;
 
@@ -33,14 +41,4 @@ macro_rules! over_quic {
     };
 }
 
-over_quic! {
-    world::login_ok_and_sight_both_ways,
-    world::moves_into_and_out_of_sight,
-    world::clamped_moves_at_the_edge,
-    world::chat_reaches_those_in_sight,
-    world::logout_and_abrupt_disconnects,
-    errors::errors_before_login_keep_the_connection,
-    errors::errors_after_login_keep_the_connection,
-    errors::rate_limit,
-    errors::closing_errors,
-}
+transport_scenarios!(over_quic);
