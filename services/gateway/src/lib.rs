@@ -151,6 +151,7 @@ pub async fn run(
         id: config.id,
         game: config.advertise.clone().unwrap_or_else(|| game_addr.to_string()),
         admin: config.advertise_admin.clone().unwrap_or_else(|| admin_addr.to_string()),
+        quic: quic_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
     };
     let registration =
         Registration::start(client, keys.gateway(config.id), record.to_json(), config.lease_ttl)
@@ -190,6 +191,15 @@ pub async fn run(
     Ok(())
 }
 
+/// The QUIC address to publish: the advertised game host (if any) with the QUIC port, so a
+/// gateway listening on 0.0.0.0 publishes an address clients can use.
+fn advertised_quic(advertise: Option<&str>, quic: SocketAddr) -> String {
+    match advertise.and_then(|a| a.rsplit_once(':')) {
+        Some((host, _port)) => format!("{host}:{}", quic.port()),
+        None => quic.to_string(),
+    }
+}
+
 /// io_uring unless asked otherwise, falling back to epoll (with a warning) where the
 /// kernel or a seccomp profile refuses io_uring.
 fn select_backend(wanted: IoBackend) -> IoBackend {
@@ -202,5 +212,18 @@ fn select_backend(wanted: IoBackend) -> IoBackend {
                 IoBackend::Epoll
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_published_quic_address_takes_the_advertised_host() {
+        let quic: SocketAddr = "0.0.0.0:7778".parse().unwrap();
+        assert_eq!(advertised_quic(Some("10.1.2.3:7777"), quic), "10.1.2.3:7778");
+        assert_eq!(advertised_quic(Some("[fd00::1]:7777"), quic), "[fd00::1]:7778");
+        assert_eq!(advertised_quic(None, quic), "0.0.0.0:7778");
     }
 }

@@ -34,6 +34,9 @@ fn tcp_and_quic_players_share_one_world() {
     // Two shards split the map at x = 200; the four players stand on both sides of it.
     with_cluster(ClusterOptions::new(Io::Uring).shards(2), |cluster| {
         let (tcp, quic) = (cluster.game_addr(0), cluster.quic_target(0));
+        let status = cluster.status_json()?;
+        let published = &status["gateways"][0]["quic"];
+        ensure!(*published == quic.addr.to_string(), "etcd publishes the QUIC front: {status}");
         let mut tina = Bot::connect(tcp)?;
         tina.login("tina", Some((190, 100)))?;
         let mut quinn = Bot::connect(quic)?;
