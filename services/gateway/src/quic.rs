@@ -15,7 +15,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -42,6 +42,11 @@ const TICK: Duration = Duration::from_millis(250);
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// How long a connected client may take to open its session stream.
 const STREAM_WITHIN: Duration = Duration::from_secs(10);
+/// Handshakes in flight beyond which a client must first prove its address (a QUIC Retry
+/// round trip), so a flood of spoofed Initial packets costs the gateway one packet each.
+const HANDSHAKES_BEFORE_RETRY: usize = 256;
+/// Handshakes in flight beyond which new clients are refused outright.
+const HANDSHAKES_MAX: usize = 4096;
 
 /// Application close codes (QUIC CONNECTION_CLOSE), for clients' logs.
 const CLOSE_DONE: u32 = 0;
@@ -268,8 +273,38 @@ async fn accept_loop(
     events: mpsc::Sender<Event>,
     metrics: Arc<GatewayMetrics>,
 ) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
     while let Some(incoming) = endpoint.accept().await {
-        tokio::spawn(handshake(incoming, events.clone(), Arc::clone(&metrics)));
+        let busy = in_flight.load(Ordering::Relaxed);
+        if busy >= HANDSHAKES_MAX {
+            metrics.quic_handshake_failures.inc();
+            debug!(remote = %incoming.remote_address(), busy, "QUIC handshakes saturated; refused");
+            incoming.refuse();
+            continue;
+        }
+        if busy >= HANDSHAKES_BEFORE_RETRY
+            && !incoming.remote_address_validated()
+            && incoming.may_retry()
+        {
+            let _ = incoming.retry();
+            continue;
+        }
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        let guard = InFlight(Arc::clone(&in_flight));
+        let (events, metrics) = (events.clone(), Arc::clone(&metrics));
+        tokio::spawn(async move {
+            handshake(incoming, events, metrics).await;
+            drop(guard);
+        });
+    }
+}
+
+/// One handshake counted as in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
