@@ -26,6 +26,7 @@ mod migration;
 mod mixed;
 mod refusal;
 mod slow;
+mod walk;
 
 pub use common::*;
 
