@@ -116,7 +116,9 @@ pub async fn run(
     let registry = Registry::default();
     let io = select_backend(config.io);
     let metrics = Arc::new(GatewayMetrics::new(&registry, config.id, io));
-    let ids = ids::IdPool::start(client.clone(), &keys).await?;
+    // Every event loop takes id blocks: the TCP workers and the QUIC front.
+    let loops = config.workers.max(1) + usize::from(quic.is_some());
+    let ids = ids::IdPool::start(client.clone(), &keys, loops).await?;
     let routing = routing::Routing::new();
     let listeners = worker::reuseport_listeners(game, config.workers)
         .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
