@@ -19,9 +19,8 @@ use meridian_protocol::pb::{self, client_message, server_message, ClientMessage,
 use meridian_protocol::{encode_frame, CodecError, FrameReader, DEFAULT_MAX_FRAME};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpSocket;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::debug;
@@ -41,10 +40,23 @@ const READ_CHUNK: usize = 4096;
 const DIRECTIONS: [pb::Direction; 4] =
     [pb::Direction::Up, pb::Direction::Down, pb::Direction::Left, pb::Direction::Right];
 
+/// A bot's byte stream, read side: a TCP socket's or a QUIC stream's.
+pub type ReadHalf = Box<dyn AsyncRead + Unpin + Send>;
+/// A bot's byte stream, write side.
+pub type WriteHalf = Box<dyn AsyncWrite + Unpin + Send>;
+
+/// One bot's connection: the protocol's byte stream, whatever carries it.
+pub struct Conn {
+    read_half: ReadHalf,
+    write_half: WriteHalf,
+}
+
 /// What every bot of the run shares and never changes.
 #[derive(Debug)]
 pub struct Plan {
     pub target: SocketAddr,
+    /// `--transport quic`: the client endpoints; TCP otherwise.
+    pub quic: Option<crate::quic::QuicClients>,
     pub source_ips: u32,
     pub name_prefix: String,
     pub spawn_area: Option<SpawnArea>,
@@ -82,15 +94,34 @@ impl Plan {
 
     /// The loopback source address of bot `index`, when bots are spread over several.
     fn source_ip(&self, index: u32) -> Option<IpAddr> {
-        (self.source_ips > 1).then(|| {
-            let first = u32::from(Ipv4Addr::LOCALHOST);
-            IpAddr::V4(Ipv4Addr::from(first + index % self.source_ips))
-        })
+        source_ip(self.source_ips, index)
     }
 }
 
-/// Opens bot `index`'s connection, from its source address if the run spreads them.
-pub async fn connect(plan: &Plan, index: u32) -> io::Result<TcpStream> {
+/// The loopback source address of bot `index` among `source_ips`, if more than one.
+pub fn source_ip(source_ips: u32, index: u32) -> Option<IpAddr> {
+    (source_ips > 1).then(|| {
+        let first = u32::from(Ipv4Addr::LOCALHOST);
+        IpAddr::V4(Ipv4Addr::from(first + index % source_ips))
+    })
+}
+
+/// Opens bot `index`'s connection, from its source address if the run spreads them: a
+/// TCP connection, or a QUIC connection and its one bidirectional stream.
+pub async fn connect(plan: &Plan, index: u32) -> io::Result<Conn> {
+    let deadline = (Instant::now() + CONNECT_TIMEOUT).min(plan.drain_ends());
+    if let Some(quic) = &plan.quic {
+        let connecting = quic
+            .endpoint(index)
+            .connect(plan.target, &quic.server_name)
+            .map_err(io::Error::other)?;
+        let connection = timeout_at(deadline, connecting)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "QUIC handshake timed out"))?
+            .map_err(io::Error::other)?;
+        let (send, recv) = connection.open_bi().await.map_err(io::Error::other)?;
+        return Ok(Conn { read_half: Box::new(recv), write_half: Box::new(send) });
+    }
     let socket = match plan.target {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
@@ -98,19 +129,19 @@ pub async fn connect(plan: &Plan, index: u32) -> io::Result<TcpStream> {
     if let Some(source) = plan.source_ip(index) {
         socket.bind(SocketAddr::new(source, 0))?;
     }
-    let deadline = (Instant::now() + CONNECT_TIMEOUT).min(plan.drain_ends());
     let stream = timeout_at(deadline, socket.connect(plan.target))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     // Moves are tiny and latency is what is measured: never let Nagle hold one back.
     stream.set_nodelay(true)?;
-    Ok(stream)
+    let (read_half, write_half) = stream.into_split();
+    Ok(Conn { read_half: Box::new(read_half), write_half: Box::new(write_half) })
 }
 
 /// Runs bot `index` to the end; every outcome lands in `stats`, nothing is returned.
-pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, stream: Option<TcpStream>) {
-    let stream = match stream {
-        Some(stream) => stream,
+pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Conn>) {
+    let conn = match conn {
+        Some(conn) => conn,
         None => match connect(&plan, index).await {
             Ok(stream) => stream,
             Err(error) => {
@@ -121,7 +152,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, stream: Option<
         },
     };
     let mut rng = SmallRng::seed_from_u64(plan.seed.wrapping_add(u64::from(index)));
-    let (mut read_half, mut write_half) = stream.into_split();
+    let Conn { mut read_half, mut write_half } = conn;
     let mut frames = FrameReader::new(DEFAULT_MAX_FRAME);
     let mut encoded = Vec::with_capacity(64);
     let mut read_buf = vec![0u8; READ_CHUNK];
@@ -190,8 +221,8 @@ struct Login {
 
 /// The bot's socket halves and its reused buffers.
 struct Io<'a> {
-    read_half: &'a mut OwnedReadHalf,
-    write_half: &'a mut OwnedWriteHalf,
+    read_half: &'a mut ReadHalf,
+    write_half: &'a mut WriteHalf,
     frames: &'a mut FrameReader,
     read_buf: &'a mut [u8],
     encoded: &'a mut Vec<u8>,
@@ -202,7 +233,7 @@ fn random_cell(rng: &mut SmallRng, area: SpawnArea) -> pb::Position {
 }
 
 async fn send(
-    write_half: &mut OwnedWriteHalf,
+    write_half: &mut WriteHalf,
     encoded: &mut Vec<u8>,
     kind: client_message::Kind,
 ) -> io::Result<()> {
@@ -308,7 +339,7 @@ impl Session<'_> {
     /// whether the write half is still whole (no write was cut off midway).
     async fn send_moves(
         &self,
-        write_half: &mut OwnedWriteHalf,
+        write_half: &mut WriteHalf,
         encoded: &mut Vec<u8>,
         rng: &mut SmallRng,
         logged_in_at: Instant,
@@ -366,7 +397,7 @@ impl Session<'_> {
     /// sent, the drain deadline passes, or the connection breaks.
     async fn read_answers(
         &self,
-        read_half: &mut OwnedReadHalf,
+        read_half: &mut ReadHalf,
         frames: &mut FrameReader,
         read_buf: &mut [u8],
     ) {

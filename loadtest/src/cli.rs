@@ -106,6 +106,36 @@ pub struct Cli {
     #[arg(long, default_value = "50ms", value_parser = parse_duration,
           env = "MERIDIAN_LOADTEST_MAX_P99")]
     pub max_p99: Duration,
+    /// How bots reach the gateway: its TCP game port, or its QUIC front (UDP; --addr is then
+    /// the QUIC address, and --insecure or --ca is required).
+    #[arg(long, value_enum, default_value = "tcp", env = "MERIDIAN_LOADTEST_TRANSPORT")]
+    pub transport: TransportArg,
+
+    /// QUIC: accept any server certificate (a dev cluster's self-signed one).
+    #[arg(long, conflicts_with = "ca")]
+    pub insecure: bool,
+
+    /// QUIC: trust the certificates in this PEM file.
+    #[arg(long, env = "MERIDIAN_LOADTEST_CA")]
+    pub ca: Option<std::path::PathBuf>,
+
+    /// QUIC: the server name to verify the certificate against (the dev certificate's is
+    /// localhost).
+    #[arg(long, default_value = "localhost", env = "MERIDIAN_LOADTEST_SERVER_NAME")]
+    pub server_name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    Tcp,
+    Quic,
+}
+
+/// The transport, validated: QUIC always knows what to trust.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    Tcp,
+    Quic { trust: crate::quic::Trust, server_name: String },
 }
 
 /// The longest any duration flag may be; keeps every deadline computable.
@@ -187,6 +217,7 @@ pub struct Config {
     pub html: Option<std::path::PathBuf>,
     pub label: String,
     pub ramp: Option<RampConfig>,
+    pub transport: Transport,
 }
 
 impl Config {
@@ -243,6 +274,28 @@ impl Config {
         } else if cli.ramp_start.is_some() {
             problems.push("--ramp-start only makes sense with --ramp".to_owned());
         }
+        let transport = match cli.transport {
+            TransportArg::Tcp => {
+                if cli.insecure || cli.ca.is_some() {
+                    problems.push("--insecure and --ca are for --transport quic".to_owned());
+                }
+                Transport::Tcp
+            }
+            TransportArg::Quic => {
+                let trust = match (cli.insecure, cli.ca) {
+                    (true, _) => crate::quic::Trust::Insecure,
+                    (false, Some(path)) => crate::quic::Trust::Ca(path),
+                    (false, None) => {
+                        problems.push(
+                            "--transport quic needs --ca FILE or --insecure (dev certificates)"
+                                .to_owned(),
+                        );
+                        crate::quic::Trust::Insecure
+                    }
+                };
+                Transport::Quic { trust, server_name: cli.server_name }
+            }
+        };
         if !problems.is_empty() {
             anyhow::bail!("invalid command line:\n  - {}", problems.join("\n  - "));
         }
@@ -269,6 +322,7 @@ impl Config {
                 max_p99: cli.max_p99,
                 max_bots: cli.bots,
             }),
+            transport,
         })
     }
 }
@@ -387,6 +441,19 @@ mod tests {
         ])
         .unwrap();
         assert!(Config::from_cli(cli).unwrap_err().to_string().contains("only makes sense"));
+    }
+
+    #[test]
+    fn quic_needs_something_to_trust() {
+        let config = |extra: &[&str]| {
+            let base = ["loadtest", "--addr", "127.0.0.1:7777", "--bots", "1"];
+            Config::from_cli(Cli::try_parse_from(base.iter().chain(extra)).unwrap())
+        };
+        let message = config(&["--transport", "quic"]).unwrap_err().to_string();
+        assert!(message.contains("--ca FILE or --insecure"), "{message}");
+        let quic = config(&["--transport", "quic", "--insecure"]).unwrap();
+        assert!(matches!(quic.transport, Transport::Quic { .. }));
+        assert!(config(&["--insecure"]).is_err(), "--insecure without QUIC is a mistake");
     }
 
     #[test]

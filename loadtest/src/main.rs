@@ -19,6 +19,7 @@
 mod bot;
 mod cli;
 mod histogram;
+mod quic;
 mod ramp;
 mod stats;
 
@@ -36,8 +37,9 @@ use tracing::warn;
 use tracing_subscriber::EnvFilter;
 
 use crate::bot::Plan;
-use crate::cli::{Cli, Config};
+use crate::cli::{Cli, Config, Transport};
 use crate::histogram::Histogram;
+use crate::quic::QuicClients;
 use crate::ramp::{Ramp, RampConfig, RampSummary, StepMeasure};
 use crate::stats::{Reporter, SecondStats, Stats, Summary};
 
@@ -101,9 +103,23 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
     let target = resolve(&config.addr, config.source_ips).await?;
     raise_fd_limit(u64::from(config.bots) + SPARE_FDS);
 
+    let quic = match &config.transport {
+        Transport::Tcp => None,
+        Transport::Quic { trust, server_name } => {
+            let source_ips = config.source_ips;
+            let any: std::net::IpAddr = if target.is_ipv4() {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            };
+            let source_ip = move |i: u32| bot::source_ip(source_ips, i).unwrap_or(any);
+            Some(QuicClients::new(trust, server_name.clone(), config.bots, source_ip, source_ips)?)
+        }
+    };
     let started = Instant::now();
     let plan = Arc::new(Plan {
         target,
+        quic,
         source_ips: config.source_ips,
         name_prefix: config.name_prefix.clone(),
         spawn_area: config.spawn_area,

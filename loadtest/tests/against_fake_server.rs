@@ -5,7 +5,8 @@
 //! The fake server speaks the client protocol through `meridian-protocol` and nothing
 //! else: `LoginOk` (plus one `Entered` of a fake neighbour), then for every `Move` either
 //! its own `Moved` ack with the `client_time` echoed, a `RATE_LIMITED` error carrying it,
-//! or silence, as the test's `Behaviour` says.
+//! or silence, as the test's `Behaviour` says. It listens on TCP, or on QUIC (quinn, a
+//! self-signed certificate, ALPN `meridian/1`) for `--transport quic`.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -18,8 +19,8 @@ use std::time::Duration;
 use meridian_protocol::pb::{client_message, ClientMessage, ErrorCode, LoginOk, ServerMessage};
 use meridian_protocol::{encode_frame, server, FrameReader, DEFAULT_MAX_FRAME};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
@@ -65,6 +66,9 @@ fn get(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
 }
 
+type ReadHalf = Box<dyn AsyncRead + Unpin + Send>;
+type WriteHalf = Box<dyn AsyncWrite + Unpin + Send>;
+
 async fn start_fake_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind an ephemeral port");
     let addr = listener.local_addr().expect("listener address");
@@ -77,8 +81,10 @@ async fn start_fake_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts>) {
             server_counts.peers.lock().unwrap().insert(peer.ip());
             let player_id = next_player_id;
             next_player_id += 1;
+            let (read_half, write_half) = stream.into_split();
             tokio::spawn(serve_connection(
-                stream,
+                Box::new(read_half),
+                Box::new(write_half),
                 player_id,
                 Arc::clone(&behaviour),
                 Arc::clone(&server_counts),
@@ -88,9 +94,49 @@ async fn start_fake_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts>) {
     (addr, counts)
 }
 
+/// The fake server on QUIC: returns its address, the counts, and its self-signed
+/// certificate in PEM (for `--ca`).
+async fn start_fake_quic_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts>, String) {
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(made.signing_key.serialize_der());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![made.cert.der().clone()], key.into())
+        .unwrap();
+    tls.alpn_protocols = vec![b"meridian/1".to_vec()];
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
+    let config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let endpoint = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = endpoint.local_addr().unwrap();
+    let counts = Arc::new(Counts::default());
+    let behaviour = Arc::new(behaviour);
+    let server_counts = Arc::clone(&counts);
+    tokio::spawn(async move {
+        let mut next_player_id = 1;
+        while let Some(incoming) = endpoint.accept().await {
+            let player_id = next_player_id;
+            next_player_id += 1;
+            let (behaviour, counts) = (Arc::clone(&behaviour), Arc::clone(&server_counts));
+            tokio::spawn(async move {
+                let Ok(connection) = incoming.await else { return };
+                counts.peers.lock().unwrap().insert(connection.remote_address().ip());
+                let Ok((send, recv)) = connection.accept_bi().await else { return };
+                serve_connection(Box::new(recv), Box::new(send), player_id, behaviour, counts)
+                    .await;
+                // Let the bot read the end of the stream before the connection goes.
+                let _ = tokio::time::timeout(Duration::from_secs(2), connection.closed()).await;
+            });
+        }
+    });
+    (addr, counts, made.cert.pem())
+}
+
 /// Writes queued answers, each no earlier than its due time (the queue is in due order).
 async fn write_answers(
-    mut write_half: tokio::net::tcp::OwnedWriteHalf,
+    mut write_half: WriteHalf,
     mut queue: mpsc::UnboundedReceiver<(Instant, ServerMessage)>,
 ) {
     let mut encoded = Vec::new();
@@ -102,15 +148,16 @@ async fn write_answers(
             return;
         }
     }
+    let _ = write_half.shutdown().await;
 }
 
 async fn serve_connection(
-    stream: TcpStream,
+    mut read_half: ReadHalf,
+    write_half: WriteHalf,
     player_id: u64,
     behaviour: Arc<Behaviour>,
     counts: Arc<Counts>,
 ) {
-    let (mut read_half, write_half) = stream.into_split();
     let (answers, queue) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_answers(write_half, queue));
     // Only move answers are held back; the login is answered at once.
@@ -480,4 +527,61 @@ async fn a_ramp_stops_at_the_first_step_over_max_p99() {
     assert_eq!(n(&summary, "bots_connected"), 2, "no bots beyond the failed step");
     // Open loop holds in ramp mode too: ~10 moves/s per bot, answered 120 ms late.
     assert!(n(&summary, "moves_sent") >= 2 * 9, "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_bots_are_counted_like_tcp_bots() {
+    let behaviour = Behaviour { error_every: Some(4), ..Default::default() };
+    let (addr, counts, pem) = start_fake_quic_server(behaviour).await;
+    let ca = std::env::temp_dir().join(format!("loadtest-quic-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca, pem).unwrap();
+    let (addr, ca_arg) = (addr.to_string(), ca.to_str().unwrap().to_owned());
+    let args = ["--addr", &addr, "--transport", "quic", "--bots", "4", "--duration", "1s"];
+    let timing = ["--move-interval", "50ms", "--drain", "1s"];
+    let verified =
+        run_ok("quic-ca", &[&args[..], &timing[..], &["--ca", &ca_arg][..]].concat()).await;
+    let insecure =
+        run_ok("quic-insecure", &[&args[..], &timing[..], &["--insecure"]].concat()).await;
+    let _ = std::fs::remove_file(&ca);
+    for summary in [&verified, &insecure] {
+        assert_eq!(n(summary, "bots_connected"), 4, "{summary}");
+        assert_eq!(n(summary, "disconnects"), 0, "{summary}");
+        assert_eq!(n(summary, "moves_lost"), 0, "{summary}");
+        let (sent, acked, errored) =
+            (n(summary, "moves_sent"), n(summary, "moves_acked"), n(summary, "moves_errored"));
+        assert_eq!(sent, acked + errored, "every move answered: {summary}");
+        assert!(sent >= 4 * 15, "expected about 20 moves per bot: {summary}");
+        assert!(errored > 0, "every 4th move is refused: {summary}");
+    }
+    let answered = n(&verified, "moves_acked") + n(&insecure, "moves_acked");
+    assert_eq!(answered, get(&counts.moves_acked), "acks the server sent");
+    assert_eq!(get(&counts.logouts), 8, "every bot of both runs logs out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_refuses_a_server_it_does_not_trust() {
+    let (addr, counts, _pem) = start_fake_quic_server(Behaviour::default()).await;
+    // Another certificate than the server's: the handshake must fail.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let ca = std::env::temp_dir().join(format!("loadtest-other-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca, other.cert.pem()).unwrap();
+    let addr = addr.to_string();
+    let output = run_loadtest(&[
+        "--addr",
+        &addr,
+        "--transport",
+        "quic",
+        "--ca",
+        ca.to_str().unwrap(),
+        "--bots",
+        "1",
+        "--duration",
+        "1s",
+    ])
+    .await;
+    let _ = std::fs::remove_file(&ca);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "an untrusted certificate was accepted: {stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    assert_eq!(get(&counts.logins), 0, "nobody logged in");
 }

@@ -141,6 +141,10 @@ MERIDIAN_IO: {{ .Values.gateway.io | quote }}
 MERIDIAN_PLACEMENT: {{ .Values.gateway.placement | quote }}
 MERIDIAN_MAX_FRAME: {{ .Values.gateway.maxFrameBytes | int64 | quote }}
 MERIDIAN_MAX_OUTPUT: {{ .Values.gateway.maxOutputBytes | int64 | quote }}
+{{- if .Values.gateway.quic.enabled }}
+MERIDIAN_QUIC_IDLE_TIMEOUT_MS: {{ .Values.gateway.quic.idleTimeoutMs | int64 | quote }}
+MERIDIAN_QUIC_KEEP_ALIVE_MS: {{ .Values.gateway.quic.keepAliveMs | int64 | quote }}
+{{- end }}
 {{- if not (kindIs "invalid" .Values.gateway.workers) }}
 MERIDIAN_WORKERS: {{ .Values.gateway.workers | int64 | quote }}
 {{- end }}
@@ -347,6 +351,14 @@ Included by the ConfigMap template, which every configuration renders.
 {{- end }}
 {{- if eq (int .Values.cluster.adminPort) (int .Values.gateway.port) }}
 {{- $problems = append $problems "cluster.adminPort and gateway.port must differ" }}
+{{- end }}
+{{- with .Values.gateway.quic }}
+{{- if and .enabled (not .tlsSecret) (not $.Values.cluster.dev) }}
+{{- $problems = append $problems "gateway.quic: outside dev mode the QUIC front needs a certificate: set gateway.quic.tlsSecret to a kubernetes.io/tls Secret (tls.crt, tls.key)" }}
+{{- end }}
+{{- if gt (mul 2 (int64 .keepAliveMs)) (int64 .idleTimeoutMs) }}
+{{- $problems = append $problems "gateway.quic.keepAliveMs must be at most half of gateway.quic.idleTimeoutMs" }}
+{{- end }}
 {{- end }}
 {{- if eq (int .Values.cluster.adminPort) (int .Values.shard.grpcPort) }}
 {{- $problems = append $problems "cluster.adminPort and shard.grpcPort must differ" }}

@@ -11,7 +11,6 @@ use tokio::sync::Notify;
 use tracing::warn;
 
 const BLOCK: u64 = 4096;
-const BLOCKS_AHEAD: usize = 2;
 
 pub struct IdPool {
     blocks: Mutex<VecDeque<Range<u64>>>,
@@ -20,14 +19,18 @@ pub struct IdPool {
 
 impl IdPool {
     /// Claims the first blocks (so the gateway can place logins as soon as it serves) and
-    /// keeps claiming in the background as blocks are taken.
+    /// keeps claiming in the background as blocks are taken. `workers` may each take a
+    /// block at once (their first logins can come in the same millisecond), so the pool
+    /// keeps one block per worker plus a spare.
     pub async fn start(
         client: meridian_cluster::EtcdClient,
         keys: &ClusterKeys,
+        workers: usize,
     ) -> Result<Arc<IdPool>, ClusterError> {
+        let blocks_ahead = workers + 1;
         let mut allocator = IdAllocator::new(client, keys, BLOCK);
         let mut blocks = VecDeque::new();
-        for _ in 0..BLOCKS_AHEAD {
+        for _ in 0..blocks_ahead {
             blocks.push_back(allocator.claim_block().await?);
         }
         let pool = Arc::new(IdPool { blocks: Mutex::new(blocks), refill: Notify::new() });
@@ -35,7 +38,7 @@ impl IdPool {
         tokio::spawn(async move {
             loop {
                 background.refill.notified().await;
-                while background.len() < BLOCKS_AHEAD {
+                while background.len() < blocks_ahead {
                     match allocator.claim_block().await {
                         Ok(block) => background.lock().push_back(block),
                         Err(error) => {

@@ -15,6 +15,8 @@ mod epoll;
 mod ids;
 pub mod map;
 mod metrics;
+mod quic;
+mod quic_tls;
 mod relay;
 mod routing;
 mod uring;
@@ -33,6 +35,8 @@ use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 pub use metrics::GatewayMetrics;
+pub use quic::QuicFront;
+pub use quic_tls::{PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 pub use worker::bind_game_listener;
 
 /// Which event loop the workers run.
@@ -95,10 +99,12 @@ pub enum GatewayError {
 }
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
-/// reused by every worker with SO_REUSEPORT); `admin` serves the admin endpoints.
+/// reused by every worker with SO_REUSEPORT); `quic`, if given, is the QUIC front (one more
+/// worker, after the TCP ones); `admin` serves the admin endpoints.
 pub async fn run(
     config: GatewayConfig,
     game: std::net::TcpListener,
+    quic: Option<QuicFront>,
     admin: TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), GatewayError> {
@@ -111,7 +117,9 @@ pub async fn run(
     let registry = Registry::default();
     let io = select_backend(config.io);
     let metrics = Arc::new(GatewayMetrics::new(&registry, config.id, io));
-    let ids = ids::IdPool::start(client.clone(), &keys).await?;
+    // Every event loop takes id blocks: the TCP workers and the QUIC front.
+    let loops = config.workers.max(1) + usize::from(quic.is_some());
+    let ids = ids::IdPool::start(client.clone(), &keys, loops).await?;
     let routing = routing::Routing::new();
     let listeners = worker::reuseport_listeners(game, config.workers)
         .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
@@ -124,7 +132,15 @@ pub async fn run(
         stopping: Arc::clone(&stopping),
         round_robin: Default::default(),
     });
-    let workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
+    let mut workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
+    let quic_addr = match quic {
+        Some(front) => {
+            let addr = front.local_addr().map_err(GatewayError::Listener)?;
+            workers.spawn_quic(front, Arc::clone(&shared))?;
+            Some(addr)
+        }
+        None => None,
+    };
     let mailboxes = Arc::new(workers.mailboxes());
     tokio::spawn(relay::maintain_links(
         config.id,
@@ -138,6 +154,7 @@ pub async fn run(
         id: config.id,
         game: config.advertise.clone().unwrap_or_else(|| game_addr.to_string()),
         admin: config.advertise_admin.clone().unwrap_or_else(|| admin_addr.to_string()),
+        quic: quic_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
     };
     let registration =
         Registration::start(client, keys.gateway(config.id), record.to_json(), config.lease_ttl)
@@ -169,7 +186,7 @@ pub async fn run(
         Arc::new(move |id| Some(links.read(|t| t.link(id).is_some_and(|l| l.is_up())))),
     );
     tokio::spawn(serve_admin_with(admin, registry, readiness, live_map.routes()));
-    info!(gateway = %config.id, %game_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
+    info!(gateway = %config.id, %game_addr, ?quic_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
 
     shutdown.await;
     info!(gateway = %config.id, "gateway stopping: telling clients, deregistering");
@@ -185,6 +202,15 @@ pub async fn run(
     Ok(())
 }
 
+/// The QUIC address to publish: the advertised game host (if any) with the QUIC port, so a
+/// gateway listening on 0.0.0.0 publishes an address clients can use.
+fn advertised_quic(advertise: Option<&str>, quic: SocketAddr) -> String {
+    match advertise.and_then(|a| a.rsplit_once(':')) {
+        Some((host, _port)) => format!("{host}:{}", quic.port()),
+        None => quic.to_string(),
+    }
+}
+
 /// io_uring unless asked otherwise, falling back to epoll (with a warning) where the
 /// kernel or a seccomp profile refuses io_uring.
 fn select_backend(wanted: IoBackend) -> IoBackend {
@@ -197,5 +223,18 @@ fn select_backend(wanted: IoBackend) -> IoBackend {
                 IoBackend::Epoll
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_published_quic_address_takes_the_advertised_host() {
+        let quic: SocketAddr = "0.0.0.0:7778".parse().unwrap();
+        assert_eq!(advertised_quic(Some("10.1.2.3:7777"), quic), "10.1.2.3:7778");
+        assert_eq!(advertised_quic(Some("[fd00::1]:7777"), quic), "[fd00::1]:7778");
+        assert_eq!(advertised_quic(None, quic), "0.0.0.0:7778");
     }
 }

@@ -27,6 +27,11 @@ pub struct GatewayMetrics {
     /// From reading a Move to queueing its answer (ack or refusal from the shard) for the
     /// client: the gateway-shard-gateway round trip as the gateway sees it.
     pub move_delay: Arc<Histogram>,
+    pub quic_connections: Arc<Gauge>,
+    pub quic_handshakes: Arc<Counter>,
+    pub quic_handshake_failures: Arc<Counter>,
+    pub quic_migrations: Arc<Counter>,
+    pub quic_handshake_seconds: Arc<Histogram>,
     errors: CounterFamily,
 }
 
@@ -110,6 +115,32 @@ impl GatewayMetrics {
                 "From reading a client's Move to queueing the shard's answer to it.",
                 l,
                 &MOVE_DELAY_BUCKETS,
+            ),
+            quic_connections: registry.gauge(
+                "meridian_gateway_quic_connections",
+                "Open QUIC sessions (also counted in meridian_gateway_connections).",
+                l,
+            ),
+            quic_handshakes: registry.counter(
+                "meridian_gateway_quic_handshakes_total",
+                "QUIC handshakes completed with ALPN meridian/1.",
+                l,
+            ),
+            quic_handshake_failures: registry.counter(
+                "meridian_gateway_quic_handshake_failures_total",
+                "QUIC connections refused: failed or timed-out handshakes, wrong ALPN.",
+                l,
+            ),
+            quic_migrations: registry.counter(
+                "meridian_gateway_quic_migrations_total",
+                "QUIC sessions seen arriving from a new client address (connection migration).",
+                l,
+            ),
+            quic_handshake_seconds: registry.histogram(
+                "meridian_gateway_quic_handshake_seconds",
+                "Time from a QUIC client's first packet to a completed handshake.",
+                l,
+                &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
             ),
             errors,
         }

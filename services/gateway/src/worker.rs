@@ -137,6 +137,22 @@ impl Workers {
             .collect()
     }
 
+    /// Starts the QUIC front as the next worker: deliveries reach it by the worker index in
+    /// its session ids, like any TCP worker.
+    pub fn spawn_quic(
+        &mut self,
+        front: crate::QuicFront,
+        shared: Arc<Shared>,
+    ) -> Result<(), GatewayError> {
+        let index = self.mailboxes.len();
+        let (sender, mail, woken) = mailbox();
+        let (waker, thread) = crate::quic::spawn(index, front, shared, mail)
+            .map_err(|source| GatewayError::Worker { index, source })?;
+        self.threads.push(thread);
+        self.mailboxes.push(Mailbox { sender, waker, woken });
+        Ok(())
+    }
+
     pub fn join(self) {
         for thread in self.threads {
             let _ = thread.join();
@@ -167,6 +183,13 @@ impl Inbox {
     }
 }
 
+/// A worker's mailbox: the relay's sending end, the worker's end, and the shared wake flag.
+fn mailbox() -> (SyncSender<Mail>, Inbox, Arc<AtomicBool>) {
+    let (sender, receiver) = sync_channel(MAILBOX);
+    let woken = Arc::new(AtomicBool::new(false));
+    (sender, Inbox { receiver, woken: Arc::clone(&woken) }, woken)
+}
+
 /// What a backend needs to start one worker.
 pub struct WorkerStart {
     pub index: usize,
@@ -183,10 +206,7 @@ pub fn spawn_workers(
     let mut threads = Vec::new();
     let mut mailboxes = Vec::new();
     for (index, listener) in listeners.into_iter().enumerate() {
-        let (sender, receiver) = sync_channel(MAILBOX);
-        // Set: the worker drains its mailbox when it starts anyway.
-        let woken = Arc::new(AtomicBool::new(true));
-        let mail = Inbox { receiver, woken: Arc::clone(&woken) };
+        let (sender, mail, woken) = mailbox();
         let start = WorkerStart { index, listener, shared: Arc::clone(&shared), mail };
         let (waker, thread) = match io {
             IoBackend::Uring => crate::uring::spawn(start),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use meridian_cluster::{GatewayId, ShardId};
-use meridian_gateway::{GatewayConfig, IoBackend, Placement};
+use meridian_gateway::{GatewayConfig, IoBackend, Placement, QuicCert, QuicTimeouts};
 use meridian_protocol::TokenKey;
 use meridian_shard::ShardConfig;
 use meridian_world::WorldConfig;
@@ -153,6 +153,23 @@ pub struct GatewayArgs {
     /// Bytes of unsent output per client before it is disconnected as too slow.
     #[arg(long, env = "MERIDIAN_MAX_OUTPUT", default_value_t = 1 << 20)]
     pub max_output: usize,
+    /// QUIC front: UDP listen address (ALPN meridian/1). No QUIC front if not given.
+    #[arg(long, env = "MERIDIAN_QUIC")]
+    pub quic: Option<SocketAddr>,
+    /// QUIC certificate chain, PEM (leaf first). Required with --quic unless --dev, where a
+    /// self-signed certificate is generated at start.
+    #[arg(long, env = "MERIDIAN_QUIC_CERT")]
+    pub quic_cert: Option<PathBuf>,
+    /// QUIC private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "MERIDIAN_QUIC_KEY")]
+    pub quic_key: Option<PathBuf>,
+    /// Milliseconds without a packet from a QUIC client before it is dropped (its player
+    /// leaves the world).
+    #[arg(long, env = "MERIDIAN_QUIC_IDLE_TIMEOUT_MS", default_value_t = 10_000)]
+    pub quic_idle_timeout_ms: u64,
+    /// Milliseconds of silence after which the gateway pings a QUIC client.
+    #[arg(long, env = "MERIDIAN_QUIC_KEEP_ALIVE_MS", default_value_t = 3_000)]
+    pub quic_keep_alive_ms: u64,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -169,6 +186,12 @@ pub struct UpArgs {
     /// Game port of the first gateway (0: any free port).
     #[arg(long, default_value_t = 7777)]
     pub port: u16,
+    /// QUIC (UDP) port of the first gateway (0: any free port); the others take any.
+    #[arg(long, default_value_t = 7777)]
+    pub quic_port: u16,
+    /// The gateways' QUIC idle timeout in milliseconds (see `meridian gateway --help`).
+    #[arg(long, default_value_t = 10_000)]
+    pub quic_idle_timeout_ms: u64,
     #[arg(long, default_value = "local")]
     pub cluster: String,
     #[arg(long, default_value_t = 3)]
@@ -289,6 +312,8 @@ pub struct ShardNode {
 pub struct GatewayNode {
     pub config: GatewayConfig,
     pub listen: SocketAddr,
+    /// The QUIC front's address, certificate and timeouts, if it is on.
+    pub quic: Option<(SocketAddr, QuicCert, QuicTimeouts)>,
     pub common: CommonArgs,
 }
 
@@ -350,6 +375,51 @@ impl GatewayArgs {
             problems.push(format!("--max-output {} must be at least 4 frames", self.max_output));
         }
         let resume_key = resume_key(&self.common, &mut problems);
+        let quic = self.quic.map(|addr| {
+            let timeouts = QuicTimeouts {
+                idle: Duration::from_millis(self.quic_idle_timeout_ms),
+                keep_alive: Duration::from_millis(self.quic_keep_alive_ms),
+            };
+            if !(500..=600_000).contains(&self.quic_idle_timeout_ms) {
+                problems.push(format!(
+                    "--quic-idle-timeout-ms {} must be between 500 and 600000",
+                    self.quic_idle_timeout_ms
+                ));
+            }
+            if self.quic_keep_alive_ms == 0
+                || self.quic_keep_alive_ms * 2 > self.quic_idle_timeout_ms
+            {
+                problems.push(format!(
+                    "--quic-keep-alive-ms {} must be above 0 and at most half the idle timeout",
+                    self.quic_keep_alive_ms
+                ));
+            }
+            let cert = match (self.quic_cert.clone(), self.quic_key.clone()) {
+                (Some(cert), Some(key)) => QuicCert::Files { cert, key },
+                (None, None) if self.common.dev => {
+                    let mut names = vec!["localhost".to_string()];
+                    if !addr.ip().is_unspecified() {
+                        names.push(addr.ip().to_string());
+                    }
+                    if let Some(host) = self.advertise.as_deref().and_then(advertised_host) {
+                        names.push(host);
+                    }
+                    QuicCert::SelfSigned { names }
+                }
+                (None, None) => {
+                    problems.push("--quic needs --quic-cert and --quic-key (or --dev)".into());
+                    QuicCert::SelfSigned { names: Vec::new() }
+                }
+                _ => {
+                    problems.push("--quic-cert and --quic-key go together".into());
+                    QuicCert::SelfSigned { names: Vec::new() }
+                }
+            };
+            (addr, cert, timeouts)
+        });
+        if self.quic.is_none() && (self.quic_cert.is_some() || self.quic_key.is_some()) {
+            problems.push("--quic-cert/--quic-key without --quic".into());
+        }
         let config = GatewayConfig {
             advertise_admin: self.common.advertise_admin.clone(),
             placement: match self.placement {
@@ -368,8 +438,15 @@ impl GatewayArgs {
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             advertise: self.advertise,
         };
-        finish(GatewayNode { config, listen: self.listen, common: self.common }, problems)
+        finish(GatewayNode { config, listen: self.listen, quic, common: self.common }, problems)
     }
+}
+
+/// The host part of an advertised `host:port`, for the dev certificate's names.
+fn advertised_host(advertise: &str) -> Option<String> {
+    let (host, _port) = advertise.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then(|| host.to_string())
 }
 
 impl UpArgs {

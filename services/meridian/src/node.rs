@@ -57,19 +57,40 @@ pub fn run_gateway(node: GatewayNode) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let game = meridian_gateway::bind_game_listener(node.listen)
             .with_context(|| format!("binding game listener {}", node.listen))?;
+        let quic = match &node.quic {
+            Some((addr, cert, timeouts)) => {
+                let front = meridian_gateway::QuicFront::bind(*addr, cert, *timeouts)
+                    .with_context(|| format!("setting up the QUIC front on {addr}"))?;
+                info!(
+                    quic = %front.local_addr()?,
+                    sha256 = %front.cert().sha256,
+                    self_signed = front.cert().pem.is_some(),
+                    "QUIC certificate"
+                );
+                Some(front)
+            }
+            None => None,
+        };
         let admin = tokio::net::TcpListener::bind(node.common.admin)
             .await
             .with_context(|| format!("binding admin listener {}", node.common.admin))?;
         if let Some(path) = &node.common.ready_file {
-            let ready = json!({
+            let mut ready = json!({
                 "id": node.config.id.0,
                 "pid": std::process::id(),
                 "game": game.local_addr()?.to_string(),
                 "admin": admin.local_addr()?.to_string(),
             });
+            if let Some(front) = &quic {
+                ready["quic"] = json!(front.local_addr()?.to_string());
+                ready["quic_cert_sha256"] = json!(front.cert().sha256);
+                if let Some(pem) = &front.cert().pem {
+                    ready["quic_cert_pem"] = json!(pem);
+                }
+            }
             write_json_atomically(path, &ready)?;
         }
-        meridian_gateway::run(node.config, game, admin, terminated()).await?;
+        meridian_gateway::run(node.config, game, quic, admin, terminated()).await?;
         Ok(())
     })
 }

@@ -66,7 +66,8 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
     println!("gateways ({}):", view.gateways.len());
     for gateway in view.gateways.values() {
-        println!("  {:<10} game {}  admin {}", gateway.id, gateway.game, gateway.admin);
+        let quic = gateway.quic.as_deref().map(|q| format!("  quic {q}/udp")).unwrap_or_default();
+        println!("  {:<10} game {}{quic}  admin {}", gateway.id, gateway.game, gateway.admin);
     }
     match &view.partition {
         None => println!("partition: none published yet"),

@@ -147,10 +147,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     for id in 1..=args.gateways {
         let ready = data_dir.join(format!("gateway-{id}.json"));
         let port = if id == 1 { args.port } else { 0 };
+        let quic_port = if id == 1 { args.quic_port } else { 0 };
         let mut command = Command::new(&me);
         command
             .args(["gateway", "--id", &id.to_string(), "--io", io])
-            .args(["--listen", &format!("127.0.0.1:{port}")]);
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--quic", &format!("127.0.0.1:{quic_port}")])
+            .args(["--quic-idle-timeout-ms", &args.quic_idle_timeout_ms.to_string()])
+            .args(["--quic-keep-alive-ms", &(args.quic_idle_timeout_ms / 3).to_string()]);
         common(&mut command, &ready);
         nodes.list.push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
     }
@@ -171,10 +175,15 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     for gateway in summary["gateways"].as_array().into_iter().flatten() {
         println!(
-            "  gateway-{} game {}  admin {}",
+            "  gateway-{} game {}  quic {}/udp  admin {}",
             gateway["id"],
             gateway["game"].as_str().unwrap_or("?"),
+            gateway["quic"].as_str().unwrap_or("?"),
             gateway["admin"].as_str().unwrap_or("?")
+        );
+        println!(
+            "            quic certificate (self-signed, ALPN meridian/1) sha256 {}",
+            gateway["quic_cert_sha256"].as_str().unwrap_or("?")
         );
     }
     println!("  status:   meridian status --cluster {} --etcd {etcd_url}", args.cluster);

@@ -16,6 +16,7 @@ use meridian_protocol::pb::{
 use meridian_protocol::{encode_frame, FrameReader, DEFAULT_MAX_FRAME};
 
 use crate::msg;
+use crate::quic::{QuicClient, QuicOptions, QuicRead, QuicTarget};
 use crate::stream::StreamCheck;
 use crate::view::View;
 use crate::wait::{deadline, DEFAULT_WAIT};
@@ -29,13 +30,39 @@ const PING_BASE: u64 = 1 << 48;
 
 static NEXT_BOT: AtomicU64 = AtomicU64::new(1);
 
+/// Where a bot connects: a gateway's TCP game port, or its QUIC front. `Copy` like the
+/// `SocketAddr` it wraps, so a scenario written for TCP runs over QUIC unchanged.
+#[derive(Debug, Clone, Copy)]
+pub enum GameAddr {
+    Tcp(SocketAddr),
+    Quic(QuicTarget),
+}
+
+impl From<SocketAddr> for GameAddr {
+    fn from(addr: SocketAddr) -> Self {
+        GameAddr::Tcp(addr)
+    }
+}
+
+impl From<QuicTarget> for GameAddr {
+    fn from(target: QuicTarget) -> Self {
+        GameAddr::Quic(target)
+    }
+}
+
+/// The connection under a bot.
+enum Link {
+    Tcp(TcpStream),
+    Quic(Box<QuicClient>),
+}
+
 /// A connected client. Every message it receives goes through its [`View`], so a protocol
 /// violation (a `Moved` for a player not in view, an `Entered` twice, ...) fails the test
 /// where it happens.
 pub struct Bot {
     label: String,
     addr: SocketAddr,
-    stream: TcpStream,
+    link: Link,
     reader: FrameReader,
     view: View,
     history: VecDeque<String>,
@@ -128,17 +155,33 @@ pub(crate) fn code_name(code: i32) -> String {
 }
 
 impl Bot {
-    /// Connects to a gateway's game port.
-    pub fn connect(addr: SocketAddr) -> anyhow::Result<Bot> {
+    /// Connects to a gateway's game port (TCP) or QUIC front.
+    pub fn connect(addr: impl Into<GameAddr>) -> anyhow::Result<Bot> {
+        Bot::connect_with(addr, &QuicOptions::default())
+    }
+
+    /// [`Bot::connect`], with these settings if it is a QUIC connection.
+    pub fn connect_with(addr: impl Into<GameAddr>, quic: &QuicOptions) -> anyhow::Result<Bot> {
         let n = NEXT_BOT.fetch_add(1, Ordering::Relaxed);
-        let stream = TcpStream::connect_timeout(&addr, DEFAULT_WAIT)
-            .with_context(|| format!("bot #{n} connecting to gateway {addr}"))?;
-        stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(DEFAULT_WAIT))?;
+        let (addr, link) = match addr.into() {
+            GameAddr::Tcp(addr) => {
+                let stream = TcpStream::connect_timeout(&addr, DEFAULT_WAIT)
+                    .with_context(|| format!("bot #{n} connecting to gateway {addr}"))?;
+                stream.set_nodelay(true)?;
+                stream.set_write_timeout(Some(DEFAULT_WAIT))?;
+                (addr, Link::Tcp(stream))
+            }
+            GameAddr::Quic(target) => {
+                let client = QuicClient::connect_with(&target, quic).with_context(|| {
+                    format!("bot #{n} connecting to gateway {} over QUIC", target.addr)
+                })?;
+                (target.addr, Link::Quic(Box::new(client)))
+            }
+        };
         Ok(Bot {
             label: format!("bot #{n}"),
             addr,
-            stream,
+            link,
             reader: FrameReader::new(DEFAULT_MAX_FRAME),
             view: View::new(),
             history: VecDeque::new(),
@@ -217,9 +260,55 @@ impl Bot {
 
     /// Sends bytes as they are: for frames a well-behaved client would never send.
     pub fn send_raw(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        self.stream.write_all(bytes).with_context(|| {
+        let sent = match &mut self.link {
+            Link::Tcp(stream) => stream.write_all(bytes).map_err(anyhow::Error::from),
+            Link::Quic(client) => client.write_all(bytes),
+        };
+        sent.with_context(|| {
             format!("{} sending {} bytes to {}", self.label, bytes.len(), self.addr)
         })
+    }
+
+    /// Whether this bot speaks QUIC.
+    pub fn is_quic(&self) -> bool {
+        matches!(self.link, Link::Quic(_))
+    }
+
+    /// How long the QUIC handshake took (`None` for a TCP bot).
+    pub fn quic_handshake(&self) -> Option<Duration> {
+        match &self.link {
+            Link::Quic(client) => Some(client.handshake),
+            Link::Tcp(_) => None,
+        }
+    }
+
+    /// QUIC only: moves the connection to a new UDP socket (connection migration); returns
+    /// the new local address.
+    pub fn rebind(&mut self) -> anyhow::Result<SocketAddr> {
+        match &mut self.link {
+            Link::Quic(client) => client.rebind(),
+            Link::Tcp(_) => bail!("{} is a TCP bot: only QUIC connections migrate", self.label),
+        }
+    }
+
+    /// The local address the connection uses now.
+    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        match &self.link {
+            Link::Tcp(stream) => Ok(stream.local_addr()?),
+            Link::Quic(client) => client.local_addr(),
+        }
+    }
+
+    /// QUIC only: disappears without a word (no CONNECTION_CLOSE), as a dead device does;
+    /// the gateway can only notice by its idle timeout.
+    pub fn vanish(self) -> anyhow::Result<()> {
+        match self.link {
+            Link::Quic(client) => {
+                client.vanish();
+                Ok(())
+            }
+            Link::Tcp(_) => bail!("{} is a TCP bot: vanish is a QUIC test", self.label),
+        }
     }
 
     /// The next message from the server, applied to the view; an error on timeout, on close,
@@ -465,19 +554,33 @@ impl Bot {
         }
     }
 
-    /// Closes our side cleanly (FIN) without a Logout.
+    /// Closes our side cleanly (FIN; over QUIC, stream finished and CONNECTION_CLOSE 0)
+    /// without a Logout.
     pub fn disconnect(self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
+        match self.link {
+            Link::Tcp(stream) => {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            Link::Quic(client) => client.close(),
+        }
     }
 
     /// Aborts the connection with a TCP reset (SO_LINGER 0), as a crashed client would.
+    /// Over QUIC: the stream reset and CONNECTION_CLOSE with an error code.
     pub fn reset(self) -> anyhow::Result<()> {
+        let stream = match self.link {
+            Link::Tcp(stream) => stream,
+            Link::Quic(client) => {
+                client.abort();
+                return Ok(());
+            }
+        };
         let linger = libc::linger { l_onoff: 1, l_linger: 0 };
         // SAFETY: the fd is open for the life of `self.stream`, and the option value is a
         // properly sized `linger` that lives across the call.
         let rc = unsafe {
             libc::setsockopt(
-                self.stream.as_raw_fd(),
+                stream.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_LINGER,
                 (&linger as *const libc::linger).cast(),
@@ -487,7 +590,7 @@ impl Bot {
         if rc != 0 {
             bail!("setting SO_LINGER 0: {}", std::io::Error::last_os_error());
         }
-        drop(self.stream);
+        drop(stream);
         Ok(())
     }
 
@@ -537,8 +640,20 @@ impl Bot {
                 return Ok(Received::TimedOut);
             }
             let wait = (deadline - now).max(Duration::from_millis(1));
-            self.stream.set_read_timeout(Some(wait))?;
-            match self.stream.read(&mut buf) {
+            let stream = match &mut self.link {
+                Link::Tcp(stream) => stream,
+                Link::Quic(client) => match client.read(&mut buf, now + wait) {
+                    Ok(QuicRead::Data(n)) => {
+                        self.reader.extend(&buf[..n]);
+                        continue;
+                    }
+                    Ok(QuicRead::Closed) => return Ok(Received::Closed),
+                    Ok(QuicRead::TimedOut) => continue,
+                    Err(e) => return Err(self.failure(&format!("{e:#}"))),
+                },
+            };
+            stream.set_read_timeout(Some(wait))?;
+            match stream.read(&mut buf) {
                 Ok(0) => return Ok(Received::Closed),
                 Ok(n) => self.reader.extend(&buf[..n]),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
@@ -551,7 +666,9 @@ impl Bot {
 
     /// An error naming this bot, what went wrong, and what it received last.
     fn failure(&self, what: &str) -> anyhow::Error {
-        let mut text = format!("{} (connected to {}): {what}", self.label, self.addr);
+        let transport = if self.is_quic() { "QUIC" } else { "TCP" };
+        let mut text =
+            format!("{} (connected to {} over {transport}): {what}", self.label, self.addr);
         if !self.reader.buffered().is_empty() {
             let _ = write!(text, "\n  {} undecoded bytes buffered", self.reader.buffered().len());
         }

@@ -1,7 +1,6 @@
 //! A player that keeps playing in a corner of the map while a test abuses the gateway, and
 //! fails the test if it is disturbed.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -10,7 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use meridian_protocol::pb::Direction;
 
-use crate::bot::{Answer, Bot};
+use crate::bot::{Answer, Bot, GameAddr};
 use crate::wait::{deadline, wait_until, DEFAULT_WAIT};
 
 /// The pause between one ack and the next move: at most ~16 moves a second, under the
@@ -31,7 +30,11 @@ pub struct Bystander {
 impl Bystander {
     /// Logs in at `spawn` (in the caller's thread, so a refused login fails at once) and
     /// starts playing. Nobody may be in sight of `spawn` or `spawn + (1, 0)`.
-    pub fn start(addr: SocketAddr, name: &str, spawn: (u32, u32)) -> anyhow::Result<Bystander> {
+    pub fn start(
+        addr: impl Into<GameAddr>,
+        name: &str,
+        spawn: (u32, u32),
+    ) -> anyhow::Result<Bystander> {
         let mut bot = Bot::connect(addr)?;
         let login = bot.login(name, Some(spawn))?;
         if !login.after.is_empty() {

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+use crate::bot::GameAddr;
 use crate::process::{process_alive, signal, signal_group};
+use crate::quic::QuicTarget;
 use crate::wait::{deadline, wait_until};
 
 /// The lease TTL `meridian up` uses unless told otherwise.
@@ -46,20 +48,49 @@ impl Io {
     }
 }
 
+/// How test bots reach the gateways: the TCP game port or the QUIC front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Quic,
+}
+
+/// A gateway backend and the transport bots use: what a scenario is run against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Front {
+    pub io: Io,
+    pub transport: Transport,
+}
+
+impl Front {
+    pub fn quic(io: Io) -> Front {
+        Front { io, transport: Transport::Quic }
+    }
+}
+
+impl From<Io> for Front {
+    fn from(io: Io) -> Front {
+        Front { io, transport: Transport::Tcp }
+    }
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
     pub shards: usize,
     pub gateways: usize,
     pub io: Io,
+    /// What [`Cluster::client_addr`] hands out.
+    pub transport: Transport,
     /// Appended to the `meridian up` command line (e.g. `--lease-ttl 2`).
     pub extra_args: Vec<String>,
 }
 
 impl ClusterOptions {
     /// One shard, one gateway.
-    pub fn new(io: Io) -> Self {
-        ClusterOptions { shards: 1, gateways: 1, io, extra_args: Vec::new() }
+    pub fn new(front: impl Into<Front>) -> Self {
+        let Front { io, transport } = front.into();
+        ClusterOptions { shards: 1, gateways: 1, io, transport, extra_args: Vec::new() }
     }
 
     pub fn shards(mut self, shards: usize) -> Self {
@@ -94,6 +125,13 @@ pub struct GatewayInfo {
     pub pid: i32,
     pub game: SocketAddr,
     pub admin: SocketAddr,
+    /// The QUIC front (UDP) and its dev certificate.
+    #[serde(default)]
+    pub quic: Option<SocketAddr>,
+    #[serde(default)]
+    pub quic_cert_sha256: Option<String>,
+    #[serde(default)]
+    pub quic_cert_pem: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,6 +160,9 @@ pub struct Cluster {
     name: String,
     up: Option<Child>,
     ready: ReadyFile,
+    transport: Transport,
+    /// Per gateway, its QUIC front with the certificate parsed once.
+    quic_targets: Vec<Option<QuicTarget>>,
     status_runs: AtomicU64,
     failed: bool,
 }
@@ -146,7 +187,7 @@ impl Cluster {
             .args(["--shards", &opts.shards.to_string()])
             .args(["--gateways", &opts.gateways.to_string()])
             .args(["--io", opts.io.as_arg()])
-            .args(["--port", "0"])
+            .args(["--port", "0", "--quic-port", "0"])
             .arg("--ready-file")
             .arg(&ready_path)
             .args(["--cluster", &name])
@@ -181,6 +222,8 @@ impl Cluster {
             name,
             up: Some(child),
             ready: placeholder,
+            transport: opts.transport,
+            quic_targets: Vec::new(),
             status_runs: AtomicU64::new(0),
             failed: false,
         };
@@ -188,6 +231,14 @@ impl Cluster {
         // the log.
         match cluster.wait_ready(&ready_path, &opts) {
             Ok(ready) => {
+                cluster.quic_targets = ready
+                    .gateways
+                    .iter()
+                    .map(|g| match (g.quic, g.quic_cert_pem.as_deref()) {
+                        (Some(addr), Some(pem)) => QuicTarget::from_pem(addr, pem).map(Some),
+                        _ => Ok(None),
+                    })
+                    .collect::<anyhow::Result<_>>()?;
                 cluster.ready = ready;
                 Ok(cluster)
             }
@@ -242,6 +293,26 @@ impl Cluster {
             );
         }
         Ok(ready)
+    }
+
+    /// Where bots reach gateway `index` over the transport the options chose.
+    pub fn client_addr(&self, index: usize) -> GameAddr {
+        match self.transport {
+            Transport::Tcp => GameAddr::Tcp(self.game_addr(index)),
+            Transport::Quic => GameAddr::Quic(self.quic_target(index)),
+        }
+    }
+
+    /// The QUIC front of gateway `index`, with the certificate to trust.
+    ///
+    /// # Panics
+    /// If that gateway has no QUIC front: `meridian up` always starts one.
+    pub fn quic_target(&self, index: usize) -> QuicTarget {
+        self.quic_targets
+            .get(index)
+            .copied()
+            .flatten()
+            .unwrap_or_else(|| panic!("gateway {index} has no QUIC front in the ready file"))
     }
 
     /// The game (client) port of gateway `index` (0-based, in ready-file order).

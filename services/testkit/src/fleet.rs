@@ -9,7 +9,6 @@
 //! fleet at once and is reported with the bot's name and its last messages.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -17,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 
-use crate::bot::Bot;
+use crate::bot::{Bot, GameAddr};
 use crate::msg;
 use crate::scenario::{Action, Script, SlotScript};
 use crate::wait::{deadline, wait_until, DEFAULT_WAIT};
@@ -28,8 +27,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// How a [`Fleet`] runs.
 #[derive(Debug, Clone)]
 pub struct FleetOptions {
-    /// Game ports; slot scripts name one by index (modulo the length).
-    pub gateways: Vec<SocketAddr>,
+    /// Game ports (TCP) or QUIC fronts; slot scripts name one by index (modulo the length).
+    pub gateways: Vec<GameAddr>,
     /// The shortest time between two moves of one bot. 50 ms keeps a bot at or under the
     /// default 20 moves a second.
     pub min_move_gap: Duration,
@@ -40,9 +39,9 @@ pub struct FleetOptions {
 }
 
 impl FleetOptions {
-    pub fn new(gateways: Vec<SocketAddr>, label: impl Into<String>) -> FleetOptions {
+    pub fn new<A: Into<GameAddr>>(gateways: Vec<A>, label: impl Into<String>) -> FleetOptions {
         FleetOptions {
-            gateways,
+            gateways: gateways.into_iter().map(Into::into).collect(),
             min_move_gap: Duration::from_millis(50),
             answer_within: DEFAULT_WAIT,
             label: label.into(),

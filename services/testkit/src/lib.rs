@@ -41,6 +41,7 @@ mod outcome;
 mod partition;
 mod process;
 mod prometheus;
+pub mod quic;
 mod rest;
 mod rng;
 pub mod scenario;
@@ -51,9 +52,11 @@ mod view;
 mod wait;
 mod walk;
 
-pub use bot::{Answer, Bot, LoggedIn, MoveAnswer};
+pub use bot::{Answer, Bot, GameAddr, LoggedIn, MoveAnswer};
 pub use bystander::Bystander;
-pub use cluster::{Cluster, ClusterOptions, GatewayInfo, Io, ShardInfo, DEFAULT_LEASE_TTL};
+pub use cluster::{
+    Cluster, ClusterOptions, Front, GatewayInfo, Io, ShardInfo, Transport, DEFAULT_LEASE_TTL,
+};
 pub use conservation::{
     owners_at_rest, owners_at_rest_on, Conservation, ConservationStats, PlayersReport, Sample,
 };
@@ -68,6 +71,7 @@ pub use outcome::{chat_round, Outcome};
 pub use partition::{wait_for_expected_partition, wait_for_partition, Border, Partition, Region};
 pub use process::process_alive;
 pub use prometheus::{Exposition, PromFamily, PromSample};
+pub use quic::{QuicClient, QuicOptions, QuicTarget};
 pub use rest::{ping_all, settle, truth_of};
 pub use rng::{test_seed, Rng, SEED_ENV};
 pub use scenario::{generate, Action, HotSpots, ScenarioConfig, Script, SlotScript};

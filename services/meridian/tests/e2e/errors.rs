@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use meridian_testkit::pb::{Direction, ErrorCode};
 use meridian_testkit::{
-    deadline, msg, Answer, Bot, Bystander, ClusterOptions, Io, DEFAULT_LEASE_TTL, DEFAULT_WAIT,
+    deadline, msg, Answer, Bot, Bystander, ClusterOptions, Front, DEFAULT_LEASE_TTL, DEFAULT_WAIT,
 };
 
 use crate::{ack, chat_from, entered, left, seen_moving, with_cluster, BYSTANDER_HOME};
@@ -19,9 +19,9 @@ fn still_open(bot: &mut Bot, after: &str) -> anyhow::Result<()> {
     bot.expect_quiet().with_context(|| format!("the connection still works after {after}"))
 }
 
-pub fn errors_before_login_keep_the_connection(io: Io) {
+pub fn errors_before_login_keep_the_connection(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let bystander = Bystander::start(addr, "bystander", BYSTANDER_HOME)?;
         let mut bot = Bot::connect(addr)?;
         still_open(&mut bot, "connecting (Ping is answered before login)")?;
@@ -70,9 +70,9 @@ pub fn errors_before_login_keep_the_connection(io: Io) {
     })
 }
 
-pub fn errors_after_login_keep_the_connection(io: Io) {
+pub fn errors_after_login_keep_the_connection(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let bystander = Bystander::start(addr, "bystander", BYSTANDER_HOME)?;
         let mut alice = Bot::connect(addr)?;
         alice.login("alice", Some((50, 50)))?;
@@ -160,9 +160,9 @@ pub fn errors_after_login_keep_the_connection(io: Io) {
     })
 }
 
-pub fn rate_limit(io: Io) {
+pub fn rate_limit(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let bystander = Bystander::start(addr, "bystander", BYSTANDER_HOME)?;
         let mut racer = Bot::connect(addr)?;
         racer.login("racer", Some((150, 150)))?;
@@ -250,9 +250,9 @@ fn refused_and_closed(
     Ok(())
 }
 
-pub fn closing_errors(io: Io) {
+pub fn closing_errors(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let bystander = Bystander::start(addr, "bystander", BYSTANDER_HOME)?;
         let mut observer = Bot::connect(addr)?;
         observer.login("observer", Some((200, 200)))?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context};
 use meridian_protocol::TokenKey;
 use meridian_testkit::pb::{server_message::Kind as S, Direction, ErrorCode};
-use meridian_testkit::{deadline, msg, Bot, ClusterOptions, Io, DEFAULT_WAIT};
+use meridian_testkit::{deadline, msg, Bot, ClusterOptions, Front, DEFAULT_WAIT};
 
 use crate::with_cluster;
 
@@ -39,12 +39,12 @@ fn expect_error(bot: &mut Bot, code: ErrorCode) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn gateway_death_and_resume(io: Io) {
+pub fn gateway_death_and_resume(io: Front) {
     let opts = ClusterOptions::new(io).gateways(2).arg("--resume-key").arg(KEY_HEX);
     with_cluster(opts, |cluster| {
-        let mut alice = Bot::connect(cluster.game_addr(0))?;
+        let mut alice = Bot::connect(cluster.client_addr(0))?;
         let alice_id = alice.login("alice", Some((50, 50)))?.player_id();
-        let mut olga = Bot::connect(cluster.game_addr(1))?;
+        let mut olga = Bot::connect(cluster.client_addr(1))?;
         olga.login("olga", Some((55, 50)))?;
         alice.ping_barrier()?;
         alice.move_ok(Direction::Right, 7)?;
@@ -61,7 +61,7 @@ pub fn gateway_death_and_resume(io: Io) {
         drop(alice);
 
         // Forged and expired tokens are refused; the connection stays usable.
-        let mut mallory = Bot::connect(cluster.game_addr(1))?;
+        let mut mallory = Bot::connect(cluster.client_addr(1))?;
         let mut forged = token.clone();
         forged[3] ^= 0x40;
         mallory.send(&msg::resume(&forged))?;
@@ -71,7 +71,7 @@ pub fn gateway_death_and_resume(io: Io) {
         mallory.ping_barrier()?;
 
         // The real one brings alice back where she was acknowledged last, on gateway 2.
-        let mut back = Bot::connect(cluster.game_addr(1))?;
+        let mut back = Bot::connect(cluster.client_addr(1))?;
         back.send(&msg::resume(&token))?;
         let first = back.recv(deadline(DEFAULT_WAIT))?;
         match &first.kind {
@@ -91,7 +91,7 @@ pub fn gateway_death_and_resume(io: Io) {
         back.move_ok(Direction::Right, 8)?;
 
         // Resuming again while that connection lives closes it: never two alices.
-        let mut again = Bot::connect(cluster.game_addr(1))?;
+        let mut again = Bot::connect(cluster.client_addr(1))?;
         again.send(&msg::resume(&token))?;
         again.recv_until(deadline(DEFAULT_WAIT), "ViewReset of the second resume", |m| {
             matches!(&m.kind, Some(S::ViewReset(_)))

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use meridian_testkit::pb::{Direction, ErrorCode};
-use meridian_testkit::{http_get, msg, wait_until, Bot, ClusterOptions, Io, DEFAULT_LEASE_TTL};
+use meridian_testkit::{http_get, msg, wait_until, Bot, ClusterOptions, Front, DEFAULT_LEASE_TTL};
 
 use crate::{entered, seen_moving, with_cluster};
 
@@ -27,7 +27,7 @@ fn still_open(bot: &mut Bot) -> anyhow::Result<()> {
     bot.expect_quiet().with_context(|| format!("{}'s connection after UNAVAILABLE", bot.label()))
 }
 
-pub fn shard_kill(io: Io) {
+pub fn shard_kill(io: Front) {
     let ttl = DEFAULT_LEASE_TTL.as_secs();
     let opts = ClusterOptions::new(io).gateways(2).arg("--lease-ttl").arg(ttl.to_string());
     with_cluster(opts, |cluster| {
@@ -40,9 +40,9 @@ pub fn shard_kill(io: Io) {
         );
 
         // One player on each gateway, in sight of each other.
-        let mut alice = Bot::connect(cluster.game_addr(0))?;
+        let mut alice = Bot::connect(cluster.client_addr(0))?;
         alice.login("alice", Some((100, 100)))?;
-        let mut bob = Bot::connect(cluster.game_addr(1))?;
+        let mut bob = Bot::connect(cluster.client_addr(1))?;
         bob.login("bob", Some((110, 100)))?;
         alice.expect_messages(&[entered(&bob, 110, 100)])?;
         ensure!(bob.move_ok(Direction::Right, 1)? == (111, 100), "bob moves before the kill");
@@ -98,7 +98,7 @@ pub fn shard_kill(io: Io) {
                 "gateway {} /healthz after the shard kill: {code} {body}",
                 gateway.id
             );
-            let mut late = Bot::connect(cluster.game_addr(i))?;
+            let mut late = Bot::connect(cluster.client_addr(i))?;
             late.expect_quiet()?;
             late.send(&msg::login(&format!("late-{i}"), Some((300, 300))))?;
             late.expect_error(ErrorCode::Unavailable, 0)

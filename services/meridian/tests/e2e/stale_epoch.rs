@@ -5,7 +5,7 @@ use anyhow::{ensure, Context};
 use meridian_rpc::pb::{peer_message::Kind, shard_client::ShardClient, GhostUpsert};
 use meridian_rpc::pb::{PeerBatch, PeerMessage};
 use meridian_testkit::pb::Position;
-use meridian_testkit::{Bot, ClusterOptions, Io};
+use meridian_testkit::{Bot, ClusterOptions, Front};
 
 use crate::with_cluster;
 
@@ -45,7 +45,7 @@ fn tokio_stream_once(
     tonic::codegen::tokio_stream::iter([batch])
 }
 
-pub fn stale_epoch_is_refused(io: Io) {
+pub fn stale_epoch_is_refused(io: Front) {
     with_cluster(ClusterOptions::new(io).shards(2), |cluster| {
         let status = cluster.status_json()?;
         let epoch = status["partition"]["epoch"].as_u64().context("partition epoch")?;
@@ -53,7 +53,7 @@ pub fn stale_epoch_is_refused(io: Io) {
         // Shard ids come from the ready file; pretend to be the other one.
         let target = cluster.shard(0);
         let pretend = cluster.shard(1).id;
-        let mut watcher = Bot::connect(cluster.game_addr(0))?;
+        let mut watcher = Bot::connect(cluster.client_addr(0))?;
         // Somewhere shard `target` owns, whatever the layout: its own region's corner.
         let regions = status["partition"]["regions"].as_array().context("regions")?;
         let mine = regions

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use meridian_testkit::pb::{Direction, Position};
-use meridian_testkit::{deadline, Bot, ClusterOptions, Io, DEFAULT_WAIT};
+use meridian_testkit::{deadline, Bot, ClusterOptions, Front, DEFAULT_WAIT};
 
 use crate::{ack, chat_from, entered, left, seen_moving, with_cluster};
 
@@ -50,9 +50,9 @@ fn login_seeing(
     Ok(())
 }
 
-pub fn login_ok_and_sight_both_ways(io: Io) {
+pub fn login_ok_and_sight_both_ways(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let mut alice = Bot::connect(addr)?;
         let login = alice.login("alice", Some((100, 100)))?;
         let ok = login.ok.clone();
@@ -112,9 +112,9 @@ pub fn login_ok_and_sight_both_ways(io: Io) {
     })
 }
 
-pub fn moves_into_and_out_of_sight(io: Io) {
+pub fn moves_into_and_out_of_sight(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let mut alice = Bot::connect(addr)?;
         login_seeing(&mut alice, "alice", (100, 100), &[])?;
         let mut bob = Bot::connect(addr)?;
@@ -165,9 +165,9 @@ pub fn moves_into_and_out_of_sight(io: Io) {
     })
 }
 
-pub fn clamped_moves_at_the_edge(io: Io) {
+pub fn clamped_moves_at_the_edge(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         for (corner, observer_at, blocked, free, after_free) in [
             ((0, 0), (10, 10), [Direction::Up, Direction::Left], Direction::Right, (1, 0)),
             (
@@ -201,9 +201,9 @@ pub fn clamped_moves_at_the_edge(io: Io) {
     })
 }
 
-pub fn chat_reaches_those_in_sight(io: Io) {
+pub fn chat_reaches_those_in_sight(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let mut alice = Bot::connect(addr)?;
         login_seeing(&mut alice, "alice", (100, 100), &[])?;
         let mut bob = Bot::connect(addr)?;
@@ -234,9 +234,9 @@ pub fn chat_reaches_those_in_sight(io: Io) {
     })
 }
 
-pub fn logout_and_abrupt_disconnects(io: Io) {
+pub fn logout_and_abrupt_disconnects(io: Front) {
     with_cluster(ClusterOptions::new(io), |cluster| {
-        let addr = cluster.game_addr(0);
+        let addr = cluster.client_addr(0);
         let mut observer = Bot::connect(addr)?;
         login_seeing(&mut observer, "observer", (110, 100), &[])?;
         let mut alice = Bot::connect(addr)?;
