@@ -273,6 +273,33 @@ impl WorldActor {
         }
     }
 
+    /// The old owner kept a player it handed over here as a ghost. If it is not among the
+    /// holders now, that ghost would stay frozen where the player left it: it is removed,
+    /// or, while borders settle (the old owner's players may still stand where the old
+    /// borders put them), kept up to date like any holder's.
+    fn release_old_ghost(&mut self, player: PlayerId, from: ShardId) {
+        let settling = self.borders_settling();
+        let (Some(at), Some(name)) =
+            (self.world.position(player), self.world.name(player).cloned())
+        else {
+            return;
+        };
+        let Some(seat) = self.seats.get_mut(&player) else {
+            return;
+        };
+        if seat.ghosted_at.contains(&from) {
+            return;
+        }
+        let version = (seat.generation, seat.subject_seq);
+        let kind = if settling {
+            seat.ghosted_at.push(from);
+            Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) })
+        } else {
+            Peer::Remove(GhostRemove { left_world: false })
+        };
+        self.peer_out.push(from, peer_at(player, version, kind));
+    }
+
     /// Gives a local player that stands outside this shard's region to its owner.
     pub(crate) fn hand_off(&mut self, player: PlayerId) {
         let Some(at) = self.world.position(player) else {
@@ -406,10 +433,7 @@ impl WorldActor {
                 generation,
                 next_seq: handoff.next_seq,
                 pending: Default::default(),
-                // The old owner kept the player as a ghost when it handed it over: it is
-                // kept up to date from here like any holder, and told to drop it when it is
-                // out of reach (else it would show the player frozen where it left).
-                ghosted_at: vec![from],
+                ghosted_at: Vec::new(),
                 subject_seq: handoff.subject_seq,
             },
         );
@@ -432,6 +456,7 @@ impl WorldActor {
         self.divergent.insert(player, divergent);
         self.resync(player);
         self.mirror(player);
+        self.release_old_ghost(player, from);
         self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
         self.metrics.handoffs_in.inc();
         self.metrics.players.set(self.seats.len() as i64);
