@@ -175,13 +175,16 @@ class Cluster:
         self.ready_file.unlink(missing_ok=True)
         self.log_file = open(work / f"{name}.up.log", "w")
         command = [str(RELEASE / "meridian"), "up", "--shards", str(shards), "--io", io,
-                   "--port", "0", "--cluster", name, "--ready-file", str(self.ready_file)]
+                   "--port", "0", "--quic-port", "0", "--cluster", name,
+                   "--ready-file", str(self.ready_file)]
         self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
                                         cwd=ROOT)
         ready = wait_for_file(self.ready_file, self.process, f"cluster {name}")
         gateway = ready["gateways"][0]
         self.game = gateway["game"]
         self.game_port = int(self.game.rsplit(":", 1)[1])
+        # The QUIC front's UDP address (the first gateway has one; `--quic-port 0` below).
+        self.quic = gateway.get("quic")
         self.gateway_pid = int(gateway["pid"])
         self.shard_pids = [int(s["pid"]) for s in ready["shards"]]
         # Give the shards a moment to settle on the partition before measuring.
@@ -400,6 +403,15 @@ class Suite:
                 watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
                 r[f"{io}_direct"] = self.loadtest(f"{io} spread", cluster.game, **spread,
                                                   watch=watch, section=io_section)
+                if io == "uring" and cluster.quic:
+                    # The same workload over the QUIC front of the same gateway.
+                    r["quic_direct"] = self.loadtest(
+                        "quic spread", cluster.quic, **spread, watch=watch,
+                        extra=["--transport", "quic", "--insecure"],
+                        section="Transport: TCP vs QUIC (same gateway, same workload)")
+                    self.manifest_sections["Transport: TCP vs QUIC (same gateway, same workload)"]\
+                        .insert(0, {"label": "uring spread",
+                                    "summary": r["uring_direct"]["summary_file"]})
                 r[f"{io}_strace"] = self.loadtest(
                     f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
                     s["io_interval"], strace_pid=cluster.gateway_pid)
@@ -726,6 +738,21 @@ def build_tables(r, s):
                                 "the direct runs before and after",
                        "header": ["path", "proxy CPU µs/msg", "gateway CPU µs/msg",
                                   "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "lost"],
+                       "rows": rows})
+    tcp, quic = r.get("uring_direct"), r.get("quic_direct")
+    if tcp and quic:
+        rows = []
+        for label, key, digits in (("delay p50 (ms)", "p50_ms", 3), ("delay p99 (ms)", "p99_ms", 3),
+                                   ("messages relayed", "messages", 0),
+                                   ("moves lost", "moves_lost", 0)):
+            rows.append([label, fmt(tcp[key], digits), fmt(quic[key], digits),
+                         f"{fmt(ratio(quic[key], tcp[key]))}x" if tcp[key] else "-"])
+        g_tcp, g_quic = tcp["cpu_us_per_msg"]["gateway"], quic["cpu_us_per_msg"]["gateway"]
+        rows.append(["gateway CPU µs / message", fmt(g_tcp), fmt(g_quic),
+                     f"{fmt(ratio(g_quic, g_tcp))}x"])
+        tables.append({"title": f"Transport: TCP vs QUIC through one io_uring gateway: "
+                                f"{spread_load}, 1 shard",
+                       "header": ["measure", "TCP (io_uring)", "QUIC", "QUIC vs TCP"],
                        "rows": rows})
     rows = []
     for what, one, four in (("spread", r.get("uring_direct"), r.get("uring4_direct")),

@@ -144,6 +144,18 @@ class Verdicts(unittest.TestCase):
                                   "with p99 < 50 ms and zero lost moves"], "**no**")
 
 
+class Transport(unittest.TestCase):
+    def test_tcp_and_quic_runs_make_one_table_with_gateway_cpu(self):
+        results = {
+            "uring_direct": run("uring spread", 2.0, 8.0),
+            "quic_direct": run("quic spread", 3.0, 16.0),
+        }
+        tables = suite.build_tables(results, suite.SETTINGS["quick"])
+        table = next(t for t in tables if t["title"].startswith("Transport: TCP vs QUIC"))
+        cpu = next(row for row in table["rows"] if row[0] == "gateway CPU µs / message")
+        self.assertEqual(cpu[1:], ["8.00", "16.00", "2.00x"])
+
+
 class Docs(unittest.TestCase):
     def test_markdown_tables_escape_pipes(self):
         table = {"title": "t", "header": ["a", "b"], "rows": [["x|y", "1"]]}
