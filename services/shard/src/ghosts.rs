@@ -125,7 +125,10 @@ impl Ghosts {
         }
     }
 
-    /// The current generation is complete: apply what was held, in arrival order.
+    /// The current generation is complete: apply what was held, generation by generation
+    /// (a later owner's messages can overtake an earlier one's on another stream), each in
+    /// arrival order. What is newer than the next generation is held again until that one
+    /// is released in turn.
     fn release(
         &mut self,
         world: &mut World,
@@ -138,7 +141,8 @@ impl Ghosts {
         };
         track.closed = true;
         track.held_since = None;
-        let held = std::mem::take(&mut track.held);
+        let mut held = std::mem::take(&mut track.held);
+        held.make_contiguous().sort_by_key(|(_, message)| message.generation);
         for (from, message) in held {
             self.apply(world, history, from, message, out);
         }
@@ -312,6 +316,26 @@ mod tests {
         ghosts.apply(&mut world, &mut History::default(), ShardId(9), moved(0, 40), &mut out);
         assert_eq!(told(&mut out), []);
         assert_eq!(world.position(PlayerId(GHOST)), Some(Position { x: 14, y: 10 }));
+    }
+
+    #[test]
+    fn held_generations_are_applied_in_generation_order_not_arrival_order() {
+        // Owners 9 -> 8 -> 9 in quick succession: generation 2 (from 9) arrives before
+        // generation 1 (from 8); both wait for generation 0's release.
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut history = History::default();
+        let mut out = Vec::new();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(2, 15), &mut out);
+        for (generation, message) in [(1, moved(1, 13)), (1, moved(1, 14)), (1, released(1))] {
+            assert_eq!(generation, message.generation);
+            ghosts.apply(&mut world, &mut history, ShardId(8), message, &mut out);
+        }
+        assert_eq!(told(&mut out), [], "everything newer waits for generation 0");
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), &mut out);
+        assert_eq!(told(&mut out), [("moved", 13), ("moved", 14), ("moved", 15)], "every step");
     }
 
     #[test]
