@@ -237,6 +237,9 @@ impl WorldActor {
                     // Whatever the history could not cover: end where the world is.
                     let last = match (seen, want) {
                         (Some(last), Some(at)) if last != at => {
+                            if last.x.abs_diff(at.x) + last.y.abs_diff(at.y) > 1 {
+                                tracing::debug!(%observer, %subject, ?last, ?at, force, ?version, ?told, "resync: jump (no history to replay)");
+                            }
                             Some(server::moved(subject.0, at.x, at.y, 0))
                         }
                         (None, Some(at)) => Some(server::entered(subject.0, at.x, at.y, name())),
