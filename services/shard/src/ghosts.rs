@@ -86,6 +86,22 @@ impl Ghosts {
         message: PeerMessage,
         out: &mut Vec<Envelope>,
     ) {
+        self.apply_ordered(world, history, from, message, out, false);
+    }
+
+    /// Applies one message in generation order: a newer generation waits while the ghost
+    /// shown is of a generation not yet released, or while a generation in between has
+    /// not been seen (owners A -> B -> C: C's first update can arrive before B's moves).
+    /// `force` lets it through anyway (an owner that never released: dead, or gone).
+    fn apply_ordered(
+        &mut self,
+        world: &mut World,
+        history: &mut History,
+        from: ShardId,
+        message: PeerMessage,
+        out: &mut Vec<Envelope>,
+        force: bool,
+    ) {
         let id = PlayerId(message.player_id);
         let now = Instant::now();
         let track = self.tracks.entry(id).or_insert_with(|| Track {
@@ -104,7 +120,8 @@ impl Ghosts {
             return;
         }
         if message.generation > track.generation {
-            if track.present && !track.closed {
+            let next = message.generation == track.generation + 1;
+            if track.present && !force && (!track.closed || !next) {
                 if track.held.len() >= MAX_HELD {
                     warn!(player = %id, "too many held ghost messages; releasing the old generation");
                     track.closed = true;
@@ -121,7 +138,7 @@ impl Ghosts {
         track.orphaned = None;
         let released = apply_now(track, world, history, id, message, out);
         if released {
-            self.release(world, history, id, out);
+            self.release(world, history, id, out, force);
         }
     }
 
@@ -135,6 +152,7 @@ impl Ghosts {
         history: &mut History,
         id: PlayerId,
         out: &mut Vec<Envelope>,
+        force: bool,
     ) {
         let Some(track) = self.tracks.get_mut(&id) else {
             return;
@@ -144,7 +162,7 @@ impl Ghosts {
         let mut held = std::mem::take(&mut track.held);
         held.make_contiguous().sort_by_key(|(_, message)| message.generation);
         for (from, message) in held {
-            self.apply(world, history, from, message, out);
+            self.apply_ordered(world, history, from, message, out, force);
         }
     }
 
@@ -165,7 +183,7 @@ impl Ghosts {
             .map(|(id, _)| *id)
             .collect();
         for id in waiting {
-            self.release(world, history, id, out);
+            self.release(world, history, id, out, true);
         }
         let now = Instant::now();
         for track in self.tracks.values_mut() {
@@ -198,7 +216,7 @@ impl Ghosts {
             .collect();
         for id in overdue {
             warn!(player = %id, "old owner never released this ghost; applying newer updates");
-            self.release(world, history, id, out);
+            self.release(world, history, id, out, true);
         }
         self.tracks
             .retain(|_, t| t.present || !t.held.is_empty() || now - t.touched < TOMBSTONE_LIFETIME);
@@ -336,6 +354,25 @@ mod tests {
         assert_eq!(told(&mut out), [], "everything newer waits for generation 0");
         ghosts.apply(&mut world, &mut history, ShardId(9), released(0), &mut out);
         assert_eq!(told(&mut out), [("moved", 13), ("moved", 14), ("moved", 15)], "every step");
+    }
+
+    #[test]
+    fn a_generation_waits_for_the_one_before_it_even_after_a_release() {
+        // Owners 9 (gen 1, released) -> 8 (gen 2) -> 9 (gen 3): generation 3 arrives first.
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut history = History::default();
+        let mut out = Vec::new();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(1, 12), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(1), &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        ghosts.apply(&mut world, &mut history, ShardId(9), moved(3, 15), &mut out);
+        assert_eq!(told(&mut out), [], "generation 2 has not been seen yet");
+        ghosts.apply(&mut world, &mut history, ShardId(8), moved(2, 13), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(8), moved(2, 14), &mut out);
+        assert_eq!(told(&mut out), [("moved", 13), ("moved", 14)]);
+        ghosts.apply(&mut world, &mut history, ShardId(8), released(2), &mut out);
+        assert_eq!(told(&mut out), [("moved", 15)], "every step, in order");
     }
 
     #[test]
