@@ -162,6 +162,10 @@ pub struct WorldActor {
     pub(crate) history: crate::views::History,
     /// Clients just handed in whose view is still derived from what they were told.
     pub(crate) divergent: FxHashMap<PlayerId, crate::views::Divergent>,
+    /// Divergent clients with news this round: their views are brought forward once, at
+    /// the end of the round (a resync looks at everyone in view; once per message it
+    /// would be quadratic in a crowd).
+    resync_due: Vec<PlayerId>,
     pub(crate) resume_window: Duration,
 }
 
@@ -201,6 +205,7 @@ impl WorldActor {
             awaiting_gateway: FxHashMap::default(),
             history: Default::default(),
             divergent: FxHashMap::default(),
+            resync_due: Vec::new(),
             resume_window: config.resume_window,
         };
         (sender, actor)
@@ -475,7 +480,6 @@ impl WorldActor {
 
     /// Turns the world's envelopes into frames for their recipients' connections.
     pub(crate) fn route_envelopes(&mut self) {
-        let mut resync: Vec<PlayerId> = Vec::new();
         for envelope in self.envelopes.drain(..) {
             let Some(seat) = self.seats.get(&envelope.to) else {
                 continue;
@@ -489,9 +493,7 @@ impl WorldActor {
                     _ => false,
                 };
                 if !own_or_chat {
-                    if !resync.contains(&envelope.to) {
-                        resync.push(envelope.to);
-                    }
+                    self.resync_due.push(envelope.to);
                     continue;
                 }
             }
@@ -516,9 +518,6 @@ impl WorldActor {
             };
             self.outbox.push(link, session, &message);
         }
-        for observer in resync {
-            self.resync(observer);
-        }
     }
 
     fn drop_link(&mut self, link: LinkId) {
@@ -539,6 +538,15 @@ impl WorldActor {
     /// Sends this round's output. A gateway link whose queue is full has stopped reading:
     /// it is cut (its players leave the world) rather than allowed to slow everyone else.
     fn flush(&mut self) {
+        if !self.resync_due.is_empty() {
+            let mut due = std::mem::take(&mut self.resync_due);
+            due.sort_unstable();
+            due.dedup();
+            for observer in due.drain(..) {
+                self.resync(observer);
+            }
+            self.resync_due = due;
+        }
         self.metrics.notifications.add(self.outbox.n_messages);
         for (code, n) in self.outbox.n_errors.drain(..) {
             self.metrics.errors.add(code.as_str_name(), n);
