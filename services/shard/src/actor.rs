@@ -50,6 +50,9 @@ const PENDING_LIMIT: usize = 1024;
 /// late inputs are forwarded this long.
 const LISTED_AFTER_ACK: Duration = Duration::from_secs(1);
 const FORWARD_FOR: Duration = Duration::from_secs(30);
+/// A draining shard stops only once no input for a handed-off player has arrived (and no
+/// handoff happened) for this long: the gateways have all switched.
+const FORWARD_QUIET: Duration = Duration::from_millis(300);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LinkId(pub u32);
@@ -85,9 +88,10 @@ pub enum Command {
     },
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
-    /// How far a drain has got: (local players, handoffs not yet confirmed).
+    /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
+    /// for handed-off players have stopped arriving).
     DrainStatus {
-        reply: oneshot::Sender<(usize, usize)>,
+        reply: oneshot::Sender<(usize, usize, bool)>,
     },
 }
 
@@ -166,6 +170,8 @@ pub struct WorldActor {
     /// the end of the round (a resync looks at everyone in view; once per message it
     /// would be quadratic in a crowd).
     resync_due: Vec<PlayerId>,
+    /// When an input for a handed-off player was last forwarded to its new owner.
+    last_forward: Option<Instant>,
     pub(crate) resume_window: Duration,
 }
 
@@ -206,6 +212,7 @@ impl WorldActor {
             history: Default::default(),
             divergent: FxHashMap::default(),
             resync_due: Vec::new(),
+            last_forward: None,
             resume_window: config.resume_window,
         };
         (sender, actor)
@@ -273,7 +280,12 @@ impl WorldActor {
             Command::LeaseExpired => self.after_lease_expiry(),
             Command::DrainStatus { reply } => {
                 let unconfirmed = self.handed_off.values().filter(|h| h.acked.is_none()).count();
-                let _ = reply.send((self.seats.len(), unconfirmed));
+                // Gateways switch a player's route when they read its `released_to` marker;
+                // inputs they sent before that still arrive here and are forwarded. A shard
+                // that stopped now would leave them unanswered.
+                let quiet = self.last_forward.is_none_or(|at| at.elapsed() >= FORWARD_QUIET)
+                    && self.handed_off.values().all(|h| h.since.elapsed() >= FORWARD_QUIET);
+                let _ = reply.send((self.seats.len(), unconfirmed, quiet));
             }
         }
     }
@@ -361,6 +373,7 @@ impl WorldActor {
         }
         if let Some(handed) = self.handed_off.get(&player) {
             self.metrics.inputs_forwarded.inc();
+            self.last_forward = Some(Instant::now());
             let message = PeerMessage {
                 player_id: player.0,
                 generation: handed.generation + 1,

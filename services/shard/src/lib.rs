@@ -230,7 +230,8 @@ fn admin_routes(
     })
 }
 
-/// Waits until every local player has been handed off and every handoff confirmed.
+/// Waits until every local player has been handed off, every handoff confirmed, and the
+/// gateways have stopped sending inputs for them here.
 async fn drain(
     commands: &tokio::sync::mpsc::Sender<actor::Command>,
     deadline: Duration,
@@ -243,8 +244,8 @@ async fn drain(
         if commands.send(actor::Command::DrainStatus { reply }).await.is_err() {
             return Ok(());
         }
-        let (players, unconfirmed) = answer.await.unwrap_or((0, 0));
-        if players == 0 && unconfirmed == 0 {
+        let (players, unconfirmed, quiet) = answer.await.unwrap_or((0, 0, true));
+        if players == 0 && unconfirmed == 0 && quiet {
             info!(shard = %me, took = ?started.elapsed(), "drained");
             return Ok(());
         }
