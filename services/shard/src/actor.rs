@@ -52,7 +52,7 @@ const LISTED_AFTER_ACK: Duration = Duration::from_secs(1);
 const FORWARD_FOR: Duration = Duration::from_secs(30);
 /// A draining shard stops only once no input for a handed-off player has arrived (and no
 /// handoff happened) for this long: the gateways have all switched.
-const FORWARD_QUIET: Duration = Duration::from_millis(300);
+const FORWARD_QUIET: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LinkId(pub u32);
