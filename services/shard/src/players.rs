@@ -273,11 +273,11 @@ impl WorldActor {
         }
     }
 
-    /// The old owner kept a player it handed over here as a ghost. If it is not among the
-    /// holders now, that ghost would stay frozen where the player left it: it is removed,
-    /// or, while borders settle (the old owner's players may still stand where the old
-    /// borders put them), kept up to date like any holder's.
-    fn release_old_ghost(&mut self, player: PlayerId, from: ShardId) {
+    /// The old owner, and the shards it kept ghosts of a player on, hold copies of the
+    /// player handed over here. Those not among this shard's holders would stay frozen
+    /// where the player was: they are removed, or, while borders settle (their players may
+    /// still stand where the old borders put them), kept up to date like any holder's.
+    fn release_old_ghosts(&mut self, player: PlayerId, old_holders: &[ShardId]) {
         let settling = self.borders_settling();
         let (Some(at), Some(name)) =
             (self.world.position(player), self.world.name(player).cloned())
@@ -287,17 +287,19 @@ impl WorldActor {
         let Some(seat) = self.seats.get_mut(&player) else {
             return;
         };
-        if seat.ghosted_at.contains(&from) {
-            return;
-        }
         let version = (seat.generation, seat.subject_seq);
-        let kind = if settling {
-            seat.ghosted_at.push(from);
-            Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) })
-        } else {
-            Peer::Remove(GhostRemove { left_world: false })
-        };
-        self.peer_out.push(from, peer_at(player, version, kind));
+        for &holder in old_holders {
+            if seat.ghosted_at.contains(&holder) {
+                continue;
+            }
+            let kind = if settling {
+                seat.ghosted_at.push(holder);
+                Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) })
+            } else {
+                Peer::Remove(GhostRemove { left_world: false })
+            };
+            self.peer_out.push(holder, peer_at(player, version, kind));
+        }
     }
 
     /// Gives a local player that stands outside this shard's region to its owner.
@@ -374,6 +376,7 @@ impl WorldActor {
             next_seq: seat.next_seq,
             view,
             subject_seq: seat.subject_seq,
+            ghosted_at: seat.ghosted_at.iter().map(|s| s.0).collect(),
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for (_, input) in seat.pending {
@@ -456,7 +459,10 @@ impl WorldActor {
         self.divergent.insert(player, divergent);
         self.resync(player);
         self.mirror(player);
-        self.release_old_ghost(player, from);
+        let mut old_holders: Vec<ShardId> =
+            handoff.ghosted_at.iter().map(|&s| ShardId(s)).filter(|s| *s != self.id).collect();
+        old_holders.push(from);
+        self.release_old_ghosts(player, &old_holders);
         self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
         self.metrics.handoffs_in.inc();
         self.metrics.players.set(self.seats.len() as i64);
