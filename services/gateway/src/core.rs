@@ -34,6 +34,9 @@ pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 /// Moves a client may have in flight to its shard. Beyond this the client is flooding far
 /// past any rate limit, and further moves are refused at once with RATE_LIMITED.
 const MAX_MOVES_IN_FLIGHT: usize = 1024;
+/// Unconfirmed inputs kept per connection for a handoff (see `Conn::unconfirmed`); when
+/// full, the oldest is no longer kept (it is still forwarded by the old owner, as usual).
+const UNCONFIRMED_LIMIT: usize = 256;
 /// Inputs a worker keeps for one shard whose relay queue is full before that shard's
 /// players get UNAVAILABLE for new inputs (the shard is not keeping up).
 const STALLED_LIMIT: usize = 16_384;
@@ -75,9 +78,16 @@ pub struct Conn<T> {
     /// Output not yet handed to the kernel.
     pub out: Vec<u8>,
     pub session: Session,
-    /// client_time of every move relayed and not yet answered, oldest first, with when it
-    /// was read (for the move delay histogram).
-    inflight: VecDeque<(u64, Instant)>,
+    /// Every move relayed and not yet answered, oldest first: its client_time, its seq,
+    /// and when it was read (for the move delay histogram).
+    inflight: VecDeque<(u64, u64, Instant)>,
+    /// In-game inputs relayed to the player's owner and not known to be applied (a shard
+    /// applies inputs in seq order, so an answered move confirms everything up to it),
+    /// oldest first, at most [`UNCONFIRMED_LIMIT`]. When the owner hands the player over,
+    /// these are sent to the new owner as well: any of them can still be on its way to
+    /// the old one, which may be draining and gone before it could forward them. A shard
+    /// drops inputs it has already applied, so a copy that arrives twice counts once.
+    unconfirmed: VecDeque<PlayerInput>,
     /// Sequence number of the next input relayed for this connection (Join is 1).
     next_seq: u64,
     /// The player's name, last acknowledged position and ownership generation, kept to
@@ -177,6 +187,7 @@ impl<T> Core<T> {
             out: Vec::new(),
             session: Session::Anonymous,
             inflight: VecDeque::new(),
+            unconfirmed: VecDeque::new(),
             next_seq: 1,
             name: String::new(),
             last_position: None,
@@ -328,8 +339,9 @@ impl<T> Core<T> {
             // Moves the dead shard took and never answered (a hung shard keeps its
             // connection open, so no link failure answered them) are refused now, in order,
             // before the ViewReset: every move gets exactly one answer.
+            conn.unconfirmed.clear();
             let unanswered = std::mem::take(&mut conn.inflight);
-            for (client_time, _) in unanswered {
+            for (client_time, ..) in unanswered {
                 let detail = "shard failed before answering";
                 self.ctx.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
             }
@@ -347,6 +359,23 @@ impl<T> Core<T> {
     /// Answers every move in flight on a failed link with UNAVAILABLE, in order, and drops
     /// this iteration's inputs for it.
     fn link_down(&mut self, link: &Arc<ShardLink>) {
+        let dropped: usize = self
+            .ctx
+            .outgoing
+            .iter()
+            .filter(|(queued, _)| Arc::ptr_eq(queued, link))
+            .map(|(_, inputs)| inputs.len())
+            .chain(
+                self.ctx
+                    .stalled
+                    .iter()
+                    .filter(|(queued, ..)| Arc::ptr_eq(queued, link))
+                    .map(|(_, _, n)| *n),
+            )
+            .sum();
+        if dropped > 0 {
+            warn!(worker = self.ctx.worker, shard = %link.id, dropped, "inputs queued for a failed link dropped");
+        }
         self.ctx.outgoing.retain(|(queued, _)| !Arc::ptr_eq(queued, link));
         self.ctx.stalled.retain(|(queued, ..)| !Arc::ptr_eq(queued, link));
         for slot in 0..self.slots.len() as u32 {
@@ -358,8 +387,9 @@ impl<T> Core<T> {
             if !on_link || conn.inflight.is_empty() {
                 continue;
             }
+            conn.unconfirmed.clear();
             let unanswered = std::mem::take(&mut conn.inflight);
-            for (client_time, _) in unanswered {
+            for (client_time, ..) in unanswered {
                 self.ctx.refuse(
                     conn,
                     slot,
@@ -508,8 +538,11 @@ impl Ctx {
         if delivery.move_answers > 0 {
             let now = Instant::now();
             for _ in 0..delivery.move_answers {
-                if let Some((_, read_at)) = conn.inflight.pop_front() {
+                if let Some((_, seq, read_at)) = conn.inflight.pop_front() {
                     self.shared.metrics.move_delay.observe((now - read_at).as_secs_f64());
+                    while conn.unconfirmed.front().is_some_and(|input| input.seq <= seq) {
+                        conn.unconfirmed.pop_front();
+                    }
                 }
             }
         }
@@ -549,6 +582,12 @@ impl Ctx {
         link: Arc<ShardLink>,
     ) {
         conn.pending_owner = None;
+        if let Session::Playing { link: old, .. } = &conn.session {
+            debug!(player, from = %old.id, to = %link.id, "session follows its player to a new owner");
+        }
+        for input in &conn.unconfirmed {
+            self.enqueue(&link, input.clone());
+        }
         conn.session = Session::Playing { player, link };
         let held = std::mem::take(&mut conn.held);
         let mut rest = Vec::new();
@@ -619,7 +658,7 @@ impl Ctx {
                 // Through the shard, so the Pong follows everything the shard sent before.
                 Session::Playing { player, link } if link.is_up() => {
                     let (player, link) = (*player, Arc::clone(link));
-                    self.relay(&link, session, player, conn.take_seq(), Input::Ping(ping));
+                    self.relay_in_game(conn, &link, session, player, Input::Ping(ping));
                 }
                 _ => self.reply(conn, slot, &server::pong(ping.client_time)),
             },
@@ -630,8 +669,8 @@ impl Ctx {
                     return self.refuse(conn, slot, ErrorCode::RateLimited, detail, m.client_time);
                 }
                 if let Some((player, link)) = self.route(conn, slot, m.client_time) {
-                    conn.inflight.push_back((m.client_time, Instant::now()));
-                    self.relay(&link, session, player, conn.take_seq(), Input::Move(m));
+                    conn.inflight.push_back((m.client_time, conn.next_seq, Instant::now()));
+                    self.relay_in_game(conn, &link, session, player, Input::Move(m));
                 }
             }
             C::Chat(chat) => {
@@ -641,7 +680,7 @@ impl Ctx {
                     }
                 }
                 if let Some((player, link)) = self.route(conn, slot, 0) {
-                    self.relay(&link, session, player, conn.take_seq(), Input::Chat(chat));
+                    self.relay_in_game(conn, &link, session, player, Input::Chat(chat));
                 }
             }
             C::Logout(_) => match &conn.session {
@@ -819,6 +858,28 @@ impl Ctx {
 
     fn relay(&mut self, link: &Arc<ShardLink>, session: u64, player: u64, seq: u64, input: Input) {
         let input = PlayerInput { session, player_id: player, seq, kind: Some(input) };
+        self.enqueue(link, input);
+    }
+
+    /// Relays an in-game input (move, chat, ping) and keeps a copy until it is confirmed.
+    fn relay_in_game<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        link: &Arc<ShardLink>,
+        session: u64,
+        player: u64,
+        input: Input,
+    ) {
+        let seq = conn.take_seq();
+        let input = PlayerInput { session, player_id: player, seq, kind: Some(input) };
+        if conn.unconfirmed.len() >= UNCONFIRMED_LIMIT {
+            conn.unconfirmed.pop_front();
+        }
+        conn.unconfirmed.push_back(input.clone());
+        self.enqueue(link, input);
+    }
+
+    fn enqueue(&mut self, link: &Arc<ShardLink>, input: PlayerInput) {
         match self.outgoing.iter_mut().find(|(l, _)| Arc::ptr_eq(l, link)) {
             Some((_, batch)) => batch.push(input),
             None => self.outgoing.push((Arc::clone(link), vec![input])),
@@ -898,15 +959,37 @@ mod tests {
     use std::sync::mpsc::sync_channel;
     use tokio::sync::mpsc;
 
+    type Relay = mpsc::Receiver<Vec<PlayerInput>>;
+    type Links = Vec<(Arc<ShardLink>, Relay)>;
+
     /// A core on worker 0 whose only shard link has room for `room` batches.
-    fn core_with_link(room: usize) -> (Core<()>, Arc<ShardLink>, mpsc::Receiver<Vec<PlayerInput>>) {
-        let (inputs, relay) = mpsc::channel(room);
-        let link = Arc::new(ShardLink::new(ShardId(1), inputs));
-        link.set_up(true);
-        link.set_healthy(true);
+    fn core_with_link(room: usize) -> (Core<()>, Arc<ShardLink>, Relay) {
+        let (core, mut links, _) = core_with_links(room, 1);
+        let (link, relay) = links.pop().expect("one link");
+        (core, link, relay)
+    }
+
+    /// A core on worker 0 linked to shards 1..=n (shard 1 owns the whole map), each link
+    /// with room for `room` batches, and the sender of the core's mail.
+    fn core_with_links(
+        room: usize,
+        n: u32,
+    ) -> (Core<()>, Links, std::sync::mpsc::SyncSender<Mail>) {
+        let links: Links = (1..=n)
+            .map(|id| {
+                let (inputs, relay) = mpsc::channel(room);
+                let link = Arc::new(ShardLink::new(ShardId(id), inputs));
+                link.set_up(true);
+                link.set_healthy(true);
+                (link, relay)
+            })
+            .collect();
         let region = Region { shard: ShardId(1), x0: 0, x1: 400, y0: 0, y1: 400 };
         let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![region] };
-        let table = RoutingTable { links: vec![Arc::clone(&link)], partition: Some(partition) };
+        let table = RoutingTable {
+            links: links.iter().map(|(link, _)| Arc::clone(link)).collect(),
+            partition: Some(partition),
+        };
         let config = GatewayConfig {
             placement: Placement::RoundRobin,
             id: GatewayId(1),
@@ -931,9 +1014,9 @@ mod tests {
             stopping: Arc::new(AtomicBool::new(false)),
             round_robin: AtomicUsize::new(0),
         });
-        let (_, receiver) = sync_channel(1);
+        let (mail, receiver) = sync_channel(16);
         let inbox = Inbox::for_tests(receiver);
-        (Core::new(0, shared, inbox), link, relay)
+        (Core::new(0, shared, inbox), links, mail)
     }
 
     fn send(core: &mut Core<()>, slot: u32, kind: C) {
@@ -1000,5 +1083,56 @@ mod tests {
             core.flush_inputs();
         }
         assert_eq!(next, STALLED_LIMIT as u64 + 2);
+    }
+
+    impl Core<()> {
+        /// The session id the relay carries for the connection in `slot`.
+        fn relayed_session(&self, slot: u32) -> u64 {
+            let conn = self.slots[slot as usize].as_ref().expect("a connection in the slot");
+            session_id(self.ctx.worker, slot, conn.generation_slot)
+        }
+
+        fn unconfirmed_seqs(&self, slot: u32) -> Vec<u64> {
+            let conn = self.slots[slot as usize].as_ref().expect("a connection in the slot");
+            conn.unconfirmed.iter().map(|input| input.seq).collect()
+        }
+    }
+
+    /// Sequence numbers of everything the relay holds for one shard.
+    fn relayed(relay: &mut Relay) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        while let Ok(batch) = relay.try_recv() {
+            seqs.extend(batch.iter().map(|input| input.seq));
+        }
+        seqs
+    }
+
+    #[test]
+    fn inputs_the_old_owner_did_not_answer_are_sent_again_to_the_new_owner() {
+        let (mut core, mut links, mail) = core_with_links(64, 2);
+        let slot = core.insert(());
+        send(&mut core, slot, C::Login(Login { name: "cy".into(), ..Default::default() }));
+        for t in 1..=3 {
+            send(&mut core, slot, step(t));
+        }
+        send(&mut core, slot, C::Chat(Chat { text: "hi".into() }));
+        let session = core.relayed_session(slot);
+        assert_eq!(relayed(&mut links[0].1), vec![1, 2, 3, 4, 5], "Join, 3 moves, chat to shard 1");
+        // Shard 1 applied the Join and the first move, then handed the player to shard 2:
+        // moves 2 and 3 and the chat may be lost on the way to shard 1 (it is draining), so
+        // they go to shard 2 too (a shard drops inputs it has already applied, by seq).
+        let handed = Delivery { session, move_answers: 1, released_to: 2, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![handed] }).unwrap();
+        core.process_mail();
+        core.flush_inputs();
+        assert_eq!(relayed(&mut links[1].1), vec![3, 4, 5]);
+        assert_eq!(relayed(&mut links[0].1), Vec::<u64>::new());
+        // Once shard 2 answers move 3, everything up to it is known to be applied.
+        let answered = Delivery { session, move_answers: 2, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![answered] }).unwrap();
+        core.process_mail();
+        send(&mut core, slot, step(4));
+        assert_eq!(relayed(&mut links[1].1), vec![6]);
+        assert_eq!(core.unconfirmed_seqs(slot), vec![5, 6], "the chat and the new move");
     }
 }
