@@ -374,6 +374,7 @@ impl WorldActor {
         if let Some(handed) = self.handed_off.get(&player) {
             self.metrics.inputs_forwarded.inc();
             self.last_forward = Some(Instant::now());
+            debug!(%player, seq = input.seq, to = %handed.to, "input forwarded");
             let message = PeerMessage {
                 player_id: player.0,
                 generation: handed.generation + 1,

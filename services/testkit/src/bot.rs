@@ -667,8 +667,12 @@ impl Bot {
     /// An error naming this bot, what went wrong, and what it received last.
     fn failure(&self, what: &str) -> anyhow::Error {
         let transport = if self.is_quic() { "QUIC" } else { "TCP" };
+        let player = match self.view.own_id() {
+            Some(id) => format!("player {id}, "),
+            None => String::new(),
+        };
         let mut text =
-            format!("{} (connected to {} over {transport}): {what}", self.label, self.addr);
+            format!("{} ({player}connected to {} over {transport}): {what}", self.label, self.addr);
         if !self.reader.buffered().is_empty() {
             let _ = write!(text, "\n  {} undecoded bytes buffered", self.reader.buffered().len());
         }
