@@ -126,6 +126,11 @@ pub(crate) struct Parked {
 pub(crate) type EarlyInputs = (Instant, Vec<(Option<LinkId>, PlayerInput)>);
 
 pub(crate) struct HandedOff {
+    /// Where inputs that still arrive here go: the shard the player was handed to, or
+    /// whoever that shard (and so on) released it to since. Never back here: an input that
+    /// arrives here while the player is on its way back was sent after the gateway
+    /// switched, and the shard it is forwarded to sends it back after the handoff, on the
+    /// same ordered stream.
     pub to: ShardId,
     pub generation: u64,
     pub at: Position,
@@ -340,6 +345,25 @@ impl WorldActor {
             Some(Peer::HandoffAck(_)) => {
                 if let Some(handed) = self.handed_off.get_mut(&player) {
                     handed.acked.get_or_insert_with(Instant::now);
+                }
+            }
+            Some(Peer::Released(ref released)) => {
+                // The player moved on from the shard it was handed to: late inputs follow it
+                // (the shard it was handed to may be draining, gone before they arrive).
+                if let Some(handed) = self.handed_off.get_mut(&player) {
+                    if message.generation > handed.generation && released.new_owner != self.id.0 {
+                        handed.to = ShardId(released.new_owner);
+                    }
+                }
+                if self.world.is_local(player) != Some(true) {
+                    self.ghosts.apply(
+                        &mut self.world,
+                        &mut self.history,
+                        from,
+                        message,
+                        &mut self.envelopes,
+                    );
+                    self.route_envelopes();
                 }
             }
             // A ghost update. A player owned here never takes updates from elsewhere: such a
