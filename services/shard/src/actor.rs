@@ -212,7 +212,9 @@ impl WorldActor {
             started: Instant::now(),
             resume_key: config.resume_key.clone(),
             parked: FxHashMap::default(),
-            epoch_changed: None,
+            // A shard starts in a change of borders (its joining makes one): the others may
+            // still hold players where the old borders put them, in sight of its own.
+            epoch_changed: Some(Instant::now()),
             awaiting_gateway: FxHashMap::default(),
             history: Default::default(),
             divergent: FxHashMap::default(),
