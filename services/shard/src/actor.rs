@@ -524,17 +524,24 @@ impl WorldActor {
             let Some(seat) = self.seats.get(&envelope.to) else {
                 continue;
             };
-            if !self.divergent.is_empty() && self.divergent.contains_key(&envelope.to) {
+            if let Some(divergent) = self.divergent.get(&envelope.to) {
                 // A client just handed in gets its view from the told-vs-world difference;
-                // only its own acks and chat go through as they are.
-                let own_or_chat = match &envelope.note {
-                    Notification::Moved { subject, .. } => *subject == envelope.to,
-                    Notification::Chat { .. } => true,
-                    _ => false,
-                };
-                if !own_or_chat {
-                    self.resync_due.push(envelope.to);
-                    continue;
+                // only its own acks go through as they are, and chat from itself and from
+                // speakers it has been told it sees (others are not in its view yet, or no
+                // longer).
+                match &envelope.note {
+                    Notification::Moved { subject, .. } if *subject == envelope.to => {}
+                    Notification::Chat { speaker, .. } => {
+                        let seen = *speaker == envelope.to
+                            || divergent.told.get(speaker).is_some_and(|told| told.seen);
+                        if !seen {
+                            continue;
+                        }
+                    }
+                    _ => {
+                        self.resync_due.push(envelope.to);
+                        continue;
+                    }
                 }
             }
             let (link, session, generation) = (seat.link, seat.session, seat.generation);
