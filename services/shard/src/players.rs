@@ -319,7 +319,7 @@ impl WorldActor {
         let name = self.world.name(player).map(|n| n.to_string()).unwrap_or_default();
         // What the player has been told: the world's view, or, if its view is still being
         // reconciled after an earlier handoff, exactly what it was told so far.
-        let view: Vec<ViewEntry> = match self.divergent.remove(&player) {
+        let mut view: Vec<ViewEntry> = match self.divergent.remove(&player) {
             Some(divergent) => divergent
                 .told
                 .iter()
@@ -329,6 +329,7 @@ impl WorldActor {
                     generation: told.version.0,
                     subject_seq: told.version.1,
                     seen: told.seen,
+                    gone: told.gone,
                 })
                 .collect(),
             None => {
@@ -351,11 +352,27 @@ impl WorldActor {
                             generation,
                             subject_seq,
                             seen,
+                            gone: false,
                         })
                     })
                     .collect()
             }
         };
+        // Those that left the world lately near here: the client was told so, and the new
+        // owner may not have removed them yet.
+        let range = self.world.config().view_range + 2;
+        for (id, left, (generation, subject_seq)) in self.history.departed_near(at, range) {
+            if id != player && !view.iter().any(|entry| entry.player_id == id.0) {
+                view.push(ViewEntry {
+                    player_id: id.0,
+                    position: wire(left),
+                    generation,
+                    subject_seq,
+                    seen: false,
+                    gone: true,
+                });
+            }
+        }
         if let Err(error) = self.world.demote_to_ghost(player) {
             warn!(%player, %error, "cannot demote a player being handed off");
         }
@@ -452,7 +469,8 @@ impl WorldActor {
             .map(|e| {
                 let at = e.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
                 let version = (e.generation, e.subject_seq);
-                (PlayerId(e.player_id), crate::views::Told { at, version, seen: e.seen })
+                let told = crate::views::Told { at, version, seen: e.seen, gone: e.gone };
+                (PlayerId(e.player_id), told)
             })
             .collect();
         let divergent = crate::views::Divergent { told, since: Instant::now() };

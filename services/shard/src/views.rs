@@ -29,6 +29,11 @@ const KEEP: usize = 32;
 const CONVERGE_LIMIT: Duration = Duration::from_secs(3);
 /// How long the version of a player who left this world is remembered.
 const REMOVED_LIFETIME: Duration = Duration::from_secs(60);
+/// How long a player that left the world is listed, with where it left, for clients
+/// handed over from here (see [`History::departed_near`]).
+const DEPARTED_FOR: Duration = Duration::from_secs(5);
+/// Departures listed at most; beyond this the oldest is dropped.
+const DEPARTED_LIMIT: usize = 4096;
 
 struct Recent {
     version: Version,
@@ -46,6 +51,9 @@ struct Recent {
 #[derive(Default)]
 pub struct History {
     players: FxHashMap<PlayerId, Recent>,
+    /// Players that left the world lately: where, at which version, since when. Oldest
+    /// first.
+    departed: VecDeque<(PlayerId, Position, Version, Instant)>,
 }
 
 impl History {
@@ -82,6 +90,12 @@ impl History {
     /// went out of this shard's reach. Its last version is remembered for a while.
     pub fn forget(&mut self, id: PlayerId, left_world: bool) {
         if let Some(recent) = self.players.get_mut(&id) {
+            if let (true, Some(&(_, at))) = (left_world, recent.steps.back()) {
+                if self.departed.len() == DEPARTED_LIMIT {
+                    self.departed.pop_front();
+                }
+                self.departed.push_back((id, at, recent.version, Instant::now()));
+            }
             recent.removed = Some(Instant::now());
             recent.out_of_reach = !left_world;
             recent.steps.clear();
@@ -92,6 +106,30 @@ impl History {
     pub fn expire(&mut self) {
         self.players
             .retain(|_, r| r.removed.is_none_or(|since| since.elapsed() < REMOVED_LIFETIME));
+        while self.departed.front().is_some_and(|(.., since)| since.elapsed() >= DEPARTED_FOR) {
+            self.departed.pop_front();
+        }
+    }
+
+    /// Players that left the world lately within `range` cells of `at` (and have not come
+    /// back): where they left and their last version. A client handed over from here was
+    /// told they left; the new owner may not have removed them yet.
+    pub fn departed_near(
+        &self,
+        at: Position,
+        range: u32,
+    ) -> impl Iterator<Item = (PlayerId, Position, Version)> + '_ {
+        self.departed
+            .iter()
+            .filter(move |(_, left, ..)| {
+                left.x.abs_diff(at.x) <= range && left.y.abs_diff(at.y) <= range
+            })
+            .filter(|(id, _, version, _)| {
+                self.players.get(id).is_some_and(|r| {
+                    r.removed.is_some() && !r.out_of_reach && r.version == *version
+                })
+            })
+            .map(|&(id, left, version, _)| (id, left, version))
     }
 
     /// The player's recent walk from where it came into sight (by `sees`) to where it is,
@@ -138,6 +176,9 @@ pub struct Told {
     pub version: Version,
     /// In the client's view; false for a neighbour just out of sight (see `ViewEntry.seen`).
     pub seen: bool,
+    /// The client was told this neighbour left the world, at `version` (see
+    /// `ViewEntry.gone`).
+    pub gone: bool,
 }
 
 /// A client whose view is derived from its told state until it matches the world.
@@ -166,7 +207,27 @@ impl WorldActor {
         for subject in subjects {
             let want = if visible.contains(&subject) { self.world.position(subject) } else { None };
             let version = self.history.version(subject);
-            let have = divergent.told.get(&subject).copied();
+            let mut have = divergent.told.get(&subject).copied();
+            if let Some(told) = have.filter(|told| told.gone) {
+                // The client was told this player left the world. A copy here of that
+                // state or an older one is on its way out: wait for it, say nothing.
+                let stale = version.is_none_or(|version| version <= told.version);
+                match want {
+                    Some(_) if stale && !force => {
+                        waiting = true;
+                        continue;
+                    }
+                    // Back in the world since (a resume): it enters as anyone would.
+                    Some(_) => {
+                        divergent.told.remove(&subject);
+                        have = None;
+                    }
+                    None => {
+                        divergent.told.remove(&subject);
+                        continue;
+                    }
+                }
+            }
             let behind = !force
                 && match (version, have) {
                     // Dropped here for being out of reach: what this world last had says
@@ -206,7 +267,7 @@ impl WorldActor {
                         );
                     }
                     let version = version.unwrap_or_default();
-                    divergent.told.insert(subject, Told { at, version, seen: true });
+                    divergent.told.insert(subject, Told { at, version, seen: true, gone: false });
                 }
                 (Some(told), want) => {
                     // Replay what the world has after the told state, one cell at a time.
@@ -255,7 +316,9 @@ impl WorldActor {
                     match want {
                         Some(at) => {
                             let version = version.unwrap_or(told.version);
-                            divergent.told.insert(subject, Told { at, version, seen: true });
+                            divergent
+                                .told
+                                .insert(subject, Told { at, version, seen: true, gone: false });
                         }
                         None => {
                             divergent.told.remove(&subject);
@@ -288,6 +351,24 @@ mod tests {
         assert!(!history.out_of_reach(P));
         assert_eq!(history.version(P), Some((1, 5)));
         assert_eq!(history.steps_after(P, (1, 4), at(10, 10)), Some(vec![]));
+    }
+
+    #[test]
+    fn players_that_left_the_world_lately_are_listed_near_where_they_left() {
+        // A client handed over right after it was told Left takes that with it: the new
+        // owner may not have removed the player yet.
+        let mut history = History::default();
+        history.record(P, (2, 5), at(10, 10));
+        history.record(PlayerId(8), (1, 3), at(90, 90));
+        history.record(PlayerId(9), (1, 4), at(12, 12));
+        history.forget(P, true);
+        history.forget(PlayerId(8), true);
+        history.forget(PlayerId(9), false);
+        let near: Vec<_> = history.departed_near(at(15, 15), 5).collect();
+        assert_eq!(near, vec![(P, at(10, 10), (2, 5))], "far, or only out of reach: not listed");
+        // Back in the world (a resume): no longer gone.
+        history.record(P, (3, 0), at(10, 11));
+        assert_eq!(history.departed_near(at(15, 15), 5).count(), 0);
     }
 
     #[test]
