@@ -161,7 +161,12 @@ pub async fn run(
     health_reporter
         .set_serving::<meridian_rpc::pb::shard_server::ShardServer<service::ShardService>>()
         .await;
-    let service = service::ShardService::new(commands.clone(), watch.view(), Arc::clone(&metrics));
+    let service = service::ShardService::new(
+        commands.clone(),
+        watch.view(),
+        watch.changes(),
+        Arc::clone(&metrics),
+    );
     let server = meridian_rpc::pb::shard_server::ShardServer::new(service)
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use meridian_cluster::{ClusterView, EpochCell, ShardId};
 use meridian_rpc::pb::{shard_server::Shard, GatewayBatch, PeerAck, PeerBatch, ShardBatch};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
@@ -17,6 +17,7 @@ pub struct ShardService {
     commands: mpsc::Sender<Command>,
     next_link: Arc<AtomicU32>,
     view: Arc<EpochCell<ClusterView>>,
+    changes: watch::Receiver<ClusterView>,
     metrics: Arc<ShardMetrics>,
     /// Highest batch sequence number taken from each peer (resends are dropped). Locked
     /// once per peer batch, not per message.
@@ -26,16 +27,21 @@ pub struct ShardService {
 /// Metadata key carrying the receiver's epoch when it refuses a stale batch.
 pub const EPOCH_HEADER: &str = "x-meridian-epoch";
 
+/// How long a peer batch from a newer epoch waits for this shard to see that epoch.
+const NEWER_EPOCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl ShardService {
     pub fn new(
         commands: mpsc::Sender<Command>,
         view: Arc<EpochCell<ClusterView>>,
+        changes: watch::Receiver<ClusterView>,
         metrics: Arc<ShardMetrics>,
     ) -> Self {
         ShardService {
             commands,
             next_link: Arc::new(AtomicU32::new(1)),
             view,
+            changes,
             metrics,
             peer_applied: Default::default(),
         }
@@ -105,6 +111,7 @@ impl Shard for ShardService {
         let (acks, acks_rx) = mpsc::channel(64);
         let commands = self.commands.clone();
         let view = Arc::clone(&self.view);
+        let mut changes = self.changes.clone();
         let metrics = Arc::clone(&self.metrics);
         let applied = Arc::clone(&self.peer_applied);
         tokio::spawn(async move {
@@ -131,6 +138,27 @@ impl Shard for ShardService {
                     }
                     let _ = acks.send(Err(status)).await;
                     return;
+                }
+                if batch.epoch > mine {
+                    // The peer acts on borders this shard has not seen yet: a player it hands
+                    // over would be handed straight back under the old ones. Catch up first.
+                    let epoch = |v: &ClusterView| v.partition.as_ref().map_or(0, |p| p.epoch);
+                    let caught_up = changes.wait_for(|v| epoch(v) >= batch.epoch);
+                    match tokio::time::timeout(NEWER_EPOCH_WAIT, caught_up).await {
+                        Ok(Ok(_)) => debug!(
+                            from = batch.from_shard,
+                            epoch = batch.epoch,
+                            mine,
+                            "caught up with a peer's epoch"
+                        ),
+                        Ok(Err(_)) => return,
+                        Err(_) => warn!(
+                            from = batch.from_shard,
+                            epoch = batch.epoch,
+                            mine,
+                            "peer's newer epoch not seen in time; applying its batch anyway"
+                        ),
+                    }
                 }
                 // A batch resent after a reconnect may have been taken already.
                 let fresh = {
