@@ -103,6 +103,8 @@ pub struct Conn<T> {
     /// Output from a shard that is taking the player over, held until the current owner's
     /// `released_to` marker, so the player's messages stay in order across a handoff.
     held: Vec<(ShardId, Delivery)>,
+    /// Bytes of frames in `held`: they count toward the output bound like queued output.
+    held_bytes: usize,
     pub closing: Closing,
     /// Set when `closing` left `No`; bounds the linger.
     pub closing_since: Option<Instant>,
@@ -195,6 +197,7 @@ impl<T> Core<T> {
             restoring: false,
             pending_owner: None,
             held: Vec::new(),
+            held_bytes: 0,
             closing: Closing::No,
             closing_since: None,
             dirty: false,
@@ -302,8 +305,21 @@ impl<T> Core<T> {
                     _ => None,
                 };
                 if owner.is_some_and(|owner| owner != from) {
-                    // A new owner already speaking: wait for the old owner's release.
+                    // A new owner already speaking: wait for the old owner's release. What
+                    // waits counts toward the output bound: an old owner that never
+                    // releases costs the client its connection, not the gateway its memory.
+                    conn.held_bytes += delivery.frames.len();
                     conn.held.push((from, delivery));
+                    let queued = conn.out.len() + conn.held_bytes;
+                    if queued > self.ctx.shared.config.max_output_bytes {
+                        let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+                        warn!(session, queued, %from, "output held for a release that does not come; cutting the client off");
+                        self.ctx.shared.metrics.slow_clients_cut.inc();
+                        conn.out.clear();
+                        conn.held.clear();
+                        conn.held_bytes = 0;
+                        self.ctx.close(conn, slot, session, Closing::Abort);
+                    }
                     continue;
                 }
                 self.ctx.deliver(conn, slot, delivery);
@@ -336,6 +352,7 @@ impl<T> Core<T> {
                 generation: conn.generation,
             };
             conn.held.clear();
+            conn.held_bytes = 0;
             // Moves the dead shard took and never answered (a hung shard keeps its
             // connection open, so no link failure answered them) are refused now, in order,
             // before the ViewReset: every move gets exactly one answer.
@@ -590,6 +607,7 @@ impl Ctx {
         }
         conn.session = Session::Playing { player, link };
         let held = std::mem::take(&mut conn.held);
+        conn.held_bytes = 0;
         let mut rest = Vec::new();
         for (from, delivery) in held {
             let current = match &conn.session {
@@ -603,6 +621,7 @@ impl Ctx {
             }
         }
         conn.held.extend(rest);
+        conn.held_bytes = conn.held.iter().map(|(_, delivery)| delivery.frames.len()).sum();
     }
 
     /// Handles every whole frame at the front of `data`; returns the bytes consumed.
@@ -1134,5 +1153,26 @@ mod tests {
         send(&mut core, slot, step(4));
         assert_eq!(relayed(&mut links[1].1), vec![6]);
         assert_eq!(core.unconfirmed_seqs(slot), vec![5, 6], "the chat and the new move");
+    }
+
+    #[test]
+    fn output_held_for_a_release_that_never_comes_is_bounded_like_any_output() {
+        let (mut core, _links, mail) = core_with_links(64, 2);
+        let slot = core.insert(());
+        send(&mut core, slot, C::Login(Login { name: "di".into(), ..Default::default() }));
+        let session = core.relayed_session(slot);
+        // Shard 2 speaks for the player, shard 1 (its owner here) never releases it.
+        let chunk = bytes::Bytes::from(vec![0u8; 64 * 1024]);
+        for _ in 0..16 {
+            let early = Delivery { session, frames: chunk.clone(), ..Default::default() };
+            mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![early] }).unwrap();
+            core.process_mail();
+        }
+        let closing = |core: &mut Core<()>| core.get_mut(slot).map(|c| c.closing);
+        assert_eq!(closing(&mut core), Some(Closing::No), "1 MiB held: within the bound");
+        let early = Delivery { session, frames: chunk, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![early] }).unwrap();
+        core.process_mail();
+        assert_eq!(closing(&mut core), Some(Closing::Abort), "past it: cut, like a slow client");
     }
 }
