@@ -939,16 +939,26 @@ impl Ctx {
 
     /// Starts closing a connection; a player still in the world leaves it now.
     fn close<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64, how: Closing) {
-        if let Session::Playing { player, link } =
-            std::mem::replace(&mut conn.session, Session::Gone)
-        {
-            self.relay(
-                &link,
-                session,
-                player,
-                conn.take_seq(),
-                Input::Leave(Leave { logout: false }),
-            );
+        match std::mem::replace(&mut conn.session, Session::Gone) {
+            Session::Playing { player, link } => {
+                let leave = Input::Leave(Leave { logout: false });
+                self.relay(&link, session, player, conn.take_seq(), leave);
+            }
+            Session::Resuming { player, .. } => {
+                // A shard may restore the player on this session before it hears the
+                // connection is gone: every shard asked gets a Leave after the Resume (on
+                // the same stream), which parks the player again where it was restored.
+                let links: Vec<Arc<ShardLink>> = self
+                    .shared
+                    .routing
+                    .read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
+                let seq = conn.take_seq();
+                for link in &links {
+                    let leave = Input::Leave(Leave { logout: false });
+                    self.relay(link, session, player, seq, leave);
+                }
+            }
+            Session::Anonymous | Session::Gone => {}
         }
         let stronger =
             matches!((conn.closing, how), (Closing::No, _) | (Closing::AfterFlush, Closing::Abort));
@@ -1174,5 +1184,29 @@ mod tests {
         mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![early] }).unwrap();
         core.process_mail();
         assert_eq!(closing(&mut core), Some(Closing::Abort), "past it: cut, like a slow client");
+    }
+
+    #[test]
+    fn a_connection_closed_while_resuming_leaves_wherever_its_player_is_restored() {
+        let (mut core, mut links, _mail) = core_with_links(64, 2);
+        let slot = core.insert(());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, now + 60);
+        send(&mut core, slot, C::Resume(meridian_protocol::pb::Resume { token }));
+        for (_, relay) in links.iter_mut() {
+            assert_eq!(relayed(relay), vec![1], "the Resume goes to every shard");
+        }
+        // Gone before any shard answered: whichever restores the player must let it go.
+        core.on_peer_closed(slot);
+        core.flush_inputs();
+        for (_, relay) in links.iter_mut() {
+            let batch = relay.try_recv().expect("a Leave for every shard");
+            let leave = &batch[0];
+            assert_eq!((leave.player_id, leave.seq), (42, 2));
+            assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false })));
+        }
     }
 }

@@ -12,7 +12,7 @@ use meridian_testkit::{deadline, msg, Bot, ClusterOptions, Front, DEFAULT_WAIT};
 use crate::with_cluster;
 
 /// The resume-token key the cluster is started with, so the test can mint expired tokens.
-const KEY_HEX: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+pub(crate) const KEY_HEX: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
 
 fn key() -> TokenKey {
     let bytes = (0..KEY_HEX.len())
@@ -22,11 +22,11 @@ fn key() -> TokenKey {
     TokenKey::new(bytes).expect("long enough")
 }
 
-fn is_left(message: &meridian_testkit::pb::ServerMessage, id: u64) -> bool {
+pub(crate) fn is_left(message: &meridian_testkit::pb::ServerMessage, id: u64) -> bool {
     matches!(&message.kind, Some(S::Left(left)) if left.player_id == id)
 }
 
-fn is_entered(message: &meridian_testkit::pb::ServerMessage, id: u64) -> bool {
+pub(crate) fn is_entered(message: &meridian_testkit::pb::ServerMessage, id: u64) -> bool {
     matches!(&message.kind, Some(S::Entered(e)) if e.player_id == id)
 }
 

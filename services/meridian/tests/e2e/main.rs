@@ -8,6 +8,7 @@
 mod cluster_up;
 mod errors;
 mod failover;
+mod resume_close;
 mod shard_failure;
 mod stale_epoch;
 mod world;
@@ -35,4 +36,8 @@ macro_rules! for_both_backends {
     };
 }
 
-transport_scenarios!(for_both_backends, cluster_up::up_reports_every_node);
+transport_scenarios!(
+    for_both_backends,
+    cluster_up::up_reports_every_node,
+    resume_close::resume_on_a_connection_that_closes_at_once,
+);
