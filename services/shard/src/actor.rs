@@ -423,6 +423,11 @@ impl WorldActor {
         let Some(seat) = self.seats.get_mut(&player) else {
             return;
         };
+        if input.session != seat.session {
+            // From a connection the player has left since (it resumed on another one).
+            debug!(%player, seq = input.seq, "input from an earlier session dropped");
+            return;
+        }
         if input.seq < seat.next_seq {
             debug!(%player, seq = input.seq, "duplicate input dropped");
             return;
