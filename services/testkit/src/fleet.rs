@@ -9,7 +9,7 @@
 //! fleet at once and is reported with the bot's name and its last messages.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 
 use crate::bot::{Bot, GameAddr};
+use crate::failures::{Failures, Stop};
 use crate::msg;
 use crate::scenario::{Action, Script, SlotScript};
 use crate::wait::{deadline, wait_until, DEFAULT_WAIT};
@@ -71,36 +72,11 @@ impl Player {
 
 #[derive(Default)]
 struct Shared {
-    abort: AtomicBool,
+    failures: Failures,
     /// Slots that have done all their steps.
     done: AtomicUsize,
-    failures: Mutex<Vec<String>>,
     /// Players logged in now: id -> name.
     logged_in: Mutex<BTreeMap<u64, String>>,
-}
-
-impl Shared {
-    fn fail(&self, what: String) {
-        self.failures.lock().expect("invariant: the lock is never poisoned").push(what);
-        self.abort.store(true, Ordering::SeqCst);
-    }
-
-    fn aborted(&self) -> bool {
-        self.abort.load(Ordering::SeqCst)
-    }
-}
-
-/// Why a slot thread stopped early.
-enum Stop {
-    /// Another slot failed first.
-    Aborted,
-    Failed(anyhow::Error),
-}
-
-impl From<anyhow::Error> for Stop {
-    fn from(e: anyhow::Error) -> Self {
-        Stop::Failed(e)
-    }
 }
 
 /// A script being run.
@@ -138,7 +114,9 @@ impl Fleet {
                         Ok(player) => player,
                         Err(Stop::Aborted) => None,
                         Err(Stop::Failed(e)) => {
-                            shared.fail(format!("{}, slot {slot_number}: {e:#}", options.label));
+                            shared
+                                .failures
+                                .fail(format!("{}, slot {slot_number}: {e:#}", options.label));
                             None
                         }
                     }
@@ -146,7 +124,7 @@ impl Fleet {
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(e) => {
-                    shared.fail(format!("starting the thread of slot {slot_number}: {e}"));
+                    shared.failures.fail(format!("starting the thread of slot {slot_number}: {e}"));
                     break;
                 }
             }
@@ -168,17 +146,17 @@ impl Fleet {
 
     /// The first failure, if any slot failed.
     pub fn failure(&self) -> Option<String> {
-        self.shared.failures.lock().expect("invariant: the lock is never poisoned").first().cloned()
+        self.shared.failures.first()
     }
 
     /// Whether some slot still has steps to do.
     pub fn walking(&self) -> bool {
-        self.shared.done.load(Ordering::SeqCst) < self.slots && !self.shared.aborted()
+        self.shared.done.load(Ordering::SeqCst) < self.slots && !self.shared.failures.aborted()
     }
 
     /// Stops every slot as soon as it looks (within about 0.1 s, or one answer wait).
     pub fn abort(&self) {
-        self.shared.abort.store(true, Ordering::SeqCst);
+        self.shared.failures.abort();
     }
 
     /// Waits for every slot to finish its script and returns the players left logged in,
@@ -208,22 +186,10 @@ impl Fleet {
             match thread.join() {
                 Ok(Some(player)) => players.push(player),
                 Ok(None) => {}
-                Err(_) => self.shared.fail("a slot thread panicked".to_string()),
+                Err(_) => self.shared.failures.fail("a slot thread panicked".to_string()),
             }
         }
-        let failures =
-            self.shared.failures.lock().expect("invariant: the lock is never poisoned").clone();
-        if let Some(first) = failures.first() {
-            let others = failures.len() - 1;
-            bail!(
-                "{first}{}",
-                if others > 0 {
-                    format!("\n({others} more slots failed after it)")
-                } else {
-                    String::new()
-                }
-            );
-        }
+        self.shared.failures.check("slots")?;
         waited?;
         players.sort_by_key(|p| p.slot);
         Ok(players)
@@ -375,7 +341,7 @@ fn drain_until(client: &mut Option<Client>, until: Instant, shared: &Shared) -> 
     match client {
         Some(c) => drain_client_until(c, until, shared),
         None => loop {
-            if shared.aborted() {
+            if shared.failures.aborted() {
                 return Err(Stop::Aborted);
             }
             let now = Instant::now();
@@ -390,7 +356,7 @@ fn drain_until(client: &mut Option<Client>, until: Instant, shared: &Shared) -> 
 
 fn drain_client_until(c: &mut Client, until: Instant, shared: &Shared) -> Result<(), Stop> {
     loop {
-        if shared.aborted() {
+        if shared.failures.aborted() {
             return Err(Stop::Aborted);
         }
         let now = Instant::now();
@@ -410,7 +376,7 @@ fn await_answers(c: &mut Client, within: Duration, shared: &Shared) -> Result<()
         if unanswered == 0 {
             return Ok(());
         }
-        if shared.aborted() {
+        if shared.failures.aborted() {
             return Err(Stop::Aborted);
         }
         let now = Instant::now();

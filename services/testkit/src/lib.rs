@@ -34,6 +34,7 @@ mod bystander;
 mod cluster;
 pub mod conservation;
 mod elastic;
+mod failures;
 mod fleet;
 mod http;
 pub mod msg;

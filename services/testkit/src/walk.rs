@@ -24,6 +24,7 @@ use anyhow::{anyhow, bail};
 use meridian_protocol::pb::{server_message::Kind as S, Direction, ErrorCode, ServerMessage};
 
 use crate::bot::{code_name, Bot};
+use crate::failures::{Failures, Stop};
 use crate::fleet::Player;
 use crate::rng::Rng;
 use crate::stream::{step_clamped, StreamCheck};
@@ -135,35 +136,12 @@ impl WalkerStatus {
 #[derive(Default)]
 struct Shared {
     stop: AtomicBool,
-    abort: AtomicBool,
-    failures: Mutex<Vec<String>>,
+    failures: Failures,
 }
 
 impl Shared {
-    fn fail(&self, what: String) {
-        self.failures.lock().expect("invariant: the lock is never poisoned").push(what);
-        self.abort.store(true, Ordering::SeqCst);
-    }
-
-    fn aborted(&self) -> bool {
-        self.abort.load(Ordering::SeqCst)
-    }
-
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
-    }
-}
-
-/// Why a walker stopped early.
-enum Stop {
-    /// Another walker failed first.
-    Aborted,
-    Failed(anyhow::Error),
-}
-
-impl From<anyhow::Error> for Stop {
-    fn from(e: anyhow::Error) -> Self {
-        Stop::Failed(e)
     }
 }
 
@@ -211,7 +189,9 @@ impl Walkers {
                         Ok(player) => Some(player),
                         Err(Stop::Aborted) => None,
                         Err(Stop::Failed(e)) => {
-                            shared.fail(format!("{}, walker {}: {e:#}", options.label, spec.name));
+                            shared
+                                .failures
+                                .fail(format!("{}, walker {}: {e:#}", options.label, spec.name));
                             None
                         }
                     }
@@ -234,7 +214,7 @@ impl Walkers {
 
     /// The first failure, if a walker failed.
     pub fn failure(&self) -> Option<String> {
-        self.shared.failures.lock().expect("invariant: the lock is never poisoned").first().cloned()
+        self.shared.failures.first()
     }
 
     /// An error with the first failure, if a walker failed.
@@ -318,7 +298,7 @@ impl Walkers {
                 self.threads.iter().all(|t| t.is_finished())
             });
         if waited.is_err() {
-            self.shared.abort.store(true, Ordering::SeqCst);
+            self.shared.failures.abort();
         }
         let mut players = Vec::new();
         for thread in std::mem::take(&mut self.threads) {
@@ -329,20 +309,10 @@ impl Walkers {
             match thread.join() {
                 Ok(Some(player)) => players.push(player),
                 Ok(None) => {}
-                Err(_) => self.shared.fail("a walker thread panicked".to_string()),
+                Err(_) => self.shared.failures.fail("a walker thread panicked".to_string()),
             }
         }
-        let failures =
-            self.shared.failures.lock().expect("invariant: the lock is never poisoned").clone();
-        if let Some(first) = failures.first() {
-            let others = failures.len() - 1;
-            let more = if others > 0 {
-                format!("\n({others} more walkers failed after it)")
-            } else {
-                String::new()
-            };
-            bail!("{first}{more}");
-        }
+        self.shared.failures.check("walkers")?;
         waited?;
         players.sort_by_key(|p| p.slot);
         Ok((players, self.status()))
@@ -351,7 +321,7 @@ impl Walkers {
 
 impl Drop for Walkers {
     fn drop(&mut self) {
-        self.shared.abort.store(true, Ordering::SeqCst);
+        self.shared.failures.abort();
     }
 }
 
@@ -415,7 +385,7 @@ impl<'a> Walker<'a> {
         let mut next_move =
             Instant::now() + Duration::from_millis(self.rng.below(every.as_millis() as u64 + 1));
         loop {
-            if self.shared.aborted() {
+            if self.shared.failures.aborted() {
                 return Err(Stop::Aborted);
             }
             if self.shared.stopping() {
@@ -484,7 +454,7 @@ impl<'a> Walker<'a> {
     /// Reads until the move in flight is answered; a move unanswered by `by` is lost.
     fn await_answer(&mut self, bot: &mut Bot, by: Instant) -> Result<(), Stop> {
         while self.in_flight.is_some() {
-            if self.shared.aborted() {
+            if self.shared.failures.aborted() {
                 return Err(Stop::Aborted);
             }
             let now = Instant::now();
