@@ -18,7 +18,7 @@ use meridian_testkit::{
     DEFAULT_LEASE_TTL, SEED_ENV,
 };
 
-use crate::{options, positions, walkers_in, with_cluster, SETTLE_WITHIN, SIGHT};
+use crate::{options, positions, stop_unnoticed, walkers_in, with_cluster, SETTLE_WITHIN, SIGHT};
 
 const PER_SIDE: usize = 30;
 const WEST: (u32, u32) = (170, 199);
@@ -135,17 +135,8 @@ pub fn etcd_outage_is_invisible(io: Io) {
         walkers.check()?;
         walkers.wait_for_acks(3, Duration::from_secs(10)).context("after etcd came back")?;
 
-        let (mut players, statuses) = walkers.stop(Duration::from_secs(10))?;
-        ensure!(players.len() == 2 * PER_SIDE, "{} walkers left at the end", players.len());
-        for s in &statuses {
-            ensure!(
-                s.view_resets.is_empty() && s.error_count() == 0,
-                "{}: {} ViewResets and refusals {:?}: players must not notice etcd",
-                s.name,
-                s.view_resets.len(),
-                s.errors
-            );
-        }
+        let (mut players, statuses) =
+            stop_unnoticed(walkers, 2 * PER_SIDE, "(players must not notice etcd)")?;
         settle(&mut players, SIGHT, SETTLE_WITHIN).context("at rest after the outage")?;
         owners_at_rest(cluster, &positions(&players), Duration::from_secs(10))
             .context("ownership at rest")?;

@@ -18,7 +18,7 @@ use meridian_testkit::{
     Area, Io, Partition, Rng, Sample, WalkOptions, Walkers, SEED_ENV,
 };
 
-use crate::{options, positions, walkers_in, with_cluster, SETTLE_WITHIN, SIGHT};
+use crate::{options, positions, stop_unnoticed, walkers_in, with_cluster, SETTLE_WITHIN, SIGHT};
 
 const WALKERS: usize = 120;
 const AREA: (u32, u32) = (40, 160);
@@ -129,17 +129,7 @@ pub fn hotspot_borders_converge(io: Io) {
         );
         let after = Partition::from_status(&cluster.status_json()?)?.context("no partition")?;
 
-        let (mut players, statuses) = walkers.stop(Duration::from_secs(10))?;
-        ensure!(players.len() == WALKERS, "{} of {WALKERS} walkers at the end", players.len());
-        for s in &statuses {
-            ensure!(
-                s.view_resets.is_empty() && s.error_count() == 0,
-                "{}: {} ViewResets and refusals {:?} while borders moved",
-                s.name,
-                s.view_resets.len(),
-                s.errors
-            );
-        }
+        let (mut players, statuses) = stop_unnoticed(walkers, WALKERS, "while borders moved")?;
         settle(&mut players, SIGHT, SETTLE_WITHIN).context("at rest after the borders moved")?;
         owners_at_rest(cluster, &positions(&players), Duration::from_secs(10))
             .context("ownership at rest")?;

@@ -30,8 +30,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use anyhow::ensure;
 use meridian_testkit::{
-    Area, Cluster, ClusterOptions, Io, Player, Rng, WalkerSpec, DEFAULT_LEASE_TTL,
+    Area, Cluster, ClusterOptions, Io, Player, Rng, WalkerSpec, WalkerStatus, Walkers,
+    DEFAULT_LEASE_TTL,
 };
 
 /// The binary under test, built by Cargo for these tests.
@@ -91,6 +93,27 @@ fn walkers_in(prefix: &str, n: usize, area: Area, rng: &mut Rng) -> Vec<WalkerSp
             gateway: i % 2,
         })
         .collect()
+}
+
+/// Stops the walkers of a run in which no player may notice anything: all `expected` of
+/// them still there, none with a ViewReset or an error answer (`why` says why not).
+fn stop_unnoticed(
+    walkers: Walkers,
+    expected: usize,
+    why: &str,
+) -> anyhow::Result<(Vec<Player>, Vec<WalkerStatus>)> {
+    let (players, statuses) = walkers.stop(Duration::from_secs(10))?;
+    ensure!(players.len() == expected, "{} of {expected} walkers at the end", players.len());
+    for status in &statuses {
+        ensure!(
+            status.view_resets.is_empty() && status.error_count() == 0,
+            "{}: {} ViewResets and errors {:?} {why}",
+            status.name,
+            status.view_resets.len(),
+            status.errors
+        );
+    }
+    Ok((players, statuses))
 }
 
 /// Every player's id and acknowledged position, for the ownership check at rest.

@@ -20,7 +20,10 @@ use meridian_testkit::{
     DEFAULT_LEASE_TTL, SEED_ENV,
 };
 
-use crate::{options, positions, walkers_in, with_cluster, RESUME_KEY_HEX, SETTLE_WITHIN, SIGHT};
+use crate::{
+    options, positions, stop_unnoticed, walkers_in, with_cluster, RESUME_KEY_HEX, SETTLE_WITHIN,
+    SIGHT,
+};
 
 const WALKERS: usize = 80;
 /// Around the centre: with 2 shards the border x = 200 runs through it, with 3 and 4 the
@@ -250,17 +253,8 @@ pub fn scale_2_4_2_under_load(io: Io) {
             ),
         };
 
-        let (mut players, statuses) = walkers.stop(Duration::from_secs(10))?;
-        ensure!(players.len() == WALKERS, "{} of {WALKERS} walkers at the end", players.len());
-        for status in &statuses {
-            ensure!(
-                status.view_resets.is_empty() && status.error_count() == 0,
-                "{}: {} ViewResets and errors {:?} in a run where nothing fails",
-                status.name,
-                status.view_resets.len(),
-                status.errors
-            );
-        }
+        let (mut players, statuses) =
+            stop_unnoticed(walkers, WALKERS, "in a run where nothing fails")?;
         settle(&mut players, SIGHT, SETTLE_WITHIN).context("at rest after scaling")?;
         let (at_rest, _) = owners_at_rest(cluster, &positions(&players), Duration::from_secs(10))
             .context("ownership at rest")?;
