@@ -310,16 +310,8 @@ impl<T> Core<T> {
                     // releases costs the client its connection, not the gateway its memory.
                     conn.held_bytes += delivery.frames.len();
                     conn.held.push((from, delivery));
-                    let queued = conn.out.len() + conn.held_bytes;
-                    if queued > self.ctx.shared.config.max_output_bytes {
-                        let session = session_id(self.ctx.worker, slot, conn.generation_slot);
-                        warn!(session, queued, %from, "output held for a release that does not come; cutting the client off");
-                        self.ctx.shared.metrics.slow_clients_cut.inc();
-                        conn.out.clear();
-                        conn.held.clear();
-                        conn.held_bytes = 0;
-                        self.ctx.close(conn, slot, session, Closing::Abort);
-                    }
+                    let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+                    self.ctx.bound_output(conn, slot, session);
                     continue;
                 }
                 self.ctx.deliver(conn, slot, delivery);
@@ -925,15 +917,29 @@ impl Ctx {
 
     /// Enforces the output bound and queues the connection for writing.
     fn after_output<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) {
-        if conn.out.len() > self.shared.config.max_output_bytes && conn.closing != Closing::Abort {
-            debug!(session, queued = conn.out.len(), "client not keeping up; cutting it off");
-            self.shared.metrics.slow_clients_cut.inc();
-            conn.out.clear();
-            self.close(conn, slot, session, Closing::Abort);
-        }
+        self.bound_output(conn, slot, session);
         if !conn.dirty {
             conn.dirty = true;
             self.dirty.push(slot);
+        }
+    }
+
+    /// Cuts off a client whose output (queued for writing, or held for an old owner's
+    /// release) passed the bound: it is not keeping up, or its old owner never released it.
+    fn bound_output<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) {
+        let queued = conn.out.len() + conn.held_bytes;
+        if queued > self.shared.config.max_output_bytes && conn.closing != Closing::Abort {
+            debug!(
+                session,
+                queued,
+                held = conn.held_bytes,
+                "client output over the bound; cutting it off"
+            );
+            self.shared.metrics.slow_clients_cut.inc();
+            conn.out.clear();
+            conn.held.clear();
+            conn.held_bytes = 0;
+            self.close(conn, slot, session, Closing::Abort);
         }
     }
 
