@@ -339,6 +339,16 @@ impl WorldActor {
 
     fn on_peer(&mut self, from: ShardId, message: PeerMessage) {
         let player = PlayerId(message.player_id);
+        if let Some(Peer::Released(released)) = &message.kind {
+            // The player moved on from the shard it was handed to: late inputs follow it
+            // (the shard it was handed to may be draining, gone before they arrive). The
+            // Released is then applied to the ghost like any update.
+            if let Some(handed) = self.handed_off.get_mut(&player) {
+                if message.generation > handed.generation && released.new_owner != self.id.0 {
+                    handed.to = ShardId(released.new_owner);
+                }
+            }
+        }
         match message.kind {
             Some(Peer::Handoff(handoff)) => {
                 self.handoff_in(from, player, message.generation, handoff)
@@ -347,25 +357,6 @@ impl WorldActor {
             Some(Peer::HandoffAck(_)) => {
                 if let Some(handed) = self.handed_off.get_mut(&player) {
                     handed.acked.get_or_insert_with(Instant::now);
-                }
-            }
-            Some(Peer::Released(ref released)) => {
-                // The player moved on from the shard it was handed to: late inputs follow it
-                // (the shard it was handed to may be draining, gone before they arrive).
-                if let Some(handed) = self.handed_off.get_mut(&player) {
-                    if message.generation > handed.generation && released.new_owner != self.id.0 {
-                        handed.to = ShardId(released.new_owner);
-                    }
-                }
-                if self.world.is_local(player) != Some(true) {
-                    self.ghosts.apply(
-                        &mut self.world,
-                        &mut self.history,
-                        from,
-                        message,
-                        &mut self.envelopes,
-                    );
-                    self.route_envelopes();
                 }
             }
             // A ghost update. A player owned here never takes updates from elsewhere: such a
@@ -529,7 +520,11 @@ impl WorldActor {
             let Some(seat) = self.seats.get(&envelope.to) else {
                 continue;
             };
-            if let Some(divergent) = self.divergent.get(&envelope.to) {
+            // (Checked for emptiness first: this runs per notification, and most rounds have
+            // no client mid-handoff.)
+            let divergent =
+                if self.divergent.is_empty() { None } else { self.divergent.get(&envelope.to) };
+            if let Some(divergent) = divergent {
                 // A client just handed in gets its view from the told-vs-world difference;
                 // only its own acks go through as they are, and chat from itself and from
                 // speakers it has been told it sees (others are not in its view yet, or no
