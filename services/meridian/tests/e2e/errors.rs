@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use meridian_testkit::pb::{Direction, ErrorCode};
 use meridian_testkit::{
-    deadline, msg, Answer, Bot, Bystander, ClusterOptions, Front, DEFAULT_LEASE_TTL, DEFAULT_WAIT,
+    deadline, msg, wait_until, Answer, Bot, Bystander, ClusterOptions, Front, DEFAULT_LEASE_TTL,
+    DEFAULT_WAIT,
 };
 
 use crate::{ack, chat_from, entered, left, seen_moving, with_cluster, BYSTANDER_HOME};
@@ -199,25 +200,26 @@ pub fn rate_limit(io: Front) {
         observer.expect_quiet()?;
         bystander.wait_for_acks(2)?;
 
-        // Once the second is over, moves are accepted again, from where the 20th left off.
-        let started = Instant::now();
+        // As the budget refills, moves are accepted again, from where the 20th left off (a
+        // refused move spends nothing, so retrying does not delay it).
         let mut t = 100;
-        loop {
+        let mut last = None;
+        wait_until(deadline(Duration::from_secs(3)), "a move accepted after the burst", || {
             t += 1;
-            let answer = racer.move_(Direction::Right, t)?;
-            match answer.answer {
-                Answer::Ack(position) => {
-                    ensure!(position == (171, 150), "refused moves were applied: {answer:?}");
-                    break;
-                }
-                Answer::Error(ErrorCode::RateLimited, _)
-                    if started.elapsed() < Duration::from_secs(3) =>
-                {
-                    // Pace the retries: each one is itself a move counted by the limit.
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                _ => bail!("a move {:?} after the burst: {answer:?}", started.elapsed()),
+            let answer = racer.move_(Direction::Right, t);
+            let refused = matches!(
+                &answer,
+                Ok(a) if matches!(a.answer, Answer::Error(ErrorCode::RateLimited, _))
+            );
+            last = Some(answer);
+            !refused
+        })?;
+        let answer = last.context("no move was sent")??;
+        match answer.answer {
+            Answer::Ack(position) => {
+                ensure!(position == (171, 150), "refused moves were applied: {answer:?}")
             }
+            _ => bail!("a move after the burst: {answer:?}"),
         }
         observer.expect_messages(&[seen_moving(&racer, 171, 150)])?;
         bystander.finish()?;
