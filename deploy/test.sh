@@ -3,7 +3,7 @@
 # against real etcd and real `meridian` processes, and the offline Helm chart check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install-deps.sh
+deploy/install-deps.sh test
 cargo test --workspace --all-targets "$@"
 # The benchmark suite's parsing and verdicts (stdlib only, no load is run).
 PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py
