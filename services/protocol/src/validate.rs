@@ -25,6 +25,23 @@ pub enum InvalidArgument {
     BadDirection(i32),
     #[error("message has no kind")]
     NoKind,
+    #[error("name contains a control or bidirectional formatting character (U+{0:04X})")]
+    NameCharacter(u32),
+    #[error("chat text contains a control or bidirectional formatting character (U+{0:04X})")]
+    ChatCharacter(u32),
+}
+
+/// Characters no name or chat may carry: control characters (C0, DEL, C1: they move
+/// cursors, ring bells and break log lines) and the bidirectional formatting characters
+/// (embeddings, overrides, isolates and marks: they make text read differently from what
+/// it is, as in CVE-2021-42574 "Trojan Source").
+fn forbidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+fn first_forbidden(text: &str) -> Option<u32> {
+    text.chars().find(|c| forbidden(*c)).map(u32::from)
 }
 
 impl InvalidArgument {
@@ -37,7 +54,10 @@ pub fn validate_name(name: &str) -> Result<(), InvalidArgument> {
     match name.len() {
         0 => Err(InvalidArgument::EmptyName),
         n if n > MAX_NAME_BYTES => Err(InvalidArgument::NameTooLong(n)),
-        _ => Ok(()),
+        _ => match first_forbidden(name) {
+            Some(c) => Err(InvalidArgument::NameCharacter(c)),
+            None => Ok(()),
+        },
     }
 }
 
@@ -45,7 +65,10 @@ pub fn validate_chat(text: &str) -> Result<(), InvalidArgument> {
     match text.len() {
         0 => Err(InvalidArgument::EmptyChat),
         n if n > MAX_CHAT_BYTES => Err(InvalidArgument::ChatTooLong(n)),
-        _ => Ok(()),
+        _ => match first_forbidden(text) {
+            Some(c) => Err(InvalidArgument::ChatCharacter(c)),
+            None => Ok(()),
+        },
     }
 }
 
@@ -69,6 +92,20 @@ mod tests {
         assert_eq!(validate_name(&"a".repeat(33)), Err(InvalidArgument::NameTooLong(33)));
         // Eleven three-byte characters: 33 bytes.
         assert_eq!(validate_name(&"€".repeat(11)), Err(InvalidArgument::NameTooLong(33)));
+    }
+
+    #[test]
+    fn control_and_bidirectional_characters_are_refused() {
+        assert_eq!(validate_name("ann\u{7}"), Err(InvalidArgument::NameCharacter(7)));
+        assert_eq!(validate_name("\u{202E}nna"), Err(InvalidArgument::NameCharacter(0x202E)));
+        assert_eq!(validate_name("a\u{85}"), Err(InvalidArgument::NameCharacter(0x85)), "C1 too");
+        assert_eq!(validate_chat("hi\nthere"), Err(InvalidArgument::ChatCharacter(10)));
+        assert_eq!(validate_chat("x\u{2066}y"), Err(InvalidArgument::ChatCharacter(0x2066)));
+        assert_eq!(validate_chat("a\u{200F}"), Err(InvalidArgument::ChatCharacter(0x200F)));
+        assert_eq!(validate_chat("\u{7F}"), Err(InvalidArgument::ChatCharacter(0x7F)));
+        // Everything else that is text passes: accents, CJK, emoji, right-to-left scripts.
+        assert_eq!(validate_name("Zoë 张 ✨"), Ok(()));
+        assert_eq!(validate_chat("שלום, مرحبا — hello 👋"), Ok(()));
     }
 
     #[test]
