@@ -7,10 +7,11 @@
 //! listed in [`Core::take_dirty`]. The core never performs I/O itself.
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use meridian_cluster::ShardId;
 use meridian_protocol::pb::{client_message::Kind as C, ClientMessage, ErrorCode, ServerMessage};
@@ -18,11 +19,12 @@ use meridian_protocol::{
     decode_body, encode_frame, next_frame, server, validate_chat, validate_name,
 };
 use meridian_rpc::pb::{
-    player_input::Kind as Input, Delivery, Join, Leave, PlayerInput, ResumeRequest,
+    player_input::Kind as Input, Delivery, Join, Leave, MoveRefused, PlayerInput, ResumeRequest,
 };
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, trace, warn};
 
+use crate::limits::{Bucket, Refusal};
 use crate::routing::ShardLink;
 use crate::worker::{session_id, session_parts, Inbox, Mail, Shared};
 use crate::Placement;
@@ -40,6 +42,14 @@ const UNCONFIRMED_LIMIT: usize = 256;
 /// Inputs a worker keeps for one shard whose relay queue is full before that shard's
 /// players get UNAVAILABLE for new inputs (the shard is not keeping up).
 const STALLED_LIMIT: usize = 16_384;
+/// Bytes read from a connection and not yet handled. A connection over its input budget
+/// is not read any more, but what was already on its way still arrives (an io_uring
+/// multishot receive keeps completing until its cancellation lands); past this much the
+/// client is cut off.
+pub const INBUF_LIMIT: usize = 256 * 1024;
+/// How long players whose shard link broke wait for a shard to restore them on before
+/// they are told (UNAVAILABLE) and closed, so that they resume.
+const RESTORE_WAIT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closing {
@@ -73,6 +83,28 @@ const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 pub struct Conn<T> {
     pub io: T,
     generation_slot: u32,
+    /// The client's address as admitted (given back to the admission on removal).
+    peer: Option<IpAddr>,
+    opened_at: Instant,
+    /// When the last frame of any kind was read: the idle deadline counts from here.
+    last_input_at: Instant,
+    /// The player's move and chat budgets (DESIGN section 2b), kept where every input
+    /// passes, so a handoff to another shard cannot refill them.
+    moves: Bucket,
+    chats: Bucket,
+    /// The connection's input budget over every message kind: frames and bytes.
+    frames: Bucket,
+    bytes: Bucket,
+    /// The input budget is spent: the backend stops reading this connection (TCP flow
+    /// control slows the client) until `tick` finds the budget refilled.
+    pub read_paused: bool,
+    /// Output the backend has taken from `out` and not yet written: it counts toward the
+    /// output bound like `out`.
+    pub sending: usize,
+    /// The stream to the player's shard broke while both ends lived: the player is
+    /// restored on the owner of its last acknowledged cell once a link is up (or told and
+    /// closed after [`RESTORE_WAIT`]).
+    restore_due: Option<Instant>,
     /// Bytes of an incomplete frame carried over to the next read.
     inbuf: Vec<u8>,
     /// Output not yet handed to the kernel.
@@ -171,8 +203,22 @@ impl<T> Core<T> {
         self.open
     }
 
-    /// Adds a connection; returns its slot. Slots and their buffers are recycled.
-    pub fn insert(&mut self, io: T) -> u32 {
+    /// Admits a connection from `peer` and adds it; returns its slot, or the connection
+    /// back with the reason it is refused (the backend writes [`Refusal::frame`] and closes
+    /// it). Slots and their buffers are recycled.
+    pub fn insert(
+        &mut self,
+        io: T,
+        peer: Option<IpAddr>,
+        now: Instant,
+    ) -> Result<u32, (T, Refusal)> {
+        let shared = &self.ctx.shared;
+        if let Err(refusal) = shared.admission.admit(peer, now) {
+            shared.metrics.connections_refused.inc(refusal.reason());
+            shared.metrics.error(ErrorCode::Unavailable);
+            return Err((io, refusal));
+        }
+        let limits = shared.admission.limits();
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -185,6 +231,16 @@ impl<T> Core<T> {
         self.slots[slot as usize] = Some(Conn {
             io,
             generation_slot: generation,
+            peer,
+            opened_at: now,
+            last_input_at: now,
+            moves: Bucket::full(limits.moves, now),
+            chats: Bucket::full(limits.chats, now),
+            frames: Bucket::full(limits.input_frames, now),
+            bytes: Bucket::full(limits.input_bytes, now),
+            read_paused: false,
+            sending: 0,
+            restore_due: None,
             inbuf: Vec::new(),
             out: Vec::new(),
             session: Session::Anonymous,
@@ -205,7 +261,7 @@ impl<T> Core<T> {
         self.open += 1;
         self.ctx.shared.metrics.connections.add(1);
         self.ctx.shared.metrics.accepted.inc();
-        slot
+        Ok(slot)
     }
 
     pub fn get_mut(&mut self, slot: u32) -> Option<&mut Conn<T>> {
@@ -220,6 +276,7 @@ impl<T> Core<T> {
         self.free.push(slot);
         self.open -= 1;
         self.ctx.shared.metrics.connections.add(-1);
+        self.ctx.shared.admission.release(conn.peer);
         Some(conn)
     }
 
@@ -227,8 +284,8 @@ impl<T> Core<T> {
         self.generations.get(slot as usize).copied().unwrap_or(u32::MAX)
     }
 
-    /// Bytes read from a connection.
-    pub fn on_data(&mut self, slot: u32, data: &[u8]) {
+    /// Bytes read from a connection at `now`.
+    pub fn on_data(&mut self, slot: u32, data: &[u8], now: Instant) {
         let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -237,17 +294,45 @@ impl<T> Core<T> {
             return; // Lingering before close: input is discarded.
         }
         let session = session_id(self.ctx.worker, slot, conn.generation_slot);
-        if conn.inbuf.is_empty() {
-            let used = self.ctx.handle_frames(conn, slot, session, data);
+        if conn.inbuf.is_empty() && !conn.read_paused {
+            let used = self.ctx.handle_frames(conn, slot, session, data, now);
             if conn.closing == Closing::No {
                 conn.inbuf.extend_from_slice(&data[used..]);
             }
+        } else if conn.read_paused {
+            // Over budget: what was already on its way waits, up to a bound.
+            conn.inbuf.extend_from_slice(data);
         } else {
             let mut buf = std::mem::take(&mut conn.inbuf);
             buf.extend_from_slice(data);
-            let used = self.ctx.handle_frames(conn, slot, session, &buf);
+            let used = self.ctx.handle_frames(conn, slot, session, &buf, now);
             buf.drain(..used);
             conn.inbuf = buf;
+        }
+        if conn.read_paused {
+            self.ctx.shared.metrics.reads_paused.inc();
+        }
+        self.ctx.bound_input(conn, slot, session);
+    }
+
+    /// Connections whose reading was paused and whose budget has refilled handle what
+    /// waited; those with nothing left waiting are read again.
+    fn resume_reading(&mut self, now: Instant) {
+        for slot in 0..self.slots.len() as u32 {
+            let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
+            if !conn.read_paused || conn.closing != Closing::No {
+                continue;
+            }
+            conn.read_paused = false;
+            let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+            let mut buf = std::mem::take(&mut conn.inbuf);
+            let used = self.ctx.handle_frames(conn, slot, session, &buf, now);
+            buf.drain(..used);
+            conn.inbuf = buf;
+            if !conn.dirty {
+                conn.dirty = true;
+                self.ctx.dirty.push(slot);
+            }
         }
     }
 
@@ -281,6 +366,11 @@ impl<T> Core<T> {
                     continue;
                 };
                 if conn.generation_slot != generation || conn.closing == Closing::Abort {
+                    continue;
+                }
+                if matches!(conn.session, Session::Anonymous) {
+                    // An answer to a resume this connection gave up on: its player was told
+                    // to leave again (see `tick`), so nothing of it is for this client.
                     continue;
                 }
                 if let Session::Resuming { player, waiting, .. } = &mut conn.session {
@@ -323,42 +413,18 @@ impl<T> Core<T> {
     /// acknowledged positions (the coordinator has already reassigned the dead region).
     fn restore(&mut self, dead: ShardId) {
         let mut restored = 0;
+        let now = Instant::now();
         for slot in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
-            let Session::Playing { player, link } = &conn.session else { continue };
+            let Session::Playing { link, .. } = &conn.session else { continue };
             if link.id != dead {
                 continue;
             }
-            let player = *player;
-            let Some((x, y)) = conn.last_position else { continue };
-            let target = self.ctx.shared.routing.read(|t| t.owner_link(x, y).cloned());
-            let Some(target) = target.filter(|l| l.accepts_inputs()) else {
-                warn!(player, x, y, "no shard to restore a player on yet");
-                continue;
-            };
             let session = session_id(self.ctx.worker, slot, conn.generation_slot);
-            let join = Join {
-                name: conn.name.clone(),
-                spawn: Some(meridian_protocol::pb::Position { x, y }),
-                restore: true,
-                generation: conn.generation,
-            };
-            conn.held.clear();
-            conn.held_bytes = 0;
-            // Moves the dead shard took and never answered (a hung shard keeps its
-            // connection open, so no link failure answered them) are refused now, in order,
-            // before the ViewReset: every move gets exactly one answer.
-            conn.unconfirmed.clear();
-            let unanswered = std::mem::take(&mut conn.inflight);
-            for (client_time, ..) in unanswered {
-                let detail = "shard failed before answering";
-                self.ctx.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
+            conn.restore_due.get_or_insert(now);
+            if self.ctx.restore_on_owner(conn, slot, session) {
+                restored += 1;
             }
-            conn.restoring = true;
-            let seq = conn.take_seq();
-            self.ctx.relay(&target, session, player, seq, Input::Join(join));
-            conn.session = Session::Playing { player, link: target };
-            restored += 1;
         }
         if restored > 0 {
             tracing::info!(worker = self.ctx.worker, %dead, restored, "restoring players of a dead shard");
@@ -393,9 +459,16 @@ impl<T> Core<T> {
             };
             let on_link =
                 matches!(&conn.session, Session::Playing { link: l, .. } if Arc::ptr_eq(l, link));
-            if !on_link || conn.inflight.is_empty() {
+            if !on_link {
                 continue;
             }
+            // The shard let go of the player with the stream (or died): it is restored on
+            // the owner of its last acknowledged cell once a link is up (`tick`), and until
+            // its ViewReset its moves are refused.
+            conn.restoring = true;
+            conn.restore_due.get_or_insert(Instant::now());
+            conn.held.clear();
+            conn.held_bytes = 0;
             conn.unconfirmed.clear();
             let unanswered = std::mem::take(&mut conn.inflight);
             for (client_time, ..) in unanswered {
@@ -482,11 +555,19 @@ impl<T> Core<T> {
         self.slots.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(i, _)| i as u32)
     }
 
-    /// Periodic work: resumes that no shard answered in time are refused; handoffs to a
-    /// shard the routing table now knows complete.
-    pub fn tick(&mut self) {
+    /// Periodic work at `now`: resumes that no shard answered in time are refused;
+    /// handoffs to a shard the routing table now knows complete; players whose link broke
+    /// are restored; paused reading resumes; the login and idle deadlines and the
+    /// gateway-wide output budget are enforced.
+    pub fn tick(&mut self, now: Instant) {
+        let limits = self.ctx.shared.admission.limits();
+        let (login_timeout, idle_timeout) = (limits.login_timeout, limits.idle_timeout);
         for slot in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
+            if conn.closing != Closing::No {
+                continue;
+            }
+            let session = session_id(self.ctx.worker, slot, conn.generation_slot);
             if let (Some(to), Session::Playing { player, .. }) = (conn.pending_owner, &conn.session)
             {
                 let player = *player;
@@ -494,14 +575,110 @@ impl<T> Core<T> {
                     self.ctx.switch_owner(conn, slot, player, link);
                 }
             }
-            if let Session::Resuming { since, .. } = conn.session {
-                if since.elapsed() > RESUME_WAIT {
+            if let Session::Resuming { since, player, .. } = conn.session {
+                if now.saturating_duration_since(since) > RESUME_WAIT {
+                    // A shard may still answer and place the player on this session: every
+                    // shard asked gets a Leave behind its Resume, so the holder parks it
+                    // again instead of keeping it on a session that is no longer resuming.
+                    self.ctx.leave_everywhere(conn, session, player);
                     conn.session = Session::Anonymous;
                     let detail = "no shard answered the resume";
                     self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
                 }
             }
+            if let Some(since) = conn.restore_due {
+                self.ctx.restore_after_link_loss(conn, slot, session, since, now);
+            }
+            let deadline = match conn.session {
+                Session::Anonymous => Some((conn.opened_at, login_timeout)),
+                Session::Playing { .. } | Session::Resuming { .. } => {
+                    Some((conn.last_input_at, idle_timeout))
+                }
+                Session::Gone => None,
+            };
+            if let Some((from, timeout)) = deadline {
+                if now.saturating_duration_since(from) >= timeout {
+                    let anonymous = matches!(conn.session, Session::Anonymous);
+                    let (code, detail, what) = if anonymous {
+                        (ErrorCode::NotLoggedIn, "no Login or Resume in time", "login")
+                    } else {
+                        (
+                            ErrorCode::Unavailable,
+                            "nothing received for too long: send Ping when quiet",
+                            "idle",
+                        )
+                    };
+                    debug!(session, what, "closing a connection at its deadline");
+                    self.ctx.shared.metrics.deadlines.inc(what);
+                    self.ctx.refuse(conn, slot, code, detail, 0);
+                    self.ctx.close(conn, slot, session, Closing::AfterFlush);
+                }
+            }
         }
+        self.resume_reading(now);
+        self.bound_total_output();
+    }
+
+    /// Output queued (and held) for every client of this worker. Past the gateway-wide
+    /// budget (the sum over workers), this worker cuts its clients with the most queued
+    /// first, down to its share, and the gateway takes no new connection until the total
+    /// is back under three quarters of the budget.
+    fn bound_total_output(&mut self) {
+        let shared = Arc::clone(&self.ctx.shared);
+        let mut sizes: Vec<(usize, u32)> = Vec::new();
+        let mut mine = 0usize;
+        for (slot, conn) in self.slots.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            let queued = conn.out.len() + conn.sending + conn.held_bytes;
+            mine += queued;
+            if queued > 0 && conn.closing != Closing::Abort {
+                sizes.push((queued, slot as u32));
+            }
+        }
+        let total = shared.report_output(self.ctx.worker, mine);
+        shared.metrics.output_bytes.set(total as i64);
+        let budget = shared.admission.limits().max_output_total;
+        if total <= budget {
+            if shared.admission.overloaded() && total <= budget / 4 * 3 {
+                tracing::info!(total, budget, "output back under budget; accepting again");
+                shared.admission.set_overloaded(false);
+            }
+            return;
+        }
+        if !shared.admission.overloaded() {
+            warn!(
+                total,
+                budget,
+                "gateway output over budget: cutting the largest queues, refusing new connections"
+            );
+            shared.admission.set_overloaded(true);
+        }
+        // This worker's share of the excess, largest queues first.
+        let target = (mine as u128 * budget as u128 / total as u128) as usize;
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        for (queued, slot) in sizes {
+            if mine <= target {
+                break;
+            }
+            let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
+            let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+            shared.metrics.overload_cuts.inc();
+            conn.out.clear();
+            conn.held.clear();
+            conn.held_bytes = 0;
+            self.ctx.close(conn, slot, session, Closing::Abort);
+            mine -= queued;
+        }
+        shared.report_output(self.ctx.worker, mine);
+    }
+
+    /// Closes everything after the event loop failed: every player leaves the world (its
+    /// shard parks it for the resume window) and the inputs are handed to the relay.
+    pub fn abandon_all(&mut self) {
+        for slot in 0..self.slots.len() as u32 {
+            self.on_peer_closed(slot);
+        }
+        self.flush_inputs();
     }
 
     /// Connections that have been closing for longer than [`LINGER`]: their clients never
@@ -582,6 +759,92 @@ impl Ctx {
         }
     }
 
+    /// Re-joins a player whose shard died or whose link broke on the shard that owns its
+    /// last acknowledged cell (`Join.restore`: the client gets `ViewReset`). Returns false
+    /// if no shard can take it yet (`tick` tries again).
+    fn restore_on_owner<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) -> bool {
+        let Session::Playing { player, .. } = conn.session else { return false };
+        let Some((x, y)) = conn.last_position else { return false };
+        let target = self.shared.routing.read(|t| t.owner_link(x, y).cloned());
+        let Some(target) = target.filter(|l| l.accepts_inputs()) else {
+            debug!(player, x, y, "no shard to restore a player on yet");
+            return false;
+        };
+        let join = Join {
+            name: conn.name.clone(),
+            spawn: Some(meridian_protocol::pb::Position { x, y }),
+            restore: true,
+            generation: conn.generation,
+        };
+        conn.held.clear();
+        conn.held_bytes = 0;
+        // Moves the old shard took and never answered (a hung shard keeps its connection
+        // open, so no link failure answered them) are refused now, in order, before the
+        // ViewReset: every move gets exactly one answer.
+        conn.unconfirmed.clear();
+        let unanswered = std::mem::take(&mut conn.inflight);
+        for (client_time, ..) in unanswered {
+            let detail = "shard failed before answering";
+            self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
+        }
+        conn.restoring = true;
+        conn.restore_due = None;
+        let seq = conn.take_seq();
+        self.relay(&target, session, player, seq, Input::Join(join));
+        conn.session = Session::Playing { player, link: target };
+        self.shared.metrics.restores.inc();
+        true
+    }
+
+    /// A player whose link broke: restored once a shard can take it; past
+    /// [`RESTORE_WAIT`] (or with no acknowledged cell to restore it at) told and closed,
+    /// so that the client resumes.
+    fn restore_after_link_loss<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        since: Instant,
+        now: Instant,
+    ) {
+        if conn.last_position.is_some() && self.restore_on_owner(conn, slot, session) {
+            return;
+        }
+        if conn.last_position.is_none() || now.saturating_duration_since(since) > RESTORE_WAIT {
+            conn.restore_due = None;
+            let detail = "lost the connection to your shard: resume with your token";
+            self.refuse(conn, slot, ErrorCode::Unavailable, detail, 0);
+            self.close(conn, slot, session, Closing::AfterFlush);
+        }
+    }
+
+    /// Sends a Leave for `player` to every linked shard, behind a Resume that went to all.
+    fn leave_everywhere<T>(&mut self, conn: &mut Conn<T>, session: u64, player: u64) {
+        let links: Vec<Arc<ShardLink>> =
+            self.shared.routing.read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
+        let seq = conn.take_seq();
+        for link in &links {
+            let leave = Input::Leave(Leave { logout: false });
+            self.relay(link, session, player, seq, leave);
+        }
+    }
+
+    /// Cuts off a client that keeps sending while its reading is paused, once what waits
+    /// passes [`INBUF_LIMIT`].
+    fn bound_input<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) {
+        if conn.inbuf.len() > INBUF_LIMIT && conn.closing == Closing::No {
+            debug!(
+                session,
+                waiting = conn.inbuf.len(),
+                "client input over the bound; cutting it off"
+            );
+            self.shared.metrics.input_floods_cut.inc();
+            conn.inbuf = Vec::new();
+            self.refuse(conn, slot, ErrorCode::RateLimited, "sending faster than allowed", 0);
+            self.close(conn, slot, session, Closing::AfterFlush);
+        }
+    }
+
     /// Makes `link` the player's owner and releases what it sent while held.
     fn switch_owner<T>(
         &mut self,
@@ -616,15 +879,19 @@ impl Ctx {
         conn.held_bytes = conn.held.iter().map(|(_, delivery)| delivery.frames.len()).sum();
     }
 
-    /// Handles every whole frame at the front of `data`; returns the bytes consumed.
+    /// Handles every whole frame at the front of `data` that the connection's input budget
+    /// pays for; returns the bytes consumed. When the budget runs out, reading pauses.
     fn handle_frames<T>(
         &mut self,
         conn: &mut Conn<T>,
         slot: u32,
         session: u64,
         data: &[u8],
+        now: Instant,
     ) -> usize {
         let max = self.shared.config.max_frame;
+        let limits = self.shared.admission.limits();
+        let (frame_rate, byte_rate) = (limits.input_frames, limits.input_bytes);
         let mut used = 0;
         while conn.closing == Closing::No {
             match next_frame(&data[used..], max) {
@@ -636,11 +903,20 @@ impl Ctx {
                     break;
                 }
                 Ok(Some(header)) => {
+                    let cost = u32::try_from(header.total_len()).unwrap_or(u32::MAX);
+                    if !conn.frames.has(frame_rate, 1, now) || !conn.bytes.has(byte_rate, cost, now)
+                    {
+                        conn.read_paused = true;
+                        break;
+                    }
+                    conn.frames.try_take(frame_rate, 1, now);
+                    conn.bytes.try_take(byte_rate, cost, now);
+                    conn.last_input_at = now;
                     let body = header.body(&data[used..]);
                     used += header.total_len();
                     self.shared.metrics.frames_in.inc();
                     match decode_body::<ClientMessage>(body) {
-                        Ok(message) => self.handle_message(conn, slot, session, message),
+                        Ok(message) => self.handle_message(conn, slot, session, message, now),
                         Err(error) => {
                             debug!(session, %error, "closing connection on a malformed frame");
                             self.refuse(conn, slot, ErrorCode::Malformed, &error.to_string(), 0);
@@ -659,15 +935,22 @@ impl Ctx {
         slot: u32,
         session: u64,
         message: ClientMessage,
+        now: Instant,
     ) {
         trace!(session, ?message, "client message");
         let Some(kind) = message.kind else {
             return self.refuse(conn, slot, ErrorCode::InvalidArgument, "message has no kind", 0);
         };
+        let limits = self.shared.admission.limits();
+        let (move_rate, chat_rate) = (limits.moves, limits.chats);
         match kind {
             C::Ping(ping) => match &conn.session {
-                // Through the shard, so the Pong follows everything the shard sent before.
-                Session::Playing { player, link } if link.is_up() => {
+                // Through the shard, so the Pong follows everything the shard sent before;
+                // answered here when the shard is not taking inputs (a Ping never queues
+                // behind a stalled shard).
+                Session::Playing { player, link }
+                    if link.is_up() && self.stalled_for(link) < STALLED_LIMIT =>
+                {
                     let (player, link) = (*player, Arc::clone(link));
                     self.relay_in_game(conn, &link, session, player, Input::Ping(ping));
                 }
@@ -680,8 +963,29 @@ impl Ctx {
                     return self.refuse(conn, slot, ErrorCode::RateLimited, detail, m.client_time);
                 }
                 if let Some((player, link)) = self.route(conn, slot, m.client_time) {
-                    conn.inflight.push_back((m.client_time, conn.next_seq, Instant::now()));
-                    self.relay_in_game(conn, &link, session, player, Input::Move(m));
+                    let client_time = m.client_time;
+                    if conn.moves.try_take(move_rate, 1, now) {
+                        conn.inflight.push_back((client_time, conn.next_seq, now));
+                        return self.relay_in_game(conn, &link, session, player, Input::Move(m));
+                    }
+                    self.shared.metrics.rate_limited.inc("move");
+                    let detail = "move rate limit";
+                    if conn.inflight.is_empty() {
+                        // Nothing earlier is unanswered: the answer can go now, in order.
+                        return self.refuse(
+                            conn,
+                            slot,
+                            ErrorCode::RateLimited,
+                            detail,
+                            client_time,
+                        );
+                    }
+                    // Answers come in the order of the moves: the shard answers this one
+                    // after the moves before it.
+                    conn.inflight.push_back((client_time, conn.next_seq, now));
+                    let code = ErrorCode::RateLimited as i32;
+                    let refused = MoveRefused { code, detail: detail.into(), client_time };
+                    self.relay_in_game(conn, &link, session, player, Input::Refused(refused));
                 }
             }
             C::Chat(chat) => {
@@ -691,6 +995,16 @@ impl Ctx {
                     }
                 }
                 if let Some((player, link)) = self.route(conn, slot, 0) {
+                    if !conn.chats.try_take(chat_rate, 1, now) {
+                        self.shared.metrics.rate_limited.inc("chat");
+                        return self.refuse(
+                            conn,
+                            slot,
+                            ErrorCode::RateLimited,
+                            "chat rate limit",
+                            0,
+                        );
+                    }
                     self.relay_in_game(conn, &link, session, player, Input::Chat(chat));
                 }
             }
@@ -709,20 +1023,27 @@ impl Ctx {
                 }
                 _ => self.close(conn, slot, session, Closing::AfterFlush),
             },
-            C::Resume(resume) => self.resume(conn, slot, session, &resume.token),
+            C::Resume(resume) => self.resume(conn, slot, session, &resume.token, now),
         }
     }
 
     /// Checks a resume token and asks every shard which of them holds the player.
-    fn resume<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64, token: &[u8]) {
+    fn resume<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        token: &[u8],
+        now: Instant,
+    ) {
         if !matches!(conn.session, Session::Anonymous) {
             return self.refuse(conn, slot, ErrorCode::AlreadyLoggedIn, "already logged in", 0);
         }
-        let now = std::time::SystemTime::now()
+        let unix_now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let player = match self.shared.config.resume_key.verify(token, now) {
+        let player = match self.shared.config.resume_key.verify(token, unix_now) {
             Ok(player) => player,
             Err(error) => {
                 return self.refuse(conn, slot, ErrorCode::InvalidToken, &error.to_string(), 0)
@@ -737,7 +1058,9 @@ impl Ctx {
         for link in &links {
             self.relay(link, session, player, seq, Input::Resume(ResumeRequest {}));
         }
-        conn.session = Session::Resuming { player, waiting: links.len(), since: Instant::now() };
+        // A new connection has full budgets; the shard that held the player keeps its own
+        // move budget across the resume, so a reconnect still buys no fresh burst of moves.
+        conn.session = Session::Resuming { player, waiting: links.len(), since: now };
     }
 
     fn login<T>(
@@ -927,7 +1250,7 @@ impl Ctx {
     /// Cuts off a client whose output (queued for writing, or held for an old owner's
     /// release) passed the bound: it is not keeping up, or its old owner never released it.
     fn bound_output<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) {
-        let queued = conn.out.len() + conn.held_bytes;
+        let queued = conn.out.len() + conn.sending + conn.held_bytes;
         if queued > self.shared.config.max_output_bytes && conn.closing != Closing::Abort {
             debug!(
                 session,
@@ -954,15 +1277,7 @@ impl Ctx {
                 // A shard may restore the player on this session before it hears the
                 // connection is gone: every shard asked gets a Leave after the Resume (on
                 // the same stream), which parks the player again where it was restored.
-                let links: Vec<Arc<ShardLink>> = self
-                    .shared
-                    .routing
-                    .read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
-                let seq = conn.take_seq();
-                for link in &links {
-                    let leave = Input::Leave(Leave { logout: false });
-                    self.relay(link, session, player, seq, leave);
-                }
+                self.leave_everywhere(conn, session, player);
             }
             Session::Anonymous | Session::Gone => {}
         }
@@ -985,6 +1300,7 @@ impl Ctx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{Limits, Rate};
     use crate::routing::RoutingTable;
     use crate::{GatewayConfig, GatewayMetrics, IoBackend};
     use meridian_cluster::{EpochCell, GatewayId, PartitionMap, Region};
@@ -1010,6 +1326,27 @@ mod tests {
         room: usize,
         n: u32,
     ) -> (Core<()>, Links, std::sync::mpsc::SyncSender<Mail>) {
+        core_limited(room, n, unlimited())
+    }
+
+    /// Limits no test of queues and handoffs reaches.
+    fn unlimited() -> Limits {
+        let lots = Rate::new(1 << 30, 1 << 30);
+        Limits {
+            moves: lots,
+            chats: lots,
+            input_frames: lots,
+            input_bytes: lots,
+            ..Limits::default()
+        }
+    }
+
+    /// A core like [`core_with_links`] with the given limits.
+    fn core_limited(
+        room: usize,
+        n: u32,
+        limits: Limits,
+    ) -> (Core<()>, Links, std::sync::mpsc::SyncSender<Mail>) {
         let links: Links = (1..=n)
             .map(|id| {
                 let (inputs, relay) = mpsc::channel(room);
@@ -1034,6 +1371,7 @@ mod tests {
             workers: 1,
             max_frame: 4096,
             max_output_bytes: 1 << 20,
+            limits: limits.clone(),
             dev_mode: true,
             lease_ttl: std::time::Duration::from_secs(3),
             resume_key: TokenKey::new(vec![7; 32]).expect("a valid key"),
@@ -1048,6 +1386,9 @@ mod tests {
             metrics: Arc::new(GatewayMetrics::new(&registry, GatewayId(1), IoBackend::Epoll)),
             stopping: Arc::new(AtomicBool::new(false)),
             round_robin: AtomicUsize::new(0),
+            admission: crate::limits::Admission::new(limits),
+            output_by_worker: vec![AtomicUsize::new(0)],
+            worker_failed: tokio::sync::Notify::new(),
         });
         let (mail, receiver) = sync_channel(16);
         let inbox = Inbox::for_tests(receiver);
@@ -1057,7 +1398,7 @@ mod tests {
     fn send(core: &mut Core<()>, slot: u32, kind: C) {
         let mut frame = Vec::new();
         encode_frame(&ClientMessage { kind: Some(kind) }, &mut frame);
-        core.on_data(slot, &frame);
+        core.on_data(slot, &frame, Instant::now());
         core.flush_inputs();
     }
 
@@ -1068,7 +1409,7 @@ mod tests {
     #[test]
     fn inputs_wait_in_order_while_the_relay_queue_is_full() {
         let (mut core, _link, mut relay) = core_with_link(1);
-        let slot = core.insert(());
+        let slot = core.insert((), None, Instant::now()).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "ann".into(), ..Default::default() }));
         // The queue holds the Join; these three batches have to wait.
         for t in 1..=3 {
@@ -1087,7 +1428,7 @@ mod tests {
     #[test]
     fn a_shard_that_never_drains_gets_its_players_refused_not_lost() {
         let (mut core, link, mut relay) = core_with_link(1);
-        let slot = core.insert(());
+        let slot = core.insert((), None, Instant::now()).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "bob".into(), ..Default::default() }));
         for _ in 0..STALLED_LIMIT {
             send(&mut core, slot, C::Chat(Chat { text: "hi".into() }));
@@ -1145,7 +1486,7 @@ mod tests {
     #[test]
     fn inputs_the_old_owner_did_not_answer_are_sent_again_to_the_new_owner() {
         let (mut core, mut links, mail) = core_with_links(64, 2);
-        let slot = core.insert(());
+        let slot = core.insert((), None, Instant::now()).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "cy".into(), ..Default::default() }));
         for t in 1..=3 {
             send(&mut core, slot, step(t));
@@ -1174,7 +1515,7 @@ mod tests {
     #[test]
     fn output_held_for_a_release_that_never_comes_is_bounded_like_any_output() {
         let (mut core, _links, mail) = core_with_links(64, 2);
-        let slot = core.insert(());
+        let slot = core.insert((), None, Instant::now()).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "di".into(), ..Default::default() }));
         let session = core.relayed_session(slot);
         // Shard 2 speaks for the player, shard 1 (its owner here) never releases it.
@@ -1195,7 +1536,7 @@ mod tests {
     #[test]
     fn a_connection_closed_while_resuming_leaves_wherever_its_player_is_restored() {
         let (mut core, mut links, _mail) = core_with_links(64, 2);
-        let slot = core.insert(());
+        let slot = core.insert((), None, Instant::now()).expect("admitted");
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -1214,5 +1555,319 @@ mod tests {
             assert_eq!((leave.player_id, leave.seq), (42, 2));
             assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false })));
         }
+    }
+
+    // ---- Limits (issue 10): each of these failed before the limit existed. ----
+
+    /// Every frame the client has been sent so far, taken from the connection.
+    fn replies(core: &mut Core<()>, slot: u32) -> Vec<ServerMessage> {
+        let out = core.get_mut(slot).map(|c| std::mem::take(&mut c.out)).unwrap_or_default();
+        let mut decoder = meridian_protocol::FrameReader::new(1 << 20);
+        decoder.extend(&out);
+        let mut messages = Vec::new();
+        while let Some(message) = decoder.next_message::<ServerMessage>().expect("valid frames") {
+            messages.push(message);
+        }
+        messages
+    }
+
+    /// The (code, client_time) of every Error among `messages`.
+    fn errors(messages: &[ServerMessage]) -> Vec<(ErrorCode, u64)> {
+        use meridian_protocol::pb::server_message::Kind as S;
+        messages
+            .iter()
+            .filter_map(|m| match &m.kind {
+                Some(S::Error(e)) => Some((ErrorCode::try_from(e.code).unwrap(), e.client_time)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// All of `kinds` as frames in one read, as a client writing them in one go.
+    fn write_all_at(core: &mut Core<()>, slot: u32, kinds: Vec<C>, now: Instant) {
+        let mut bytes = Vec::new();
+        for kind in kinds {
+            encode_frame(&ClientMessage { kind: Some(kind) }, &mut bytes);
+        }
+        core.on_data(slot, &bytes, now);
+        core.flush_inputs();
+    }
+
+    fn login_at(core: &mut Core<()>, now: Instant) -> u32 {
+        let slot = core.insert((), None, now).expect("admitted");
+        let login = C::Login(Login { name: "ann".into(), ..Default::default() });
+        write_all_at(core, slot, vec![login], now);
+        slot
+    }
+
+    fn relayed_inputs(relay: &mut Relay) -> Vec<PlayerInput> {
+        let mut inputs = Vec::new();
+        while let Ok(batch) = relay.try_recv() {
+            inputs.extend(batch);
+        }
+        inputs
+    }
+
+    #[test]
+    fn a_chat_flood_is_refused_rate_limited_past_the_burst() {
+        let (mut core, mut links, _mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let chats = (0..40).map(|i| C::Chat(Chat { text: format!("spam {i}") })).collect();
+        write_all_at(&mut core, slot, chats, t0);
+        let relayed = relayed_inputs(&mut links[0].1);
+        let n_chats = relayed.iter().filter(|i| matches!(i.kind, Some(Input::Chat(_)))).count();
+        assert_eq!(n_chats, 5, "the burst of 5 goes through");
+        let refused = errors(&replies(&mut core, slot));
+        assert_eq!(refused, vec![(ErrorCode::RateLimited, 0); 35]);
+        // Half a second later, one more.
+        write_all_at(
+            &mut core,
+            slot,
+            vec![C::Chat(Chat { text: "again".into() })],
+            t0 + Duration::from_millis(500),
+        );
+        assert_eq!(relayed_inputs(&mut links[0].1).len(), 1);
+        // Nothing refused took a sequence number: no gap.
+        assert_eq!(core.get_mut(slot).unwrap().next_seq, 1 + 5 + 1 + 1);
+    }
+
+    #[test]
+    fn the_move_budget_holds_across_a_change_of_owner() {
+        let (mut core, mut links, mail) = core_limited(64, 2, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let session = core.relayed_session(slot);
+        write_all_at(&mut core, slot, (1..=12).map(step).collect(), t0);
+        // Shard 1 answered every move and handed the player to shard 2 (a border).
+        let handed = Delivery { session, move_answers: 12, released_to: 2, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![handed] }).unwrap();
+        core.process_mail();
+        write_all_at(&mut core, slot, (13..=40).map(step).collect(), t0);
+        let moves = |inputs: &[PlayerInput]| {
+            inputs.iter().filter(|i| matches!(i.kind, Some(Input::Move(_)))).count()
+        };
+        assert_eq!(moves(&relayed_inputs(&mut links[0].1)), 12);
+        let to_new_owner = relayed_inputs(&mut links[1].1);
+        assert_eq!(moves(&to_new_owner), 8, "20 in all, whoever owns the player");
+        // Moves 13..20 are in flight: the refusals go behind them, through the shard, so
+        // the client's answers stay in order.
+        let refused: Vec<u64> = to_new_owner
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Some(Input::Refused(r)) => Some(r.client_time),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refused, (21..=40).collect::<Vec<_>>());
+        let seqs: Vec<u64> = to_new_owner.iter().map(|i| i.seq).collect();
+        assert_eq!(seqs, (14..=41).collect::<Vec<_>>(), "one sequence, no gap");
+        assert!(errors(&replies(&mut core, slot)).is_empty());
+        // Once every move is answered, a refusal is answered at once by the gateway.
+        let answered = Delivery { session, move_answers: 28, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![answered] }).unwrap();
+        core.process_mail();
+        write_all_at(&mut core, slot, vec![step(41)], t0);
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::RateLimited, 41)]);
+    }
+
+    #[test]
+    fn a_connection_that_never_logs_in_is_closed_at_the_login_deadline() {
+        let (mut core, _links, _mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = core.insert((), None, t0).expect("admitted");
+        core.on_data(slot, &[0x80], t0); // Half a length prefix, then silence.
+        core.tick(t0 + Duration::from_millis(9_900));
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::No));
+        core.tick(t0 + Duration::from_secs(10));
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::NotLoggedIn, 0)]);
+    }
+
+    #[test]
+    fn a_quiet_player_is_closed_at_the_idle_deadline_unless_it_pings() {
+        let (mut core, mut links, _mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        write_all_at(
+            &mut core,
+            slot,
+            vec![C::Ping(meridian_protocol::pb::Ping { client_time: 1 })],
+            at(100),
+        );
+        core.tick(at(219));
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::No), "pinged 119 s ago");
+        core.tick(at(220));
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 0)]);
+        core.flush_inputs();
+        let last = relayed_inputs(&mut links[0].1).pop().expect("inputs");
+        assert_eq!(last.kind, Some(Input::Leave(Leave { logout: false })), "the player leaves");
+    }
+
+    #[test]
+    fn a_ping_flood_pauses_reading_then_is_cut_if_it_keeps_coming() {
+        let (mut core, _links, _mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = core.insert((), None, t0).expect("admitted");
+        let ping = |t| C::Ping(meridian_protocol::pb::Ping { client_time: t });
+        write_all_at(&mut core, slot, (1..=1000).map(ping).collect(), t0);
+        let pongs = replies(&mut core, slot).len();
+        assert_eq!(pongs, 200, "the frame burst, then reading pauses");
+        assert!(core.get_mut(slot).unwrap().read_paused);
+        // A second later the budget has 100 more frames.
+        core.tick(t0 + Duration::from_secs(1));
+        assert_eq!(replies(&mut core, slot).len(), 100);
+        assert!(core.get_mut(slot).unwrap().read_paused, "still 700 waiting");
+        // Input that keeps arriving while paused is bounded: past the bound, the client is cut.
+        let mut flood = Vec::new();
+        for t in 0..(INBUF_LIMIT as u64 / 2) {
+            encode_frame(&ClientMessage { kind: Some(ping(t + 1)) }, &mut flood);
+        }
+        core.on_data(slot, &flood, t0 + Duration::from_secs(1));
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::RateLimited, 0)]);
+    }
+
+    #[test]
+    fn a_ping_never_queues_behind_a_stalled_shard() {
+        let (mut core, link, mut relay) = core_with_link(1);
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        for _ in 0..STALLED_LIMIT {
+            send(&mut core, slot, C::Chat(Chat { text: "hi".into() }));
+        }
+        assert_eq!(core.ctx.stalled_for(&link), STALLED_LIMIT);
+        let _ = replies(&mut core, slot);
+        send(&mut core, slot, C::Ping(meridian_protocol::pb::Ping { client_time: 9 }));
+        assert_eq!(core.ctx.stalled_for(&link), STALLED_LIMIT, "not queued for the shard");
+        let answered = replies(&mut core, slot);
+        assert_eq!(answered, vec![server::pong(9)], "answered at once by the gateway");
+        drop(relay.try_recv());
+    }
+
+    #[test]
+    fn players_whose_link_broke_are_restored_when_a_shard_can_take_them() {
+        let (mut core, mut links, mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let session = core.relayed_session(slot);
+        let placed = Delivery {
+            session,
+            position: Some(meridian_protocol::pb::Position { x: 5, y: 6 }),
+            generation: 3,
+            ..Default::default()
+        };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![placed] }).unwrap();
+        core.process_mail();
+        write_all_at(&mut core, slot, vec![step(1)], t0);
+        let _ = relayed_inputs(&mut links[0].1);
+        let (done, _confirmed) = tokio::sync::oneshot::channel();
+        mail.send(Mail::LinkDown { link: Arc::clone(&links[0].0), done }).unwrap();
+        core.process_mail();
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 1)]);
+        // The link is back (the stream reconnected): the next tick re-joins the player.
+        core.tick(t0 + Duration::from_millis(250));
+        core.flush_inputs();
+        let inputs = relayed_inputs(&mut links[0].1);
+        let Some(Input::Join(join)) = &inputs[0].kind else { panic!("a Join, got {inputs:?}") };
+        assert!(join.restore);
+        assert_eq!(join.generation, 3);
+        assert_eq!(join.spawn, Some(meridian_protocol::pb::Position { x: 5, y: 6 }));
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::No));
+    }
+
+    #[test]
+    fn a_player_whose_link_broke_before_it_was_placed_is_told_and_closed() {
+        let (mut core, _links, mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let link = Arc::clone(&_links[0].0);
+        let (done, _confirmed) = tokio::sync::oneshot::channel();
+        mail.send(Mail::LinkDown { link, done }).unwrap();
+        core.process_mail();
+        core.tick(t0 + Duration::from_millis(250));
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 0)]);
+    }
+
+    #[test]
+    fn a_resume_answered_after_the_wait_is_undone() {
+        let (mut core, mut links, mail) = core_limited(64, 2, Limits::default());
+        let t0 = Instant::now();
+        let slot = core.insert((), None, t0).expect("admitted");
+        let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
+        write_all_at(&mut core, slot, vec![C::Resume(meridian_protocol::pb::Resume { token })], t0);
+        for (_, relay) in links.iter_mut() {
+            assert_eq!(relayed(relay), vec![1]);
+        }
+        core.tick(t0 + RESUME_WAIT + Duration::from_millis(1));
+        core.flush_inputs();
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::InvalidToken, 0)]);
+        for (_, relay) in links.iter_mut() {
+            let leave = relayed_inputs(relay).pop().expect("a Leave behind the Resume");
+            assert_eq!((leave.player_id, leave.seq), (42, 2));
+            assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false })));
+        }
+        // Shard 2's answer comes late: the client hears nothing of it.
+        let session = core.relayed_session(slot);
+        let mut frames = Vec::new();
+        encode_frame(&server::view_reset(42, 1, 1), &mut frames);
+        let late = Delivery { session, frames: frames.into(), ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![late] }).unwrap();
+        core.process_mail();
+        assert!(replies(&mut core, slot).is_empty());
+    }
+
+    #[test]
+    fn output_past_the_gateway_budget_cuts_the_largest_queue_first() {
+        let limits = Limits { max_output_total: 100_000, ..unlimited() };
+        let (mut core, _links, _mail) = core_limited(64, 1, limits);
+        let t0 = Instant::now();
+        let small = core.insert((), None, t0).expect("admitted");
+        let large = core.insert((), None, t0).expect("admitted");
+        core.get_mut(small).unwrap().out = vec![0; 40_000];
+        core.get_mut(large).unwrap().out = vec![0; 30_000];
+        core.get_mut(large).unwrap().sending = 40_000; // Taken by the kernel, not yet sent.
+        core.tick(t0);
+        assert_eq!(core.get_mut(large).map(|c| c.closing), Some(Closing::Abort));
+        assert_eq!(core.get_mut(small).map(|c| c.closing), Some(Closing::No));
+        assert!(core.shared().admission.overloaded(), "no new connection until it drains");
+        assert_eq!(core.insert((), None, t0).err().map(|(_, r)| r), Some(Refusal::Overloaded));
+        core.get_mut(small).unwrap().out.clear();
+        core.tick(t0);
+        assert!(!core.shared().admission.overloaded());
+    }
+
+    #[test]
+    fn output_being_sent_counts_toward_the_per_client_bound() {
+        let (mut core, _links, mail) = core_with_links(64, 1);
+        let slot = core.insert((), None, Instant::now()).expect("admitted");
+        send(&mut core, slot, C::Login(Login { name: "ed".into(), ..Default::default() }));
+        let session = core.relayed_session(slot);
+        core.get_mut(slot).unwrap().sending = 1 << 20;
+        let frames = bytes::Bytes::from(vec![0u8; 16]);
+        let more = Delivery { session, frames, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![more] }).unwrap();
+        core.process_mail();
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::Abort));
+    }
+
+    #[test]
+    fn a_failed_event_loop_takes_its_players_out_of_the_world() {
+        let (mut core, mut links, _mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let _ = relayed_inputs(&mut links[0].1);
+        core.abandon_all();
+        let inputs = relayed_inputs(&mut links[0].1);
+        assert_eq!(inputs.len(), 1);
+        assert_eq!(
+            inputs[0].kind,
+            Some(Input::Leave(Leave { logout: false })),
+            "parked, not frozen"
+        );
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::Abort));
     }
 }

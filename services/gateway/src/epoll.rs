@@ -3,6 +3,7 @@
 //! readable socket until it would block, one `write` per connection with output.
 
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -10,14 +11,18 @@ use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::core::{Closing, Core, LINGER};
+use crate::sockets::{configure_client_socket, is_resource_exhaustion, refuse_raw};
 use crate::worker::{report_exit, WorkerStart};
 
 const LISTENER: Token = Token(0);
 const WAKE: Token = Token(1);
 const READ_CHUNK: usize = 64 * 1024;
+/// Bytes read from one connection per loop iteration: a client that sends without pause
+/// cannot keep its worker from serving everyone else.
+const READ_PER_ITERATION: usize = 2 * READ_CHUNK;
 const TICK: Duration = Duration::from_millis(250);
 
 pub struct EpollConn {
@@ -26,6 +31,8 @@ pub struct EpollConn {
     written: usize,
     wants_write: bool,
     write_shut: bool,
+    /// Reading stopped for the input budget with bytes possibly left in the kernel.
+    read_stopped: bool,
 }
 
 type WakeFn = Arc<dyn Fn() + Send + Sync>;
@@ -34,9 +41,10 @@ pub fn spawn(start: WorkerStart) -> io::Result<(WakeFn, JoinHandle<()>)> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
     let index = start.index;
+    let shared = Arc::clone(&start.shared);
     let thread = std::thread::Builder::new()
         .name(format!("gw-epoll-{index}"))
-        .spawn(move || report_exit(index, run(poll, start)))?;
+        .spawn(move || report_exit(index, &shared, run(poll, start)))?;
     Ok((Arc::new(move || drop(waker.wake())), thread))
 }
 
@@ -59,29 +67,50 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
     let mut dirty = Vec::new();
     let mut stopping_since: Option<Instant> = None;
     let mut last_tick = Instant::now();
+    // Connections with bytes left unread (edge-triggered readiness will not report them
+    // again): read on the next iterations, in turn, a bounded amount each.
+    let mut unread: Vec<(u32, u32)> = Vec::new();
+    let mut reading: Vec<(u32, u32)> = Vec::new();
+    let mut accept_backoff = false;
     info!(worker = index, "epoll worker started");
     loop {
-        match poll.poll(&mut events, Some(TICK)) {
+        let timeout = if unread.is_empty() { TICK } else { Duration::ZERO };
+        match poll.poll(&mut events, Some(timeout)) {
             Ok(()) => {}
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) => return Err(error),
+            Err(error) => {
+                core.abandon_all();
+                return Err(error);
+            }
         }
+        let now = Instant::now();
+        reading.clear();
+        reading.append(&mut unread);
         for event in events.iter() {
             match event.token() {
-                LISTENER => accept_all(&mut poll, &listener, &mut core),
-                WAKE => {}
+                LISTENER if !accept_backoff => {
+                    accept_backoff = accept_all(&mut poll, &listener, &mut core, now)
+                }
+                LISTENER | WAKE => {}
                 token => {
                     let (slot, generation) = untoken(token);
                     if core.generation(slot) != generation {
                         continue;
                     }
                     if event.is_readable() || event.is_read_closed() || event.is_error() {
-                        read_all(&mut core, slot, &mut buf);
+                        reading.push((slot, generation));
                     }
                     if event.is_writable() {
                         core.mark_dirty(slot);
                     }
                 }
+            }
+        }
+        reading.sort_unstable();
+        reading.dedup();
+        for &(slot, generation) in &reading {
+            if core.generation(slot) == generation && read_some(&mut core, slot, &mut buf, now) {
+                unread.push((slot, generation));
             }
         }
         core.process_mail();
@@ -91,16 +120,27 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
             let _ = poll.registry().deregister(&mut listener);
             core.shut_down_all();
         }
-        core.take_dirty(&mut dirty);
-        for &slot in &dirty {
-            write_out(&mut poll, &mut core, slot);
-        }
         if last_tick.elapsed() >= TICK {
             last_tick = Instant::now();
-            core.tick();
+            core.tick(last_tick);
             for slot in core.lingering_too_long() {
                 finish(&mut poll, &mut core, slot);
             }
+            if accept_backoff && stopping_since.is_none() {
+                accept_backoff = accept_all(&mut poll, &listener, &mut core, last_tick);
+            }
+        }
+        core.take_dirty(&mut dirty);
+        for &slot in &dirty {
+            // Reading resumed after a pause for the input budget: what the kernel holds
+            // was never reported again, so it is read now.
+            if core.get_mut(slot).is_some_and(|c| c.io.read_stopped && !c.read_paused) {
+                if let Some(conn) = core.get_mut(slot) {
+                    conn.io.read_stopped = false;
+                }
+                unread.push((slot, core.generation(slot)));
+            }
+            write_out(&mut poll, &mut core, slot);
         }
         if let Some(since) = stopping_since {
             if core.open_connections() == 0 || since.elapsed() > LINGER {
@@ -111,17 +151,32 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
     }
 }
 
-fn accept_all(poll: &mut Poll, listener: &TcpListener, core: &mut Core<EpollConn>) {
+/// Accepts every waiting connection; returns true if accepting must pause (out of
+/// descriptors or memory) until the next tick.
+fn accept_all(
+    poll: &mut Poll,
+    listener: &TcpListener,
+    core: &mut Core<EpollConn>,
+    now: Instant,
+) -> bool {
     loop {
         match listener.accept() {
-            Ok((stream, _)) => {
-                let _ = stream.set_nodelay(true);
-                let slot = core.insert(EpollConn {
+            Ok((stream, peer)) => {
+                configure_client_socket(stream.as_raw_fd());
+                let conn = EpollConn {
                     stream,
                     written: 0,
                     wants_write: false,
                     write_shut: false,
-                });
+                    read_stopped: false,
+                };
+                let slot = match core.insert(conn, Some(peer.ip()), now) {
+                    Ok(slot) => slot,
+                    Err((conn, refusal)) => {
+                        refuse_raw(conn.stream.into_raw_fd(), refusal);
+                        continue;
+                    }
+                };
                 let generation = core.generation(slot);
                 let conn = core.get_mut(slot).expect("invariant: just inserted");
                 if let Err(error) = poll.registry().register(
@@ -133,22 +188,40 @@ fn accept_all(poll: &mut Poll, listener: &TcpListener, core: &mut Core<EpollConn
                     core.remove(slot);
                 }
             }
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return false,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) if is_resource_exhaustion(&error) => {
+                // The connection stays in the backlog; accepting again before descriptors
+                // are freed would fail the same way.
+                warn!(%error, "accept failed; pausing accepts for a tick");
+                core.shared().metrics.accept_backoffs.inc();
+                return true;
+            }
             Err(error) => {
-                // EMFILE and friends: the connection stays in the backlog; try next round.
                 debug!(%error, "accept failed");
-                return;
+                return false;
             }
         }
     }
 }
 
-fn read_all(core: &mut Core<EpollConn>, slot: u32, buf: &mut [u8]) {
+/// Reads what the connection's budget allows, at most [`READ_PER_ITERATION`] bytes;
+/// returns true if bytes may be left in the kernel (read again next iteration).
+fn read_some(core: &mut Core<EpollConn>, slot: u32, buf: &mut [u8], now: Instant) -> bool {
+    let mut read = 0;
     loop {
         let Some(conn) = core.get_mut(slot) else {
-            return;
+            return false;
         };
+        if conn.read_paused && conn.closing == Closing::No {
+            // Over its input budget: leave the bytes to TCP flow control; reading goes on
+            // once the core resumes it.
+            conn.io.read_stopped = true;
+            return false;
+        }
+        if read >= READ_PER_ITERATION {
+            return true;
+        }
         let lingering = conn.closing != Closing::No;
         match conn.io.stream.read(buf) {
             Ok(0) => {
@@ -159,14 +232,17 @@ fn read_all(core: &mut Core<EpollConn>, slot: u32, buf: &mut [u8]) {
                 } else {
                     core.on_peer_closed(slot);
                 }
-                return;
+                return false;
             }
-            Ok(n) => core.on_data(slot, &buf[..n]),
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+            Ok(n) => {
+                read += n;
+                core.on_data(slot, &buf[..n], now);
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return false,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => {
                 core.on_peer_closed(slot);
-                return;
+                return false;
             }
         }
     }

@@ -13,12 +13,14 @@
 mod core;
 mod epoll;
 mod ids;
+pub mod limits;
 pub mod map;
 mod metrics;
 mod quic;
 mod quic_tls;
 mod relay;
 mod routing;
+mod sockets;
 mod uring;
 mod worker;
 
@@ -37,7 +39,12 @@ use tracing::{info, warn};
 pub use metrics::GatewayMetrics;
 pub use quic::QuicFront;
 pub use quic_tls::{PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
+pub use sockets::raise_open_files_limit;
 pub use worker::bind_game_listener;
+
+/// File descriptors kept out of reach of client connections (gRPC links to shards, etcd,
+/// the admin port, the rings and eventfds).
+pub const FD_RESERVE: usize = 512;
 
 /// Which event loop the workers run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +83,8 @@ pub struct GatewayConfig {
     pub max_frame: usize,
     /// Bytes of unsent output a client may have queued before it is cut off.
     pub max_output_bytes: usize,
+    /// Connection caps, rate limits and deadlines (see `limits`).
+    pub limits: limits::Limits,
     pub dev_mode: bool,
     pub lease_ttl: Duration,
     /// Checks the resume tokens clients present.
@@ -96,6 +105,8 @@ pub enum GatewayError {
     Worker { index: usize, source: std::io::Error },
     #[error("cannot read a listener's address: {0}")]
     Listener(#[source] std::io::Error),
+    #[error("an event loop failed (see the log); the gateway stopped")]
+    WorkerFailed,
 }
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
@@ -109,6 +120,24 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), GatewayError> {
     let game_addr = game.local_addr().map_err(GatewayError::Listener)?;
+    let mut config = config;
+    // Client connections may use every descriptor but a reserve, so that gRPC to the
+    // shards, etcd and the admin port keep working when clients take all they can.
+    match sockets::raise_open_files_limit() {
+        Ok(open_files) => {
+            let room = usize::try_from(open_files).unwrap_or(usize::MAX).saturating_sub(FD_RESERVE);
+            if room < config.limits.max_connections {
+                info!(
+                    open_files,
+                    reserve = FD_RESERVE,
+                    max_connections = room,
+                    "client connections capped by the open-files limit"
+                );
+                config.limits.max_connections = room;
+            }
+        }
+        Err(error) => warn!(%error, "cannot read or raise the open-files limit"),
+    }
     let admin_addr = admin.local_addr().map_err(GatewayError::Listener)?;
     let keys = ClusterKeys::new(&config.cluster);
     let client = meridian_cluster::connect(&config.etcd).await?;
@@ -131,6 +160,9 @@ pub async fn run(
         metrics: Arc::clone(&metrics),
         stopping: Arc::clone(&stopping),
         round_robin: Default::default(),
+        admission: limits::Admission::new(config.limits.clone()),
+        output_by_worker: (0..loops).map(|_| Default::default()).collect(),
+        worker_failed: tokio::sync::Notify::new(),
     });
     let mut workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
     let quic_addr = match quic {
@@ -188,7 +220,10 @@ pub async fn run(
     tokio::spawn(serve_admin_with(admin, registry, readiness, live_map.routes()));
     info!(gateway = %config.id, %game_addr, ?quic_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
 
-    shutdown.await;
+    let failed = tokio::select! {
+        () = shutdown => false,
+        () = shared.worker_failed.notified() => true,
+    };
     info!(gateway = %config.id, "gateway stopping: telling clients, deregistering");
     stopping.store(true, Ordering::SeqCst);
     for mailbox in mailboxes.iter() {
@@ -199,6 +234,9 @@ pub async fn run(
         warn!("a worker thread panicked while stopping");
     }
     registration.revoke().await;
+    if failed {
+        return Err(GatewayError::WorkerFailed);
+    }
     Ok(())
 }
 

@@ -32,6 +32,19 @@ pub struct GatewayMetrics {
     pub quic_handshake_failures: Arc<Counter>,
     pub quic_migrations: Arc<Counter>,
     pub quic_handshake_seconds: Arc<Histogram>,
+    /// Connections refused before they were served, by reason (`Refusal::reason`).
+    pub connections_refused: CounterFamily,
+    /// Inputs refused by a per-player rate limit, by kind (`move`, `chat`).
+    pub rate_limited: CounterFamily,
+    /// Connections closed at a deadline, by which (`login`, `idle`).
+    pub deadlines: CounterFamily,
+    pub reads_paused: Arc<Counter>,
+    pub input_floods_cut: Arc<Counter>,
+    pub output_bytes: Arc<Gauge>,
+    pub overload_cuts: Arc<Counter>,
+    pub restores: Arc<Counter>,
+    pub accept_backoffs: Arc<Counter>,
+    pub worker_failures: Arc<Counter>,
     errors: CounterFamily,
 }
 
@@ -55,6 +68,62 @@ impl GatewayMetrics {
             error_codes().map(|code| code.as_str_name()),
         );
         GatewayMetrics {
+            connections_refused: registry.counter_family(
+                "meridian_gateway_connections_refused_total",
+                "Connections refused with UNAVAILABLE before being served, by reason: full (--max-connections or the descriptor limit), overloaded (output budget spent), per_address (--max-connections-per-address), address_rate (--connect-rate).",
+                l,
+                "reason",
+                crate::limits::Refusal::REASONS,
+            ),
+            rate_limited: registry.counter_family(
+                "meridian_gateway_rate_limited_total",
+                "Inputs refused with RATE_LIMITED by a per-player limit, by kind.",
+                l,
+                "kind",
+                ["move", "chat"],
+            ),
+            deadlines: registry.counter_family(
+                "meridian_gateway_deadline_closes_total",
+                "Connections closed at a deadline: login (no Login or Resume in time), idle (nothing received from a logged-in client).",
+                l,
+                "deadline",
+                ["login", "idle"],
+            ),
+            reads_paused: registry.counter(
+                "meridian_gateway_reads_paused_total",
+                "Times a connection spent its input budget (frames or bytes per second) and the gateway stopped reading it until the budget refilled.",
+                l,
+            ),
+            input_floods_cut: registry.counter(
+                "meridian_gateway_input_floods_cut_total",
+                "Connections cut off because input kept arriving while their reading was paused.",
+                l,
+            ),
+            output_bytes: registry.gauge(
+                "meridian_gateway_output_bytes",
+                "Output queued for all clients of the gateway (as of the last check, every 250 ms).",
+                l,
+            ),
+            overload_cuts: registry.counter(
+                "meridian_gateway_overload_cuts_total",
+                "Clients cut off because the gateway's total output passed --max-output-total (largest queues first).",
+                l,
+            ),
+            restores: registry.counter(
+                "meridian_gateway_restores_total",
+                "Players re-joined on a shard after their shard died or their link to it broke.",
+                l,
+            ),
+            accept_backoffs: registry.counter(
+                "meridian_gateway_accept_backoffs_total",
+                "Times accepting stopped for a moment because the process was out of file descriptors or memory.",
+                l,
+            ),
+            worker_failures: registry.counter(
+                "meridian_gateway_worker_failures_total",
+                "Event loops that stopped on an error (the gateway then stops and exits non-zero).",
+                l,
+            ),
             connections: registry.gauge(
                 "meridian_gateway_connections",
                 "Open client connections.",

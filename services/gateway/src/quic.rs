@@ -130,11 +130,12 @@ pub fn spawn(
     let notify = Arc::new(Notify::new());
     let waker = Arc::clone(&notify);
     let thread = std::thread::Builder::new().name("gw-quic".into()).spawn(move || {
+        let on_exit = Arc::clone(&shared);
         let result = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .and_then(|runtime| runtime.block_on(serve(index, front, shared, mail, notify)));
-        report_exit(index, result)
+        report_exit(index, &on_exit, result)
     })?;
     Ok((Arc::new(move || waker.notify_one()), thread))
 }
@@ -183,7 +184,7 @@ async fn serve(
             () = notify.notified() => {}
             () = poll_fn(|cx| poll_blocked(cx, &mut core, &mut blocked)) => {}
             _ = ticker.tick() => {
-                core.tick();
+                core.tick(Instant::now());
                 for slot in core.lingering_too_long() {
                     finish(&mut core, slot, &metrics);
                 }
@@ -228,13 +229,21 @@ fn on_event(
     match event {
         Event::Opened { connection, send, recv } => {
             let reader = connection.clone();
-            let slot = core.insert(QuicConn {
-                connection,
-                send,
-                written: 0,
-                finished: false,
-                blocked: false,
-            });
+            let peer = connection.remote_address().ip();
+            let conn = QuicConn { connection, send, written: 0, finished: false, blocked: false };
+            let slot = match core.insert(conn, Some(peer), Instant::now()) {
+                Ok(slot) => slot,
+                Err((mut conn, refusal)) => {
+                    // Told why, then closed once the client had time to read it.
+                    tokio::spawn(async move {
+                        let _ = conn.send.write_all(&refusal.frame()).await;
+                        let _ = conn.send.finish();
+                        let _ = tokio::time::timeout(LINGER, conn.connection.closed()).await;
+                        conn.connection.close(CLOSE_DONE.into(), b"refused");
+                    });
+                    return;
+                }
+            };
             let generation = core.generation(slot);
             metrics.quic_connections.add(1);
             tokio::spawn(read_stream(
@@ -248,7 +257,7 @@ fn on_event(
         }
         Event::Data { slot, generation, bytes } => {
             if core.generation(slot) == generation {
-                core.on_data(slot, &bytes);
+                core.on_data(slot, &bytes, Instant::now());
             }
         }
         Event::Ended { slot, generation } => {

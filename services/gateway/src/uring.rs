@@ -18,6 +18,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 use tracing::{debug, info, warn};
 
 use crate::core::{Closing, Core, LINGER};
+use crate::sockets::{configure_client_socket, is_resource_exhaustion, peer_ip, refuse_raw};
 use crate::worker::{report_exit, WorkerStart};
 
 const RING_ENTRIES: u32 = 4096;
@@ -31,6 +32,8 @@ const OP_RECV: u64 = 2;
 const OP_SEND: u64 = 3;
 const OP_WAKE: u64 = 4;
 const OP_TICK: u64 = 5;
+/// Completions of cancellations this loop asks for: nothing to do.
+const OP_CANCEL: u64 = 6;
 
 fn user_data(op: u64, slot: u32, generation: u32) -> u64 {
     (op << 56) | (u64::from(slot & 0x00ff_ffff) << 32) | u64::from(generation)
@@ -63,6 +66,8 @@ pub struct UringConn {
     sent: usize,
     send_in_flight: bool,
     recv_armed: bool,
+    /// A cancellation of the multishot recv is on its way (reading paused by the budget).
+    recv_cancelling: bool,
     write_shut: bool,
     read_shut: bool,
 }
@@ -80,9 +85,10 @@ pub fn spawn(start: WorkerStart) -> io::Result<(WakeFn, JoinHandle<()>)> {
         Arc::new(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) });
     let index = start.index;
     let loop_fd = Arc::clone(&eventfd);
+    let shared = Arc::clone(&start.shared);
     let thread = std::thread::Builder::new()
         .name(format!("gw-uring-{index}"))
-        .spawn(move || report_exit(index, run(start, loop_fd.as_raw_fd())))?;
+        .spawn(move || report_exit(index, &shared, run(start, loop_fd.as_raw_fd())))?;
     let waker: WakeFn = Arc::new(move || {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to an eventfd we keep open via the Arc.
@@ -185,6 +191,12 @@ struct Loop {
     wake_buf: Box<u64>,
     tick: Box<types::Timespec>,
     stopping_since: Option<Instant>,
+    /// The multishot accept is armed (its last completion had the MORE flag).
+    accept_armed: bool,
+    /// Accepting stopped after running out of descriptors or memory; the next tick re-arms.
+    accept_backoff: bool,
+    /// The time of the current iteration's completions.
+    now: Instant,
 }
 
 impl Loop {
@@ -201,6 +213,7 @@ impl Loop {
     }
 
     fn arm_accept(&mut self) -> io::Result<()> {
+        self.accept_armed = true;
         let entry = opcode::AcceptMulti::new(types::Fd(self.listener_fd))
             .flags(libc::SOCK_CLOEXEC)
             .build()
@@ -233,12 +246,37 @@ impl Loop {
         self.push(entry)
     }
 
+    fn cancel(&mut self, target: u64) -> io::Result<()> {
+        let entry = opcode::AsyncCancel::new(target).build().user_data(user_data(OP_CANCEL, 0, 0));
+        self.push(entry)
+    }
+
     fn on_accept(&mut self, result: i32, flags: u32) -> io::Result<()> {
-        if !cqueue::more(flags) && self.stopping_since.is_none() {
+        let more = cqueue::more(flags);
+        if !more {
+            self.accept_armed = false;
+        }
+        if result < 0 {
+            let error = io::Error::from_raw_os_error(-result);
+            if is_resource_exhaustion(&error) {
+                // Out of descriptors or memory: re-arming at once would spin on the same
+                // error. Stop accepting until the next tick; connections wait in the backlog.
+                if !self.accept_backoff {
+                    warn!(%error, "accept failed; pausing accepts for a tick");
+                    self.core.shared().metrics.accept_backoffs.inc();
+                }
+                self.accept_backoff = true;
+                if more {
+                    self.cancel(user_data(OP_ACCEPT, 0, 0))?;
+                }
+                return Ok(());
+            }
+            debug!(%error, "accept failed");
+        }
+        if !more && !self.accept_backoff && self.stopping_since.is_none() {
             self.arm_accept()?;
         }
         if result < 0 {
-            debug!(error = %io::Error::from_raw_os_error(-result), "accept failed");
             return Ok(());
         }
         let fd = result;
@@ -247,17 +285,24 @@ impl Loop {
             unsafe { libc::close(fd) };
             return Ok(());
         }
-        set_nodelay(fd);
-        let slot = self.core.insert(UringConn {
+        configure_client_socket(fd);
+        let conn = UringConn {
             fd,
             sending: Vec::new(),
             sent: 0,
             send_in_flight: false,
             recv_armed: false,
+            recv_cancelling: false,
             write_shut: false,
             read_shut: false,
-        });
-        self.arm_recv(slot)
+        };
+        match self.core.insert(conn, peer_ip(fd), self.now) {
+            Ok(slot) => self.arm_recv(slot),
+            Err((conn, refusal)) => {
+                refuse_raw(conn.fd, refusal);
+                Ok(())
+            }
+        }
     }
 
     fn on_recv(
@@ -273,7 +318,7 @@ impl Loop {
         if current && result > 0 {
             if let Some(bid) = buffer {
                 let data = buffers.bytes(bid, result as usize);
-                self.core.on_data(slot, data);
+                self.core.on_data(slot, data, self.now);
             }
         }
         if let Some(bid) = buffer {
@@ -288,11 +333,25 @@ impl Loop {
         };
         if !more {
             conn.io.recv_armed = false;
+            conn.io.recv_cancelling = false;
         }
+        if conn.read_paused && conn.io.recv_armed && !conn.io.recv_cancelling {
+            // Over its input budget: stop reading; `drive` re-arms once the core resumes.
+            conn.io.recv_cancelling = true;
+            self.cancel(user_data(OP_RECV, slot, generation))?;
+        }
+        let Some(conn) = self.core.get_mut(slot) else {
+            return Ok(());
+        };
         match result {
-            n if n > 0 || n == -libc::ENOBUFS => {
-                // Out of buffers (or the kernel ended the multishot): arm again unless closing.
-                if !more && conn.closing != Closing::Abort && !conn.io.read_shut {
+            n if n > 0 || n == -libc::ENOBUFS || n == -libc::ECANCELED => {
+                // Out of buffers (or the kernel ended the multishot): arm again unless closing
+                // or paused.
+                if !more
+                    && conn.closing != Closing::Abort
+                    && !conn.io.read_shut
+                    && !conn.read_paused
+                {
                     self.arm_recv(slot)?;
                 }
             }
@@ -339,6 +398,7 @@ impl Loop {
             return Ok(());
         };
         let io = &mut conn.io;
+        conn.sending = io.sending.len() - io.sent;
         if conn.closing == Closing::Abort {
             if !io.read_shut {
                 io.read_shut = true;
@@ -353,10 +413,16 @@ impl Loop {
             }
             return Ok(());
         }
+        if conn.closing == Closing::No && !conn.read_paused && !io.recv_armed && !io.read_shut {
+            // Reading resumes after a pause for the input budget.
+            self.arm_recv(slot)?;
+            return self.drive(slot);
+        }
         if !io.send_in_flight {
             if io.sending.is_empty() && !conn.out.is_empty() {
                 std::mem::swap(&mut io.sending, &mut conn.out);
                 io.sent = 0;
+                conn.sending = io.sending.len();
             }
             if io.sent < io.sending.len() {
                 let pending = &io.sending[io.sent..];
@@ -384,7 +450,13 @@ impl Loop {
     }
 
     fn on_tick(&mut self) -> io::Result<()> {
-        self.core.tick();
+        if self.accept_backoff && self.stopping_since.is_none() {
+            self.accept_backoff = false;
+            if !self.accept_armed {
+                self.arm_accept()?;
+            }
+        }
+        self.core.tick(self.now);
         for slot in self.core.lingering_too_long() {
             if let Some(conn) = self.core.get_mut(slot) {
                 conn.closing = Closing::Abort;
@@ -392,20 +464,6 @@ impl Loop {
             self.core.mark_dirty(slot);
         }
         self.arm_tick()
-    }
-}
-
-fn set_nodelay(fd: RawFd) {
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt with a valid pointer to a c_int and its size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
     }
 }
 
@@ -421,6 +479,9 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         wake_buf: Box::new(0),
         tick: Box::new(types::Timespec::new().nsec(TICK.as_nanos() as u32)),
         stopping_since: None,
+        accept_armed: false,
+        accept_backoff: false,
+        now: Instant::now(),
     };
     this.arm_accept()?;
     this.arm_wake()?;
@@ -438,6 +499,7 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         }
         completions.clear();
         completions.extend(this.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())));
+        this.now = Instant::now();
         let mut step = Ok(());
         for &(data, result, flags) in &completions {
             let (op, slot, generation) = parse_user_data(data);
@@ -484,7 +546,10 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         }
     };
     if let Err(error) = &result {
-        warn!(worker = index, %error, "io_uring worker failed");
+        warn!(worker = index, %error, "io_uring worker failed; its players leave the world");
+        // Observers must not keep seeing frozen players: each leaves (parked on its shard
+        // for the resume window), and the clients are cut so that they resume elsewhere.
+        this.core.abandon_all();
     }
     let open: Vec<u32> = this.core.slots().collect();
     let fds: Vec<RawFd> =

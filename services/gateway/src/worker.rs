@@ -29,6 +29,28 @@ pub struct Shared {
     pub stopping: Arc<AtomicBool>,
     /// Turn counter of the round-robin placement policy.
     pub round_robin: AtomicUsize,
+    /// Caps on connections (per gateway, per address) and the per-connection limits.
+    pub admission: crate::limits::Admission,
+    /// Output queued per worker as of its last check, for the gateway-wide output budget.
+    pub output_by_worker: Vec<AtomicUsize>,
+    /// Woken when an event loop fails: the gateway stops and exits non-zero.
+    pub worker_failed: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// Records this worker's queued output; returns the gateway's total.
+    pub fn report_output(&self, worker: usize, bytes: usize) -> usize {
+        if let Some(mine) = self.output_by_worker.get(worker) {
+            mine.store(bytes, Ordering::Relaxed);
+        }
+        self.output_by_worker.iter().map(|w| w.load(Ordering::Relaxed)).sum()
+    }
+
+    /// An event loop stopped on an error: count it and make the gateway stop.
+    pub fn worker_failed(&self) {
+        self.metrics.worker_failures.inc();
+        self.worker_failed.notify_one();
+    }
 }
 
 /// A session id names one connection on one worker for its whole life:
@@ -247,10 +269,12 @@ pub fn bind_game_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpList
     Ok(socket.into())
 }
 
-/// Logs a worker's death; the process keeps its other workers.
-pub fn report_exit(index: usize, result: std::io::Result<()>) {
+/// Logs a worker's death and makes the gateway stop: a node with a dead event loop is
+/// not healthy (its players were taken out of the world by the loop on its way out).
+pub fn report_exit(index: usize, shared: &Shared, result: std::io::Result<()>) {
     if let Err(err) = result {
-        error!(worker = index, error = %err, "worker stopped on an I/O error");
+        error!(worker = index, error = %err, "worker stopped on an I/O error; the gateway stops");
+        shared.worker_failed();
     }
 }
 

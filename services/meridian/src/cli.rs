@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use meridian_cluster::{GatewayId, ShardId};
+use meridian_gateway::limits::{AddressBlock, Limits, Rate};
 use meridian_gateway::{GatewayConfig, IoBackend, Placement, QuicCert, QuicTimeouts};
 use meridian_protocol::TokenKey;
 use meridian_shard::ShardConfig;
@@ -171,7 +172,135 @@ pub struct GatewayArgs {
     #[arg(long, env = "MERIDIAN_QUIC_KEEP_ALIVE_MS", default_value_t = 3_000)]
     pub quic_keep_alive_ms: u64,
     #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// What one client, one address and all clients together may cost a gateway (README.md,
+/// "Limits"). Durations are written `250ms`, `30s`, `2m`, `1m30s`.
+#[derive(Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Moves per second per player (burst the same) before RATE_LIMITED.
+    #[arg(long, env = "MERIDIAN_MOVE_RATE", default_value_t = 20)]
+    pub move_rate: u32,
+    /// Chats per second per player before RATE_LIMITED.
+    #[arg(long, env = "MERIDIAN_CHAT_RATE", default_value_t = 2)]
+    pub chat_rate: u32,
+    /// Chats a player may send at once before the chat rate applies.
+    #[arg(long, env = "MERIDIAN_CHAT_BURST", default_value_t = 5)]
+    pub chat_burst: u32,
+    /// Frames per second per connection, of every kind (burst twice that); past it the
+    /// gateway stops reading the connection until the budget refills.
+    #[arg(long, env = "MERIDIAN_INPUT_FRAME_RATE", default_value_t = 100)]
+    pub input_frame_rate: u32,
+    /// Bytes per second per connection (burst twice that), the same way.
+    #[arg(long, env = "MERIDIAN_INPUT_BYTE_RATE", default_value_t = 64 * 1024)]
+    pub input_byte_rate: u32,
+    /// A connection with no Login or Resume by then is closed (NOT_LOGGED_IN).
+    #[arg(long, env = "MERIDIAN_LOGIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub login_timeout: Duration,
+    /// A logged-in client that sends nothing (not even Ping) for this long is closed.
+    #[arg(long, env = "MERIDIAN_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// Client connections on this gateway (also capped by the open-files limit less a
+    /// reserve of 512); past it new ones get UNAVAILABLE "server full".
+    #[arg(long, env = "MERIDIAN_MAX_CONNECTIONS", default_value_t = 100_000)]
+    pub max_connections: usize,
+    /// Connections from one address (an IPv6 /64 counts as one address).
+    #[arg(long, env = "MERIDIAN_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 256)]
+    pub max_connections_per_address: usize,
+    /// New connections per second from one address (burst five times that).
+    #[arg(long, env = "MERIDIAN_CONNECT_RATE", default_value_t = 20)]
+    pub connect_rate: u32,
+    /// Addresses or CIDR blocks the per-address limits do not apply to, comma-separated
+    /// (load generators, a proxy that does its own limiting).
+    #[arg(long, env = "MERIDIAN_LIMIT_EXEMPT", value_delimiter = ',')]
+    pub limit_exempt: Vec<AddressBlock>,
+    /// Bytes of output queued for all clients together; past it the largest queues are
+    /// cut first and no connection is accepted until it drains.
+    #[arg(long, env = "MERIDIAN_MAX_OUTPUT_TOTAL", default_value_t = 512 << 20)]
+    pub max_output_total: usize,
+}
+
+impl LimitArgs {
+    fn limits(&self, max_frame: usize, max_output: usize, problems: &mut Vec<String>) -> Limits {
+        for (flag, value) in [
+            ("--move-rate", self.move_rate),
+            ("--chat-rate", self.chat_rate),
+            ("--chat-burst", self.chat_burst),
+            ("--input-frame-rate", self.input_frame_rate),
+            ("--connect-rate", self.connect_rate),
+        ] {
+            if value == 0 {
+                problems.push(format!("{flag} must be above 0"));
+            }
+        }
+        // The byte budget's burst must hold the largest frame, or that frame never passes.
+        let largest = max_frame + meridian_protocol::MAX_PREFIX_BYTES;
+        if (self.input_byte_rate as usize) * 2 < largest {
+            problems.push(format!(
+                "--input-byte-rate {} must be at least half a largest frame ({largest} bytes)",
+                self.input_byte_rate
+            ));
+        }
+        if self.login_timeout.is_zero() || self.idle_timeout.is_zero() {
+            problems.push("--login-timeout and --idle-timeout must be above 0".into());
+        }
+        if self.max_connections == 0 || self.max_connections_per_address == 0 {
+            problems
+                .push("--max-connections and --max-connections-per-address must be above 0".into());
+        }
+        if self.max_output_total < max_output {
+            problems.push(format!(
+                "--max-output-total {} must be at least --max-output {max_output}",
+                self.max_output_total
+            ));
+        }
+        Limits {
+            moves: Rate::new(self.move_rate, self.move_rate),
+            chats: Rate::new(self.chat_rate, self.chat_burst),
+            input_frames: Rate::new(self.input_frame_rate, self.input_frame_rate.saturating_mul(2)),
+            input_bytes: Rate::new(self.input_byte_rate, self.input_byte_rate.saturating_mul(2)),
+            login_timeout: self.login_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections,
+            max_connections_per_address: self.max_connections_per_address,
+            connect_rate: Rate::new(self.connect_rate, self.connect_rate.saturating_mul(5)),
+            exempt: self.limit_exempt.clone(),
+            max_output_total: self.max_output_total,
+        }
+    }
+}
+
+/// A humane duration: `250ms`, `30s`, `2m`, `1h`, or a sum such as `1m30s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("{text:?}: expected a number, as in 250ms, 30s, 1m30s"));
+        }
+        let number: u64 = rest[..digits].parse().map_err(|e| format!("{text:?}: {e}"))?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let part = match &rest[..unit] {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number.saturating_mul(60)),
+            "h" => Duration::from_secs(number.saturating_mul(3600)),
+            "" => return Err(format!("{text:?}: a unit is needed (ms, s, m, h)")),
+            other => return Err(format!("{text:?}: unknown unit {other:?} (ms, s, m, h)")),
+        };
+        total = total.saturating_add(part);
+        rest = &rest[unit..];
+    }
+    Ok(total)
 }
 
 #[derive(Args, Debug, Clone)]
@@ -208,6 +337,11 @@ pub struct UpArgs {
     /// Write the cluster's addresses and pids as JSON here once everything is ready.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// Addresses the gateways' per-address connection limits do not apply to: loopback by
+    /// default, so local load tests with thousands of bots work; `--limit-exempt ''` to
+    /// try the limits locally.
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.0/8,::1")]
+    pub limit_exempt: Vec<String>,
 }
 
 /// Which cluster, in which etcd: what the operator commands need.
@@ -375,6 +509,7 @@ impl GatewayArgs {
             problems.push(format!("--max-output {} must be at least 4 frames", self.max_output));
         }
         let resume_key = resume_key(&self.common, &mut problems);
+        let limits = self.limits.limits(self.max_frame, self.max_output, &mut problems);
         let quic = self.quic.map(|addr| {
             let timeouts = QuicTimeouts {
                 idle: Duration::from_millis(self.quic_idle_timeout_ms),
@@ -434,6 +569,7 @@ impl GatewayArgs {
             workers,
             max_frame: self.max_frame,
             max_output_bytes: self.max_output,
+            limits,
             dev_mode: self.common.dev,
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             advertise: self.advertise,

@@ -13,6 +13,11 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     meridian_observe::init_tracing(cli.log_json);
+    // Every node serves many sockets: the soft open-files limit (often 1024) goes up to the
+    // hard one before anything opens.
+    if let Err(error) = meridian_gateway::raise_open_files_limit() {
+        tracing::warn!(%error, "cannot raise the open-files limit");
+    }
     let result = match cli.command {
         cli::Command::Shard(args) => args.validate().and_then(node::run_shard),
         cli::Command::Gateway(args) => args.validate().and_then(node::run_gateway),

@@ -155,6 +155,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             .args(["--quic", &format!("127.0.0.1:{quic_port}")])
             .args(["--quic-idle-timeout-ms", &args.quic_idle_timeout_ms.to_string()])
             .args(["--quic-keep-alive-ms", &(args.quic_idle_timeout_ms / 3).to_string()]);
+        let exempt: Vec<&str> =
+            args.limit_exempt.iter().map(|a| a.trim()).filter(|a| !a.is_empty()).collect();
+        if !exempt.is_empty() {
+            command.args(["--limit-exempt", &exempt.join(",")]);
+        }
         common(&mut command, &ready);
         nodes.list.push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
     }
@@ -187,6 +192,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         );
     }
     println!("  status:   meridian status --cluster {} --etcd {etcd_url}", args.cluster);
+    let exempt: Vec<&str> =
+        args.limit_exempt.iter().map(|a| a.trim()).filter(|a| !a.is_empty()).collect();
+    if !exempt.is_empty() {
+        println!(
+            "  limits:   {} exempt from the per-address connection caps (dev cluster; --limit-exempt '' to enforce them)",
+            exempt.join(", ")
+        );
+    }
     if let Some(admin) = summary["gateways"][0]["admin"].as_str() {
         println!("  live map: http://{admin}/map");
     }

@@ -120,6 +120,8 @@ pub(crate) struct Parked {
     pub at: Position,
     pub generation: u64,
     pub since: Instant,
+    /// The move budget it left with; given back when it resumes.
+    pub move_budget: Option<meridian_world::MoveBudget>,
 }
 
 /// Inputs for a player whose handoff has not arrived yet: since when, from which link.
@@ -460,6 +462,11 @@ impl WorldActor {
             }
             Some(Input::Ping(ping)) => {
                 self.outbox.push(link, input.session, &server::pong(ping.client_time));
+            }
+            Some(Input::Refused(refused)) => {
+                let code = ErrorCode::try_from(refused.code).unwrap_or(ErrorCode::RateLimited);
+                let error = server::error(code, refused.detail, refused.client_time);
+                self.outbox.push_move_answer(link, input.session, &error);
             }
             _ => {}
         }

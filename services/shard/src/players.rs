@@ -185,6 +185,11 @@ impl WorldActor {
             Some(Input::Ping(ping)) => {
                 self.outbox.push(link, session, &server::pong(ping.client_time))
             }
+            Some(Input::Refused(refused)) => {
+                let code = ErrorCode::try_from(refused.code).unwrap_or(ErrorCode::RateLimited);
+                let error = server::error(code, refused.detail, refused.client_time);
+                self.outbox.push_move_answer(link, session, &error);
+            }
             Some(Input::Resume(_)) => {}
             Some(Input::Leave(leave)) => {
                 // A dropped connection parks the player for the resume window; a logout ends it.
@@ -207,6 +212,7 @@ impl WorldActor {
                 let parked = Parked {
                     name: name.to_string(),
                     at,
+                    move_budget: self.world.move_budget(player),
                     generation: seat.generation,
                     since: Instant::now(),
                 };
@@ -515,6 +521,10 @@ impl WorldActor {
                 };
                 self.metrics.resumes.inc();
                 self.restore(link, input.seq, input.session, player, join);
+                // The budget it left with comes back with it: a reconnect buys no burst.
+                if let Some(budget) = parked.move_budget {
+                    let _ = self.world.set_move_budget(player, budget);
+                }
             }
             _ => self.outbox.refuse_resume(link, input.session),
         }
@@ -526,6 +536,25 @@ impl WorldActor {
     fn restore(&mut self, link: LinkId, seq: u64, session: u64, player: PlayerId, join: Join) {
         let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
         let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        // Restored here, it is no longer waiting to be resumed.
+        self.parked.remove(&player);
+        if let Some(seat) = self.seats.get_mut(&player).filter(|seat| seat.session == session) {
+            // The same connection, re-joining over a new stream after its gateway's stream
+            // broke before this shard noticed: the player stays where it is and its seat
+            // moves to the new stream. Its view is sent whole (ViewReset), like any restore.
+            seat.link = link;
+            seat.gateway = gateway;
+            seat.next_seq = seq + 1;
+            seat.pending.clear();
+            let generation = seat.generation;
+            let here = self.world.position(player).unwrap_or(at);
+            debug!(%player, "restored on a new stream of its own session");
+            self.outbox.push(link, session, &server::view_reset(player.0, here.x, here.y));
+            self.reconcile_view(player, link, session, &[]);
+            self.outbox.track(link, session, here.x, here.y, generation);
+            self.metrics.restores.inc();
+            return;
+        }
         let name: Arc<str> = join.name.into();
         let generation = join.generation + 1;
         let now = self.started.elapsed();

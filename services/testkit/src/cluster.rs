@@ -84,13 +84,23 @@ pub struct ClusterOptions {
     pub transport: Transport,
     /// Appended to the `meridian up` command line (e.g. `--lease-ttl 2`).
     pub extra_args: Vec<String>,
+    /// Set in the environment of `meridian up`, which the nodes it starts inherit: the
+    /// way to give every gateway (or shard) a `MERIDIAN_*` setting `up` has no flag for.
+    pub env: Vec<(String, String)>,
 }
 
 impl ClusterOptions {
     /// One shard, one gateway.
     pub fn new(front: impl Into<Front>) -> Self {
         let Front { io, transport } = front.into();
-        ClusterOptions { shards: 1, gateways: 1, io, transport, extra_args: Vec::new() }
+        ClusterOptions {
+            shards: 1,
+            gateways: 1,
+            io,
+            transport,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+        }
     }
 
     pub fn shards(mut self, shards: usize) -> Self {
@@ -105,6 +115,13 @@ impl ClusterOptions {
 
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.extra_args.push(arg.into());
+        self
+    }
+
+    /// Sets `key=value` in the environment of `meridian up` and so of every node it starts
+    /// (e.g. `MERIDIAN_IDLE_TIMEOUT=2s` for the gateways).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
         self
     }
 }
@@ -192,6 +209,7 @@ impl Cluster {
             .arg(&ready_path)
             .args(["--cluster", &name])
             .args(&opts.extra_args)
+            .envs(opts.env.iter().map(|(key, value)| (key, value)))
             // The log is a file: plain text is easier to read in a failure report.
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

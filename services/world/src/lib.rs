@@ -19,5 +19,6 @@ mod types;
 mod world;
 
 pub use config::{ConfigError, ConfigProblem, WorldConfig, MAX_SECTORS};
+pub use rate::MoveBudget;
 pub use types::{Direction, EntityKind, Envelope, Notification, PlayerId, Position, WorldError};
 pub use world::World;

@@ -12,7 +12,7 @@ const UNITS_PER_MOVE: u128 = 1_000_000_000;
 
 /// A player's remaining moves.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct MoveBudget {
+pub struct MoveBudget {
     /// Credit in units; at most `move_rate * UNITS_PER_MOVE`, which fits in a `u64`.
     credit: u64,
     /// When `credit` was last brought up to date. `None` means "full at whatever time comes

@@ -144,6 +144,20 @@ impl World {
     }
 
     /// Where an entity (local or ghost) is.
+    /// A local player's remaining move budget, to carry it over while the player is away
+    /// (parked for a resume), so that coming back does not buy a fresh burst.
+    pub fn move_budget(&self, id: PlayerId) -> Option<MoveBudget> {
+        let slot = self.local_slot(id).ok()?;
+        Some(self.entity(slot).budget)
+    }
+
+    /// Gives a local player back a budget taken with [`World::move_budget`].
+    pub fn set_move_budget(&mut self, id: PlayerId, budget: MoveBudget) -> Result<(), WorldError> {
+        let slot = self.local_slot(id)?;
+        self.entity_mut(slot).budget = budget;
+        Ok(())
+    }
+
     pub fn position(&self, id: PlayerId) -> Option<Position> {
         self.by_id.get(&id).map(|&slot| self.position_of_slot(slot))
     }

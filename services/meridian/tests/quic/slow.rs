@@ -17,7 +17,14 @@ const MAX_CHATS: usize = 12_000;
 
 #[test]
 fn a_quic_client_that_stops_reading_is_cut_off() {
-    with_cluster(ClusterOptions::new(Io::Uring), |cluster| {
+    // The speaker's chats are what fills the slow client's queue: the chat and input
+    // limits (tested in the abuse target) are lifted so that one speaker can do it.
+    let options = ClusterOptions::new(Io::Uring)
+        .env("MERIDIAN_CHAT_RATE", "1000000")
+        .env("MERIDIAN_CHAT_BURST", "1000000")
+        .env("MERIDIAN_INPUT_FRAME_RATE", "1000000")
+        .env("MERIDIAN_INPUT_BYTE_RATE", "100000000");
+    with_cluster(options, |cluster| {
         let quic = cluster.quic_target(0);
         let bystander = Bystander::start(quic, "bystander", BYSTANDER_HOME)?;
         // A 4 KiB window: the gateway's stream blocks almost at once, so what the client

@@ -1,0 +1,109 @@
+//! Socket options and descriptor limits shared by the event loops.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::RawFd;
+
+use crate::limits::Refusal;
+
+/// Seconds of silence before the kernel probes a client, between probes, and how many
+/// unanswered probes end it; with `TCP_USER_TIMEOUT` (unacknowledged data) a peer that
+/// vanished (power cut, NAT dropped the mapping) is noticed within about a minute, where
+/// the kernel's defaults would take more than two hours.
+const KEEPALIVE_IDLE_SECS: libc::c_int = 30;
+const KEEPALIVE_INTERVAL_SECS: libc::c_int = 10;
+const KEEPALIVE_PROBES: libc::c_int = 3;
+const USER_TIMEOUT_MS: libc::c_int = 60_000;
+
+fn set(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
+    // SAFETY: setsockopt with a valid pointer to a c_int and its size; a failure only
+    // leaves the option at its default.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// No Nagle delay, keep-alive probes, and a bound on unacknowledged output.
+pub fn configure_client_socket(fd: RawFd) {
+    set(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+    set(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS);
+    set(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECS);
+    set(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
+    set(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, USER_TIMEOUT_MS);
+}
+
+/// The peer's address of a connected socket.
+pub fn peer_ip(fd: RawFd) -> Option<IpAddr> {
+    // SAFETY: sockaddr_storage is plain data; getpeername writes at most `len` bytes into it.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: valid pointers to storage and its length.
+    let rc = unsafe {
+        libc::getpeername(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len)
+    };
+    if rc != 0 {
+        return None;
+    }
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let addr = unsafe {
+                &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let addr = unsafe {
+                &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            Some(IpAddr::V6(Ipv6Addr::from(addr.sin6_addr.s6_addr)))
+        }
+        _ => None,
+    }
+}
+
+/// Tells a refused client why (one small write that fits any socket buffer, never
+/// waiting) and closes the socket: a refused connection costs no slot and no linger.
+pub fn refuse_raw(fd: RawFd, refusal: Refusal) {
+    let frame = refusal.frame();
+    // SAFETY: sends from a live buffer of the given length on our own fd, then closes the
+    // fd, which nothing else owns.
+    unsafe {
+        libc::send(fd, frame.as_ptr().cast(), frame.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        libc::close(fd);
+    }
+}
+
+/// Errors that mean the process (or the system) is out of descriptors or memory: accepting
+/// again at once would fail the same way.
+pub fn is_resource_exhaustion(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
+/// Raises the soft limit on open files to the hard limit (the default soft limit, often
+/// 1024, is far below what a gateway serves); returns the soft limit in force.
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to an rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            limit = raised;
+        }
+    }
+    Ok(limit.rlim_cur)
+}
