@@ -141,6 +141,22 @@ MERIDIAN_IO: {{ .Values.gateway.io | quote }}
 MERIDIAN_PLACEMENT: {{ .Values.gateway.placement | quote }}
 MERIDIAN_MAX_FRAME: {{ .Values.gateway.maxFrameBytes | int64 | quote }}
 MERIDIAN_MAX_OUTPUT: {{ .Values.gateway.maxOutputBytes | int64 | quote }}
+MERIDIAN_MOVE_RATE: {{ .Values.world.moveRate | int64 | quote }}
+{{- with .Values.gateway.limits }}
+MERIDIAN_CHAT_RATE: {{ .chatRate | int64 | quote }}
+MERIDIAN_CHAT_BURST: {{ .chatBurst | int64 | quote }}
+MERIDIAN_INPUT_FRAME_RATE: {{ .inputFrameRate | int64 | quote }}
+MERIDIAN_INPUT_BYTE_RATE: {{ .inputByteRate | int64 | quote }}
+MERIDIAN_LOGIN_TIMEOUT: {{ .loginTimeout | quote }}
+MERIDIAN_IDLE_TIMEOUT: {{ .idleTimeout | quote }}
+MERIDIAN_MAX_CONNECTIONS: {{ .maxConnections | int64 | quote }}
+MERIDIAN_MAX_CONNECTIONS_PER_ADDRESS: {{ .maxConnectionsPerAddress | int64 | quote }}
+MERIDIAN_CONNECT_RATE: {{ .connectRate | int64 | quote }}
+MERIDIAN_MAX_OUTPUT_TOTAL: {{ .maxOutputTotalBytes | int64 | quote }}
+{{- if .exempt }}
+MERIDIAN_LIMIT_EXEMPT: {{ join "," .exempt | quote }}
+{{- end }}
+{{- end }}
 {{- if .Values.gateway.quic.enabled }}
 MERIDIAN_QUIC_IDLE_TIMEOUT_MS: {{ .Values.gateway.quic.idleTimeoutMs | int64 | quote }}
 MERIDIAN_QUIC_KEEP_ALIVE_MS: {{ .Values.gateway.quic.keepAliveMs | int64 | quote }}
