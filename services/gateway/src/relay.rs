@@ -2,8 +2,9 @@
 //! stream, plus the task that opens and closes links as the cluster view changes.
 //!
 //! Upstream, each worker hands over one batch per loop iteration; the link task merges
-//! what has queued into one `GatewayBatch`. Downstream, each `ShardBatch` is split by the
-//! worker that owns each connection and handed over as one mail per worker per batch.
+//! what has queued into one `GatewayBatch` (several when it is over the batch limits).
+//! Downstream, each `ShardBatch` is split by the worker that owns each connection and
+//! handed over as one mail per worker per batch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -175,19 +176,12 @@ async fn relay_once(
                 if n == 0 {
                     return Ok(());
                 }
-                let mut batch = GatewayBatch { gateway_id: 0, inputs: Vec::new() };
-                if queued.len() == 1 {
-                    batch.inputs = queued.pop().expect("invariant: one queued batch");
-                } else {
-                    batch.inputs.reserve(queued.iter().map(Vec::len).sum());
-                    for part in queued.drain(..) {
-                        batch.inputs.extend(part);
+                for batch in merge(&mut queued) {
+                    metrics.inputs_relayed.add(batch.inputs.len() as u64);
+                    metrics.batches_to_shards.inc();
+                    if upstream.send(batch).await.is_err() {
+                        return Ok(());
                     }
-                }
-                metrics.inputs_relayed.add(batch.inputs.len() as u64);
-                metrics.batches_to_shards.inc();
-                if upstream.send(batch).await.is_err() {
-                    return Ok(());
                 }
             }
             message = downstream.message() => {
@@ -207,6 +201,27 @@ async fn relay_once(
             }
         }
     }
+}
+
+/// The workers' queued batches as the messages to send, in order; leaves `queued` empty.
+/// Merged up to the batch limits: however much has queued, no message is one the shard
+/// would refuse for its size (that would end the stream and cost every player on it their
+/// moves in flight). A player's inputs stay in order across the pieces: they follow each
+/// other on the one stream.
+fn merge(queued: &mut Vec<Vec<PlayerInput>>) -> Vec<GatewayBatch> {
+    let inputs = if queued.len() == 1 {
+        queued.pop().expect("invariant: one queued batch")
+    } else {
+        let mut inputs = Vec::with_capacity(queued.iter().map(Vec::len).sum());
+        for part in queued.drain(..) {
+            inputs.extend(part);
+        }
+        inputs
+    };
+    meridian_rpc::split_entries(inputs, meridian_rpc::GATEWAY_BATCH)
+        .into_iter()
+        .map(|inputs| GatewayBatch { gateway_id: 0, inputs })
+        .collect()
 }
 
 /// Awaits every future, in any order (a few per link failure; no extra crate needed).
@@ -247,5 +262,60 @@ impl HealthCheck {
 impl Drop for HealthCheck {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meridian_protocol::pb::{Chat, Ping};
+    use meridian_rpc::pb::player_input::Kind;
+    use meridian_rpc::{MAX_BATCH_BYTES, MAX_GRPC_MESSAGE_BYTES, MAX_INPUTS_PER_BATCH};
+    use prost::Message;
+
+    use super::*;
+
+    fn input(seq: u64, kind: Kind) -> PlayerInput {
+        PlayerInput { session: 1, player_id: 2, seq, kind: Some(kind) }
+    }
+
+    /// Checks every batch against the limits and returns the seqs it carried, in order.
+    fn sent_seqs(batches: &[GatewayBatch]) -> Vec<u64> {
+        for batch in batches {
+            assert!(batch.encoded_len() <= MAX_BATCH_BYTES, "a batch within the byte budget");
+            assert!(batch.inputs.len() <= MAX_INPUTS_PER_BATCH, "and the count");
+        }
+        batches.iter().flat_map(|b| b.inputs.iter().map(|i| i.seq)).collect()
+    }
+
+    /// MERGE worker batches of the longest chats add up to more than the gRPC limit: they
+    /// go as several messages, in order.
+    #[test]
+    fn merged_inputs_over_the_grpc_limit_go_as_several_batches_in_order() {
+        let text = "x".repeat(256);
+        let mut seq = 0;
+        let mut queued: Vec<Vec<PlayerInput>> = (0..MERGE)
+            .map(|_| {
+                (0..4000)
+                    .map(|_| {
+                        seq += 1;
+                        input(seq, Kind::Chat(Chat { text: text.clone() }))
+                    })
+                    .collect()
+            })
+            .collect();
+        let total: usize = queued.iter().flatten().map(Message::encoded_len).sum();
+        assert!(total > MAX_GRPC_MESSAGE_BYTES, "{total} bytes");
+        let batches = merge(&mut queued);
+        assert!(queued.is_empty());
+        assert_eq!(sent_seqs(&batches), (1..=seq).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn many_small_inputs_are_split_by_count() {
+        let many: Vec<PlayerInput> =
+            (1..=10_000).map(|seq| input(seq, Kind::Ping(Ping { client_time: seq }))).collect();
+        let batches = merge(&mut vec![many]);
+        assert_eq!(batches.len(), 3);
+        assert_eq!(sent_seqs(&batches), (1..=10_000).collect::<Vec<_>>());
     }
 }

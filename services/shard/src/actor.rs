@@ -2,19 +2,19 @@
 //!
 //! Commands from every gateway stream and every peer shard arrive on one bounded queue and
 //! are applied in arrival order, a round at a time; a round's output is grouped per
-//! connection (one `ShardBatch` per gateway link) and per peer (one batch per peer shard).
+//! connection (`ShardBatch`es per gateway link) and per peer (batches per peer shard).
 //! One task owns the world, so the rules need no locks. Local players' inputs are applied
 //! in their sequence order; players near a border are mirrored to neighbours as ghosts;
 //! players who step out of the region are handed off (see `players.rs`).
 
 use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, EpochCell, ShardId};
 use meridian_protocol::pb::{self as client_pb, ErrorCode};
 use meridian_protocol::{server, InvalidArgument, TokenKey};
+use meridian_rpc::pb::player_input::Kind as Input;
 use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput, ShardBatch};
 use meridian_world::{Direction, Envelope, Notification, PlayerId, Position, World};
 use rand::rngs::SmallRng;
@@ -27,6 +27,7 @@ use crate::geometry::Geometry;
 use crate::ghosts::Ghosts;
 use crate::outbox::Outbox;
 use crate::peer::{PeerOutbox, PeerSenders};
+use crate::sequence::{InputSequence, Offered, Refused};
 use crate::{ShardConfig, ShardMetrics};
 
 /// Batches a gateway link may have queued before it counts as not keeping up and is cut.
@@ -40,11 +41,15 @@ const ROUND: usize = 512;
 const BORDERS_SETTLE: Duration = Duration::from_secs(2);
 /// Housekeeping period: geometry refresh, expiries.
 const TICK: Duration = Duration::from_millis(100);
-/// Inputs held for a player not (yet) here, waiting for its handoff to arrive.
+/// Inputs held for a player not (yet) here, waiting for its handoff to arrive; beyond
+/// that, new ones are refused (a `Leave` is always held).
 const EARLY_LIMIT: usize = 256;
+/// How long inputs from a gateway wait for their player before they are refused. Forwarded
+/// inputs, which cannot be answered here without their gateway's link, wait `FORWARD_FOR`:
+/// the shard that forwarded them handed their player here.
 const EARLY_WAIT: Duration = Duration::from_secs(2);
-/// Out-of-order inputs held per local player.
-const PENDING_LIMIT: usize = 1024;
+/// Out-of-order inputs held per local player; beyond that, the newest is refused.
+pub(crate) const PENDING_LIMIT: usize = 1024;
 /// A handed-off player stays listed by the old owner this long after the new owner
 /// confirmed (so a sequential sample of all shards always finds it somewhere), and its
 /// late inputs are forwarded this long.
@@ -106,8 +111,8 @@ pub(crate) struct Seat {
     pub session: u64,
     pub gateway: u32,
     pub generation: u64,
-    pub next_seq: u64,
-    pub pending: BTreeMap<u64, PlayerInput>,
+    /// The player's inputs in `seq` order.
+    pub inputs: InputSequence,
     /// Shards currently holding a ghost of this player.
     pub ghosted_at: Vec<ShardId>,
     /// Counts this player's position changes (see `PeerMessage.subject_seq`).
@@ -126,6 +131,21 @@ pub(crate) struct Parked {
 
 /// Inputs for a player whose handoff has not arrived yet: since when, from which link.
 pub(crate) type EarlyInputs = (Instant, Vec<(Option<LinkId>, PlayerInput)>);
+
+impl Seat {
+    /// A seat whose next input is `next_seq`.
+    pub fn new(link: LinkId, session: u64, gateway: u32, generation: u64, next_seq: u64) -> Seat {
+        Seat {
+            link,
+            session,
+            gateway,
+            generation,
+            inputs: InputSequence::new(next_seq, PENDING_LIMIT),
+            ghosted_at: Vec::new(),
+            subject_seq: 0,
+        }
+    }
+}
 
 pub(crate) struct HandedOff {
     /// Where inputs that still arrive here go: the shard the player was handed to, or
@@ -153,6 +173,9 @@ pub struct WorldActor {
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
     pub(crate) handed_off: FxHashMap<PlayerId, HandedOff>,
     pub(crate) early: FxHashMap<PlayerId, EarlyInputs>,
+    /// Inputs refused while their player was not here, by player and session, with when
+    /// the last was: kept `FORWARD_FOR`, so a player that arrives late steps over them.
+    pub(crate) refused: FxHashMap<(PlayerId, u64), (Instant, Refused)>,
     pub(crate) ghosts: Ghosts,
     pub(crate) outbox: Outbox,
     pub(crate) peer_out: PeerOutbox,
@@ -204,6 +227,7 @@ impl WorldActor {
             seats: FxHashMap::default(),
             handed_off: FxHashMap::default(),
             early: FxHashMap::default(),
+            refused: FxHashMap::default(),
             ghosts: Ghosts::default(),
             outbox: Outbox::default(),
             peer_out: PeerOutbox::default(),
@@ -381,7 +405,6 @@ impl WorldActor {
     /// was handed off, held briefly if its handoff has not arrived yet.
     pub(crate) fn on_input(&mut self, link: Option<LinkId>, input: PlayerInput) {
         let player = PlayerId(input.player_id);
-        use meridian_rpc::pb::player_input::Kind as Input;
         match (link, &input.kind) {
             (Some(link), Some(Input::Join(_))) => return self.join(link, input),
             (Some(link), Some(Input::Resume(_))) => return self.resume(link, input),
@@ -404,14 +427,20 @@ impl WorldActor {
             return;
         }
         let entry = self.early.entry(player).or_insert_with(|| (Instant::now(), Vec::new()));
-        if entry.1.len() < EARLY_LIMIT {
+        let leave = matches!(input.kind, Some(Input::Leave(_)));
+        if entry.1.len() < EARLY_LIMIT || leave {
             entry.1.push((link, input));
         } else {
+            let link = link.or_else(|| self.early_link(player, input.session));
             self.refuse_unplaced(link, input);
         }
     }
 
-    /// Applies a local player's input if it is the next in sequence; holds it otherwise.
+    /// Applies a local player's input if it is the next in sequence, and any held ones
+    /// whose turn that makes it; holds it otherwise. Past the hold limit the newest input
+    /// (this one or a held one) is refused at once, ahead of its turn (its answer may come
+    /// before those of older inputs still missing), and its seq consumed, so later inputs
+    /// still flow.
     fn sequence(&mut self, player: PlayerId, input: PlayerInput) {
         let Some(seat) = self.seats.get_mut(&player) else {
             return;
@@ -421,54 +450,96 @@ impl WorldActor {
             debug!(%player, seq = input.seq, "input from an earlier session dropped");
             return;
         }
-        if input.seq < seat.next_seq {
-            debug!(%player, seq = input.seq, "duplicate input dropped");
-            return;
-        }
-        if input.seq > seat.next_seq {
-            if seat.pending.len() < PENDING_LIMIT {
-                seat.pending.insert(input.seq, input);
-            } else {
-                warn!(%player, "too many out-of-order inputs; dropping");
+        let (link, session, seq) = (seat.link, seat.session, input.seq);
+        match seat.inputs.offer(input) {
+            Offered::Apply(input) => {
+                self.apply(player, input);
+                self.apply_held(player);
             }
-            return;
+            Offered::Held => {}
+            Offered::Duplicate => debug!(%player, seq, "duplicate input dropped"),
+            Offered::Refuse(refused) => {
+                warn!(%player, seq = refused.seq, "too many out-of-order inputs; refusing the newest");
+                self.answer_refused(link, session, refused, "too many inputs out of order");
+            }
         }
-        seat.next_seq += 1;
-        self.apply(player, input);
-        while let Some(seat) = self.seats.get_mut(&player) {
-            let Some(next) = seat.pending.remove(&seat.next_seq) else {
-                break;
-            };
-            seat.next_seq += 1;
+    }
+
+    /// Applies the player's held inputs as long as the next one is there.
+    fn apply_held(&mut self, player: PlayerId) {
+        // (Applying may hand the player off: the seat is looked up again each time.)
+        while let Some(next) = self.seats.get_mut(&player).and_then(|s| s.inputs.next_held()) {
             self.apply(player, next);
         }
     }
 
-    /// Answers an input for a player this shard does not know and cannot wait for.
+    /// The gateway link that inputs of `session` for a player not here came through, if
+    /// any did: forwarded inputs of that connection are answered through it.
+    fn early_link(&self, player: PlayerId, session: u64) -> Option<LinkId> {
+        let (_, inputs) = self.early.get(&player)?;
+        inputs.iter().find(|(link, input)| link.is_some() && input.session == session)?.0
+    }
+
+    /// Gives up on an input for a player this shard does not have: answers it when the
+    /// connection's link is known (a forwarded input on its own cannot be), and records
+    /// its seq so that the player, should it arrive after all, steps over it. A `Leave` is
+    /// kept instead, for such a player to leave the world.
     fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
-        let Some(link) = link else {
-            warn!(
-                player = input.player_id,
-                "forwarded input for a player that never arrived dropped"
-            );
+        let (player, session) = (PlayerId(input.player_id), input.session);
+        let now = Instant::now();
+        let entry = self.refused.entry((player, session));
+        let (since, refused) = entry.or_insert_with(|| (now, Refused::default()));
+        *since = now;
+        let Some(input) = refused.record(input) else {
             return;
         };
-        use meridian_rpc::pb::player_input::Kind as Input;
+        match link {
+            Some(link) => self.answer_refused(link, session, input, "player is not on this shard"),
+            None => {
+                warn!(%player, seq = input.seq, "forwarded input for a player that never arrived; given up")
+            }
+        }
+    }
+
+    /// Answers an input that will not be applied: a Move with `UNAVAILABLE` and its
+    /// client_time, a Ping with its Pong, a Chat (which its speaker would have seen) with
+    /// an `UNAVAILABLE` error. A `Leave` is never refused; a kindless input wants nothing.
+    fn answer_refused(&mut self, link: LinkId, session: u64, input: PlayerInput, detail: &str) {
         match input.kind {
             Some(Input::Move(m)) => {
-                let detail = "player is not on this shard";
                 let error = server::error(ErrorCode::Unavailable, detail, m.client_time);
-                self.outbox.push_move_answer(link, input.session, &error);
+                self.outbox.push_move_answer(link, session, &error);
             }
             Some(Input::Ping(ping)) => {
-                self.outbox.push(link, input.session, &server::pong(ping.client_time));
+                self.outbox.push(link, session, &server::pong(ping.client_time));
             }
             Some(Input::Refused(refused)) => {
+                // A move the gateway refused: its own answer, in its turn.
                 let code = ErrorCode::try_from(refused.code).unwrap_or(ErrorCode::RateLimited);
                 let error = server::error(code, refused.detail, refused.client_time);
-                self.outbox.push_move_answer(link, input.session, &error);
+                self.outbox.push_move_answer(link, session, &error);
             }
-            _ => {}
+            Some(Input::Chat(_)) => {
+                let detail = format!("chat not delivered: {detail}");
+                self.outbox.push(link, session, &server::error(ErrorCode::Unavailable, detail, 0));
+            }
+            Some(Input::Leave(_) | Input::Join(_) | Input::Resume(_)) | None => {}
+        }
+    }
+
+    /// A player arrived (handed over): inputs refused while it was not here are stepped
+    /// over, a `Leave` among them is applied in its turn, and the inputs held for it are
+    /// offered in arrival order.
+    pub(crate) fn take_early_inputs(&mut self, player: PlayerId, session: u64) {
+        let mut inputs = self.early.remove(&player).map(|(_, inputs)| inputs).unwrap_or_default();
+        if let Some((_, refused)) = self.refused.remove(&(player, session)) {
+            if let Some(seat) = self.seats.get_mut(&player) {
+                seat.inputs.consume(&refused.seqs);
+            }
+            inputs.extend(refused.leave.map(|leave| (None, leave)));
+        }
+        for (link, input) in inputs {
+            self.on_input(link, input);
         }
     }
 
@@ -509,16 +580,40 @@ impl WorldActor {
             .map(|(id, _)| *id)
             .collect();
         for player in expired {
-            if let Some((_, inputs)) = self.early.remove(&player) {
-                warn!(%player, n = inputs.len(), "inputs for a player that never arrived");
-                for (link, input) in inputs {
-                    self.refuse_unplaced(link, input);
-                }
-            }
+            self.expire_early(player, now);
         }
+        self.refused.retain(|_, (since, _)| now - *since < FORWARD_FOR);
         self.handed_off.retain(|_, h| now - h.since < FORWARD_FOR);
         let window = self.resume_window;
         self.parked.retain(|_, p| now - p.since <= window);
+    }
+
+    /// Inputs for a player that has not arrived in time are refused in seq order, each
+    /// answered through its connection's gateway link. Forwarded ones no link is known for
+    /// wait until `FORWARD_FOR`: they cannot be answered, and applied late beats never.
+    fn expire_early(&mut self, player: PlayerId, now: Instant) {
+        let Some((since, mut inputs)) = self.early.remove(&player) else {
+            return;
+        };
+        inputs.sort_by_key(|(_, input)| input.seq);
+        let links: FxHashMap<u64, LinkId> =
+            inputs.iter().filter_map(|(link, input)| Some((input.session, (*link)?))).collect();
+        let give_up = now - since > FORWARD_FOR;
+        let mut waiting = Vec::new();
+        let n = inputs.len();
+        for (link, input) in inputs {
+            match link.or_else(|| links.get(&input.session).copied()) {
+                None if !give_up => waiting.push((None, input)),
+                link => self.refuse_unplaced(link, input),
+            }
+        }
+        if waiting.len() < n {
+            let refused = n - waiting.len();
+            warn!(%player, refused, "inputs for a player that has not arrived refused");
+        }
+        if !waiting.is_empty() {
+            self.early.insert(player, (since, waiting));
+        }
     }
 
     /// Turns the world's envelopes into frames for their recipients' connections.
@@ -606,14 +701,19 @@ impl WorldActor {
             self.metrics.errors.add(code.as_str_name(), n);
         }
         let mut cut = Vec::new();
-        for (link, batch, bytes) in self.outbox.drain() {
+        for (link, batches, bytes) in self.outbox.drain() {
             let Some(out) = self.links.get(&link) else {
                 continue;
             };
             self.metrics.delivery_bytes.add(bytes);
-            self.metrics.batches_out.inc();
-            if out.out.try_send(Ok(batch)).is_err() {
-                cut.push(link);
+            // A round's output for a link may be several batches (see `Outbox::drain`); once
+            // one does not fit, the link is cut and nothing after it is sent.
+            for batch in batches {
+                self.metrics.batches_out.inc();
+                if out.out.try_send(Ok(batch)).is_err() {
+                    cut.push(link);
+                    break;
+                }
             }
         }
         for link in cut {
@@ -641,6 +741,7 @@ impl WorldActor {
         self.seats.clear();
         self.handed_off.clear();
         self.early.clear();
+        self.refused.clear();
         self.parked.clear();
         self.divergent.clear();
         self.history = Default::default();
@@ -737,3 +838,7 @@ pub(crate) fn world_direction(raw: i32) -> Result<Direction, InvalidArgument> {
         Ok(client_pb::Direction::Unspecified) | Err(_) => Err(InvalidArgument::BadDirection(raw)),
     }
 }
+
+#[cfg(test)]
+#[path = "actor_tests.rs"]
+mod tests;

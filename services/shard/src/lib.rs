@@ -15,6 +15,7 @@ mod metrics;
 mod outbox;
 mod peer;
 mod players;
+mod sequence;
 mod service;
 mod views;
 

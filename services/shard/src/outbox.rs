@@ -1,23 +1,45 @@
 //! Assembles one round's output: per gateway link, one `Delivery` per connection holding
 //! all of that connection's frames back to back, encoded once and never touched again.
+//!
+//! A round's output for a link goes as as many `ShardBatch`es as the batch limits need
+//! (a crowd chatting can make it any size), and a connection whose output alone is over a
+//! batch's budget gets it in several deliveries, cut between frames. Each piece counts its
+//! own move answers; the position goes with the piece holding the frames it follows, and
+//! the handoff marker, the close and the resume refusal with the last piece. The gateway
+//! handles a link's deliveries in order, so the client reads the same bytes either way.
 
+use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
-use meridian_protocol::encode_frame;
 use meridian_protocol::pb::{server_message::Kind, ErrorCode, ServerMessage};
+use meridian_protocol::{encode_frame, next_frame};
 use meridian_rpc::pb::{Delivery, ShardBatch};
+use meridian_rpc::{split_entries, SHARD_BATCH};
 
 use crate::actor::LinkId;
 
 /// Starting size of a connection's frame buffer in a round: a few notifications fit
 /// without growing it (growing showed as ~4% of a busy shard's time in realloc).
 const FRAMES_CAPACITY: usize = 256;
+/// Frame bytes in one `Delivery` at most. The rest of a delivery (session, counts, marker,
+/// position) and its key and length in the batch take well under the 256 bytes left.
+const MAX_DELIVERY_FRAMES: usize = SHARD_BATCH.max_entry_bytes - 256;
+
+/// One connection's frames this round.
+struct Frames {
+    bytes: Vec<u8>,
+    /// How many of the bytes were there when the position was last tracked.
+    tracked_at: usize,
+}
 
 #[derive(Default)]
 struct LinkOut {
     deliveries: Vec<Delivery>,
-    frames: Vec<Vec<u8>>,
+    frames: Vec<Frames>,
     by_session: FxHashMap<u64, usize>,
+    /// Where each move answer ends in its connection's frames: (delivery index, offset),
+    /// in the order pushed. Read only to cut a connection's output into pieces.
+    move_answer_ends: Vec<(usize, usize)>,
 }
 
 /// Output of one round of the world task. Reused across rounds: the maps keep their
@@ -35,7 +57,8 @@ impl Outbox {
         let out = self.links.entry(link).or_default();
         let index = *out.by_session.entry(session).or_insert_with(|| {
             out.deliveries.push(Delivery { session, ..Default::default() });
-            out.frames.push(Vec::with_capacity(FRAMES_CAPACITY));
+            let bytes = Vec::with_capacity(FRAMES_CAPACITY);
+            out.frames.push(Frames { bytes, tracked_at: 0 });
             out.deliveries.len() - 1
         });
         (out, index)
@@ -44,14 +67,16 @@ impl Outbox {
     /// Appends one framed message for a connection.
     pub fn push(&mut self, link: LinkId, session: u64, message: &ServerMessage) {
         let (out, index) = self.slot(link, session);
-        encode_frame(message, &mut out.frames[index]);
+        encode_frame(message, &mut out.frames[index].bytes);
         self.count(message);
     }
 
     /// Appends the answer to a Move (its ack or its error), counted for the gateway.
     pub fn push_move_answer(&mut self, link: LinkId, session: u64, message: &ServerMessage) {
         let (out, index) = self.slot(link, session);
-        encode_frame(message, &mut out.frames[index]);
+        let frames = &mut out.frames[index].bytes;
+        encode_frame(message, frames);
+        out.move_answer_ends.push((index, frames.len()));
         out.deliveries[index].move_answers += 1;
         self.count(message);
     }
@@ -72,6 +97,7 @@ impl Outbox {
         let (out, index) = self.slot(link, session);
         out.deliveries[index].position = Some(meridian_protocol::pb::Position { x, y });
         out.deliveries[index].generation = generation;
+        out.frames[index].tracked_at = out.frames[index].bytes.len();
     }
 
     /// Answers a resume request for a player this shard does not hold.
@@ -92,22 +118,351 @@ impl Outbox {
         out.deliveries[index].close = true;
     }
 
-    /// Takes the batches to send, one per link with output; leaves the outbox empty.
-    pub fn drain(&mut self) -> impl Iterator<Item = (LinkId, ShardBatch, u64)> + '_ {
+    /// Takes the round's output: per link with output, its batches in the order they must
+    /// be sent, each within the batch limits, and the frame bytes in them. Leaves the
+    /// outbox empty.
+    pub fn drain(&mut self) -> impl Iterator<Item = (LinkId, Vec<ShardBatch>, u64)> + '_ {
         self.n_messages = 0;
         self.links.iter_mut().filter(|(_, out)| !out.deliveries.is_empty()).map(|(link, out)| {
-            out.by_session.clear();
-            let mut bytes = 0;
-            for (delivery, frames) in out.deliveries.iter_mut().zip(out.frames.drain(..)) {
-                bytes += frames.len() as u64;
-                delivery.frames = frames.into();
-            }
-            let deliveries = std::mem::take(&mut out.deliveries);
-            (*link, ShardBatch { deliveries }, bytes)
+            let (deliveries, bytes) = out.take();
+            let batches = split_entries(deliveries, SHARD_BATCH)
+                .into_iter()
+                .map(|deliveries| ShardBatch { deliveries })
+                .collect();
+            (*link, batches, bytes)
         })
     }
 
     pub fn forget_link(&mut self, link: LinkId) {
         self.links.remove(&link);
+    }
+}
+
+impl LinkOut {
+    /// The round's deliveries with their frames in, a connection's output over the budget
+    /// cut into several; and the frame bytes. Leaves the link empty for the next round.
+    fn take(&mut self) -> (Vec<Delivery>, u64) {
+        self.by_session.clear();
+        let bytes = self.frames.iter().map(|f| f.bytes.len() as u64).sum();
+        let mut deliveries = std::mem::take(&mut self.deliveries);
+        if self.frames.iter().all(|f| f.bytes.len() <= MAX_DELIVERY_FRAMES) {
+            for (delivery, frames) in deliveries.iter_mut().zip(self.frames.drain(..)) {
+                delivery.frames = frames.bytes.into();
+            }
+        } else {
+            let mut pieces = Vec::with_capacity(deliveries.len() + 1);
+            for (index, (mut delivery, frames)) in
+                deliveries.into_iter().zip(self.frames.drain(..)).enumerate()
+            {
+                if frames.bytes.len() <= MAX_DELIVERY_FRAMES {
+                    delivery.frames = frames.bytes.into();
+                    pieces.push(delivery);
+                    continue;
+                }
+                // Scanned per oversized connection: rare, and a round has few of them.
+                let ends = self.move_answer_ends.iter().filter(|(i, _)| *i == index);
+                let ends = ends.map(|(_, end)| *end);
+                split_delivery(delivery, frames, ends, MAX_DELIVERY_FRAMES, &mut pieces);
+            }
+            deliveries = pieces;
+        }
+        self.move_answer_ends.clear();
+        (deliveries, bytes)
+    }
+}
+
+/// Cuts one connection's output into deliveries of at most `max_frames` frame bytes (one
+/// frame bigger than that goes alone), between frames, in order. `answer_ends` are where
+/// its move answers end, ascending.
+fn split_delivery(
+    whole: Delivery,
+    frames: Frames,
+    answer_ends: impl Iterator<Item = usize>,
+    max_frames: usize,
+    into: &mut Vec<Delivery>,
+) {
+    let bytes = Bytes::from(frames.bytes);
+    let mut cuts = Vec::new();
+    let (mut start, mut at) = (0, 0);
+    while at < bytes.len() {
+        let frame_len = match next_frame(&bytes[at..], usize::MAX) {
+            Ok(Some(header)) => header.total_len(),
+            // Frames encoded here are whole; were one not, the rest would go as it is.
+            Ok(None) | Err(_) => bytes.len() - at,
+        };
+        if at > start && at + frame_len - start > max_frames {
+            cuts.push(at);
+            start = at;
+        }
+        at += frame_len;
+    }
+    cuts.push(bytes.len());
+    let mut answer_ends = answer_ends.peekable();
+    let (mut start, mut answers_before) = (0, 0);
+    let last = cuts.len() - 1;
+    for (n, end) in cuts.into_iter().enumerate() {
+        let mut piece = Delivery {
+            session: whole.session,
+            frames: bytes.slice(start..end),
+            ..Default::default()
+        };
+        while answer_ends.next_if(|&answer_end| answer_end <= end).is_some() {
+            piece.move_answers += 1;
+        }
+        let tracked = frames.tracked_at;
+        let position_here = if tracked == 0 { n == 0 } else { start < tracked && tracked <= end };
+        if position_here {
+            piece.position = whole.position;
+            piece.generation = whole.generation;
+        }
+        if n == last {
+            // Whatever was not placed by offset (nothing, unless the counts disagree) goes
+            // last, so the pieces always add up to the whole.
+            piece.move_answers = whole.move_answers.saturating_sub(answers_before);
+            piece.released_to = whole.released_to;
+            piece.close = whole.close;
+            piece.resume_refused = whole.resume_refused;
+        }
+        answers_before += piece.move_answers;
+        into.push(piece);
+        start = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use meridian_cluster::{ClusterView, EpochCell, ShardId};
+    use meridian_protocol::server;
+    use meridian_rpc::pb::{shard_client::ShardClient, shard_server::ShardServer, GatewayBatch};
+    use meridian_rpc::{MAX_BATCH_BYTES, MAX_DELIVERIES_PER_BATCH, MAX_GRPC_MESSAGE_BYTES};
+    use prost::Message;
+    use tokio::sync::{mpsc, watch};
+
+    use super::*;
+    use crate::actor::Command;
+    use crate::service::ShardService;
+
+    const LINK: LinkId = LinkId(1);
+
+    /// Every batch of the round for `LINK`, in order.
+    fn drained(outbox: &mut Outbox) -> Vec<ShardBatch> {
+        outbox
+            .drain()
+            .filter(|(link, _, _)| *link == LINK)
+            .flat_map(|(_, batches, _)| batches)
+            .collect()
+    }
+
+    /// What one connection is sent in the big round: chats, with a move answer (the
+    /// connection's own ack) after every 16th and its position tracked with it.
+    fn big_round(outbox: &mut Outbox, session: u64, chats: u64) -> Vec<u8> {
+        let text = "x".repeat(256);
+        let mut expected = Vec::new();
+        for i in 1..=chats {
+            let chat = server::chat(i, text.as_str());
+            encode_frame(&chat, &mut expected);
+            outbox.push(LINK, session, &chat);
+            if i % 16 == 0 {
+                let ack = server::moved(session, i as u32, 0, i);
+                encode_frame(&ack, &mut expected);
+                outbox.push_move_answer(LINK, session, &ack);
+                outbox.track(LINK, session, i as u32, 0, 3);
+            }
+        }
+        expected
+    }
+
+    /// The messages in a run of frames.
+    fn decode(mut frames: &[u8]) -> Vec<ServerMessage> {
+        let mut messages = Vec::new();
+        while let Some(header) = next_frame(frames, usize::MAX).expect("whole frames") {
+            messages.push(ServerMessage::decode(header.body(frames)).expect("a message"));
+            frames = &frames[header.total_len()..];
+        }
+        assert!(frames.is_empty(), "a piece ends between frames");
+        messages
+    }
+
+    fn is_move_answer(message: &ServerMessage) -> bool {
+        matches!(&message.kind, Some(Kind::Moved(m)) if m.client_time != 0)
+            || matches!(&message.kind, Some(Kind::Error(_)))
+    }
+
+    #[test]
+    fn a_connection_over_the_budget_is_cut_between_frames_each_piece_with_its_own_counts() {
+        let mut outbox = Outbox::default();
+        let mut expected = Vec::new();
+        for i in 1..=40u64 {
+            let chat = server::chat(i, "y".repeat(i as usize * 5));
+            encode_frame(&chat, &mut expected);
+            outbox.push(LINK, 9, &chat);
+            if i % 3 == 0 {
+                let answer = if i % 2 == 0 {
+                    server::moved(9, 1, 1, i)
+                } else {
+                    server::error(ErrorCode::RateLimited, "slow down", i)
+                };
+                encode_frame(&answer, &mut expected);
+                outbox.push_move_answer(LINK, 9, &answer);
+            }
+            if i == 25 {
+                outbox.track(LINK, 9, 25, 26, 4);
+            }
+        }
+        outbox.release(LINK, 9, 3);
+        outbox.close(LINK, 9);
+        let (link_out, _) = outbox.slot(LINK, 9);
+        let whole = std::mem::take(&mut link_out.deliveries[0]);
+        let frames =
+            std::mem::replace(&mut link_out.frames[0], Frames { bytes: Vec::new(), tracked_at: 0 });
+        let tracked_at = frames.tracked_at;
+        let ends: Vec<usize> = link_out.move_answer_ends.iter().map(|(_, end)| *end).collect();
+        let mut pieces = Vec::new();
+        split_delivery(whole, frames, ends.into_iter(), 700, &mut pieces);
+
+        assert!(pieces.len() > 5, "cut: {} pieces", pieces.len());
+        let mut joined = Vec::new();
+        let mut at = 0;
+        for (n, piece) in pieces.iter().enumerate() {
+            assert_eq!(piece.session, 9);
+            assert!(piece.frames.len() <= 700, "piece {n} within the budget");
+            let messages = decode(&piece.frames);
+            let answers = messages.iter().filter(|m| is_move_answer(m)).count() as u32;
+            assert_eq!(piece.move_answers, answers, "piece {n} counts its own move answers");
+            let holds_tracked = at < tracked_at && tracked_at <= at + piece.frames.len();
+            assert_eq!(piece.position.is_some(), holds_tracked, "piece {n}: position");
+            let last = n == pieces.len() - 1;
+            assert_eq!((piece.released_to, piece.close), if last { (3, true) } else { (0, false) });
+            at += piece.frames.len();
+            joined.extend_from_slice(&piece.frames);
+        }
+        assert_eq!(joined, expected, "the same bytes in the same order");
+        let tracked = pieces.iter().find_map(|p| p.position.map(|at| (at, p.generation)));
+        assert_eq!(tracked, Some((meridian_protocol::pb::Position { x: 25, y: 26 }, 4)));
+    }
+
+    #[test]
+    fn a_position_tracked_before_any_frame_goes_with_the_first_piece() {
+        let frames = {
+            let mut bytes = Vec::new();
+            for i in 1..=10 {
+                encode_frame(&server::chat(i, "z".repeat(100)), &mut bytes);
+            }
+            Frames { bytes, tracked_at: 0 }
+        };
+        let position = Some(meridian_protocol::pb::Position { x: 1, y: 2 });
+        let whole = Delivery { session: 1, position, generation: 2, ..Default::default() };
+        let mut pieces = Vec::new();
+        split_delivery(whole, frames, std::iter::empty(), 300, &mut pieces);
+        assert!(pieces.len() > 1);
+        let with_position: Vec<bool> = pieces.iter().map(|p| p.position.is_some()).collect();
+        assert!(with_position[0] && with_position[1..].iter().all(|p| !p));
+    }
+
+    #[test]
+    fn a_round_within_the_limits_is_one_batch_and_many_connections_are_cut_by_count() {
+        let mut outbox = Outbox::default();
+        for session in 1..=3 {
+            outbox.push(LINK, session, &server::pong(session));
+        }
+        let batches = drained(&mut outbox);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].deliveries.len(), 3, "one delivery per connection");
+        for session in 1..=MAX_DELIVERIES_PER_BATCH as u64 + 10 {
+            outbox.push(LINK, session, &server::pong(session));
+        }
+        let batches = drained(&mut outbox);
+        let counts: Vec<usize> = batches.iter().map(|b| b.deliveries.len()).collect();
+        assert_eq!(counts, vec![MAX_DELIVERIES_PER_BATCH, 10]);
+        let sessions: Vec<u64> =
+            batches.iter().flat_map(|b| b.deliveries.iter().map(|d| d.session)).collect();
+        assert_eq!(sessions, (1..=MAX_DELIVERIES_PER_BATCH as u64 + 10).collect::<Vec<_>>());
+        assert!(drained(&mut outbox).is_empty(), "the outbox is empty after a drain");
+    }
+
+    /// A round's output for one gateway bigger than the gRPC message limit both ends
+    /// configure (and than a batch's byte budget per connection) goes through a real
+    /// `Relay` stream whole and in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_round_bigger_than_the_grpc_limit_reaches_the_gateway() {
+        const SESSIONS: u64 = 64;
+        const CHATS: u64 = 4200;
+        let mut outbox = Outbox::default();
+        let mut expected = Vec::new();
+        for session in 1..=SESSIONS {
+            expected.push(big_round(&mut outbox, session, CHATS));
+        }
+        let total: usize = expected.iter().map(Vec::len).sum();
+        assert!(total > MAX_GRPC_MESSAGE_BYTES, "the round is over the limit: {total} bytes");
+        assert!(expected[0].len() > MAX_BATCH_BYTES, "so is one connection's part of it");
+        let batches = drained(&mut outbox);
+
+        // The shard's real service; this test plays the world task.
+        let (commands, mut world) = mpsc::channel(16);
+        let (_view_sender, changes) = watch::channel(ClusterView::default());
+        let view = Arc::new(EpochCell::new(ClusterView::default()));
+        let metrics = Arc::new(crate::ShardMetrics::new(&Default::default(), ShardId(1)));
+        let service = ShardService::new(commands, view, changes, metrics);
+        let server = ShardServer::new(service)
+            .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("a bound address");
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let serve = tonic::transport::Server::builder().add_service(server);
+        tokio::spawn(serve.serve_with_incoming(incoming));
+        tokio::spawn(async move {
+            let mut batches = Some(batches);
+            while let Some(command) = world.recv().await {
+                if let (Command::Open { out, .. }, Some(batches)) = (command, batches.take()) {
+                    for batch in batches {
+                        let _ = out.send(Ok(batch)).await;
+                    }
+                }
+            }
+        });
+
+        // The gateway's side, configured as the gateway configures it.
+        let mut client = ShardClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect")
+            .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+        let (upstream, upstream_rx) = mpsc::channel(1);
+        upstream.send(GatewayBatch { gateway_id: 1, inputs: Vec::new() }).await.expect("hello");
+        let stream = tokio_stream::wrappers::ReceiverStream::new(upstream_rx);
+        let mut downstream = client.relay(stream).await.expect("relay").into_inner();
+        let mut received: Vec<Vec<u8>> = vec![Vec::new(); SESSIONS as usize];
+        let mut move_answers = vec![0u32; SESSIONS as usize];
+        let mut positions = vec![None; SESSIONS as usize];
+        let mut got = 0;
+        while got < total {
+            let batch = tokio::time::timeout(Duration::from_secs(60), downstream.message())
+                .await
+                .expect("the next batch within a minute")
+                .expect("the stream carries the whole round")
+                .expect("the stream stays open");
+            assert!(batch.encoded_len() <= MAX_BATCH_BYTES, "a batch within the byte budget");
+            assert!(batch.deliveries.len() <= MAX_DELIVERIES_PER_BATCH, "and the count");
+            for delivery in batch.deliveries {
+                let index = delivery.session as usize - 1;
+                got += delivery.frames.len();
+                received[index].extend_from_slice(&delivery.frames);
+                move_answers[index] += delivery.move_answers;
+                if delivery.position.is_some() {
+                    positions[index] = delivery.position;
+                }
+            }
+        }
+        for (index, frames) in received.iter().enumerate() {
+            assert!(*frames == expected[index], "session {}: every frame, in order", index + 1);
+            assert_eq!(move_answers[index], (CHATS / 16) as u32, "every move answer counted");
+            let last = (CHATS / 16 * 16) as u32;
+            assert_eq!(positions[index], Some(meridian_protocol::pb::Position { x: last, y: 0 }));
+        }
+        drop(upstream);
     }
 }

@@ -140,6 +140,62 @@ struct PeerSender {
 }
 
 impl PeerSender {
+    /// Numbers new messages as the next batches, kept until acknowledged; returns what to
+    /// send, in order.
+    ///
+    /// Messages are cut into batches within the batch limits, each with its own sequence
+    /// number, so none is ever refused for its size: a refused batch would stay first in
+    /// line, resent first after every reconnect, and no batch after it would get through.
+    /// The receiver takes each batch whole or not at all and acknowledges by number, so
+    /// pieces of a round follow the same exactly-once rules as whole rounds. A message
+    /// over the gRPC limit on its own cannot be sent at all: it is dropped (and counted
+    /// with the dropped rounds) rather than allowed to block the pair for ever.
+    fn enqueue(
+        &mut self,
+        messages: Vec<PeerMessage>,
+        epoch: u64,
+        metrics: &ShardMetrics,
+    ) -> Vec<PeerBatch> {
+        let mut batches = Vec::new();
+        for messages in meridian_rpc::split_entries(messages, meridian_rpc::PEER_BATCH) {
+            if let [only] = messages.as_slice() {
+                // (A batch's other fields take far less than this margin.)
+                let bytes = meridian_rpc::entry_len(meridian_rpc::PEER_BATCH.tag, only);
+                if bytes > meridian_rpc::MAX_GRPC_MESSAGE_BYTES - meridian_rpc::MAX_BATCH_BYTES {
+                    metrics.peer_rounds_dropped.inc();
+                    warn!(
+                        player = only.player_id,
+                        bytes, "peer message over the gRPC limit; dropped"
+                    );
+                    continue;
+                }
+            }
+            let batch = PeerBatch {
+                from_shard: self.me.0,
+                epoch,
+                messages,
+                seq: self.next_seq,
+                incarnation: self.incarnation,
+            };
+            self.next_seq += 1;
+            if self.unconfirmed.len() >= PEER_QUEUE {
+                metrics.peer_rounds_dropped.inc();
+                warn!("peer has not acknowledged for too long; dropping its oldest batch");
+                self.unconfirmed.pop_front();
+            }
+            self.unconfirmed.push_back(batch.clone());
+            batches.push(batch);
+        }
+        batches
+    }
+
+    /// The peer has taken every batch up to `applied_seq`.
+    fn acknowledged(&mut self, applied_seq: u64) {
+        while self.unconfirmed.front().is_some_and(|b| b.seq <= applied_seq) {
+            self.unconfirmed.pop_front();
+        }
+    }
+
     async fn stream_once(
         &mut self,
         addr: &str,
@@ -172,11 +228,7 @@ impl PeerSender {
         loop {
             tokio::select! {
                 ack = acks.message() => match ack {
-                    Ok(Some(ack)) => {
-                        while self.unconfirmed.front().is_some_and(|b| b.seq <= ack.applied_seq) {
-                            self.unconfirmed.pop_front();
-                        }
-                    }
+                    Ok(Some(ack)) => self.acknowledged(ack.applied_seq),
                     Ok(None) => {
                         return Err(PeerError::Stream(tonic::Status::unavailable("peer ended the stream")));
                     }
@@ -197,17 +249,11 @@ impl PeerSender {
                     }
                     let messages: Vec<PeerMessage> = rounds.drain(..).flatten().collect();
                     metrics.peer_messages_out.add(messages.len() as u64);
-                    let batch = PeerBatch { from_shard: self.me.0, epoch: epoch(), messages, seq: self.next_seq, incarnation: self.incarnation };
-                    self.next_seq += 1;
-                    if self.unconfirmed.len() >= PEER_QUEUE {
-                        metrics.peer_rounds_dropped.inc();
-                        warn!(%addr, "peer has not acknowledged for too long; dropping its oldest batch");
-                        self.unconfirmed.pop_front();
-                    }
-                    self.unconfirmed.push_back(batch.clone());
-                    if upstream.send(batch).await.is_err() {
-                        debug!(%addr, "peer stream closed while sending");
-                        return Err(PeerError::Stream(tonic::Status::unavailable("stream closed")));
+                    for batch in self.enqueue(messages, epoch(), metrics) {
+                        if upstream.send(batch).await.is_err() {
+                            debug!(%addr, "peer stream closed while sending");
+                            return Err(PeerError::Stream(tonic::Status::unavailable("stream closed")));
+                        }
                     }
                 }
             }
@@ -257,5 +303,83 @@ impl PeerOutbox {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meridian_protocol::pb::Chat;
+    use meridian_rpc::pb::peer_message::Kind;
+    use meridian_rpc::{MAX_BATCH_BYTES, MAX_PEER_MESSAGES_PER_BATCH};
+    use prost::Message;
+
+    use super::*;
+
+    fn sender() -> PeerSender {
+        PeerSender { me: ShardId(1), unconfirmed: VecDeque::new(), next_seq: 1, incarnation: 9 }
+    }
+
+    fn metrics() -> ShardMetrics {
+        ShardMetrics::new(&Default::default(), ShardId(1))
+    }
+
+    fn chat(player_id: u64, len: usize) -> PeerMessage {
+        let text = "c".repeat(len);
+        PeerMessage {
+            player_id,
+            generation: 0,
+            subject_seq: 0,
+            kind: Some(Kind::Chat(Chat { text })),
+        }
+    }
+
+    /// Rounds merged past the gRPC limit (64 MiB) go as several batches, each within the
+    /// budget, numbered one after another, in order; acknowledging one releases exactly
+    /// the batches up to it, and the rest are what a reconnect resends.
+    #[test]
+    fn merged_rounds_over_the_limit_go_as_several_numbered_batches() {
+        let mut sender = sender();
+        let metrics = metrics();
+        let messages: Vec<PeerMessage> = (0..70_000).map(|i| chat(i, 1000)).collect();
+        let total: usize = messages.iter().map(Message::encoded_len).sum();
+        assert!(total > meridian_rpc::MAX_GRPC_MESSAGE_BYTES, "{total} bytes");
+        let batches = sender.enqueue(messages, 5, &metrics);
+        assert!(batches.len() > 1, "split");
+        let mut next_player = 0;
+        for (index, batch) in batches.iter().enumerate() {
+            assert!(batch.encoded_len() <= MAX_BATCH_BYTES, "batch {index} within the budget");
+            assert!(batch.messages.len() <= MAX_PEER_MESSAGES_PER_BATCH);
+            assert_eq!(batch.seq, index as u64 + 1, "consecutive sequence numbers");
+            assert_eq!((batch.epoch, batch.incarnation, batch.from_shard), (5, 9, 1));
+            for message in &batch.messages {
+                assert_eq!(message.player_id, next_player, "in order");
+                next_player += 1;
+            }
+        }
+        assert_eq!(next_player, 70_000, "nothing lost");
+        assert_eq!(sender.unconfirmed.len(), batches.len(), "all kept until acknowledged");
+        sender.acknowledged(2);
+        assert_eq!(sender.unconfirmed.front().map(|b| b.seq), Some(3));
+        let later = sender.enqueue(vec![chat(1, 10)], 5, &metrics);
+        assert_eq!(later[0].seq, batches.len() as u64 + 1, "the numbering goes on");
+    }
+
+    /// A message bigger than the batch budget goes alone; one the gRPC limit would refuse
+    /// is dropped and takes no sequence number, so the batches around it still go.
+    #[test]
+    fn a_message_too_big_to_send_is_dropped_and_the_rest_still_goes() {
+        let mut sender = sender();
+        let metrics = metrics();
+        let big = chat(2, 2 * MAX_BATCH_BYTES);
+        let huge = chat(4, meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
+        let batches =
+            sender.enqueue(vec![chat(1, 10), big, chat(3, 10), huge, chat(5, 10)], 1, &metrics);
+        let players: Vec<Vec<u64>> =
+            batches.iter().map(|b| b.messages.iter().map(|m| m.player_id).collect()).collect();
+        assert_eq!(players, vec![vec![1], vec![2], vec![3], vec![5]]);
+        let seqs: Vec<u64> = batches.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4], "no hole in the numbering where the message was");
+        assert!(batches.iter().all(|b| b.encoded_len() <= meridian_rpc::MAX_GRPC_MESSAGE_BYTES));
+        assert_eq!(metrics.peer_rounds_dropped.get(), 1);
     }
 }

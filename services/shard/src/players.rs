@@ -24,7 +24,8 @@ use meridian_rpc::pb::{
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::{debug, warn};
 
-use crate::actor::{world_direction, HandedOff, LinkId, Parked, Seat, WorldActor};
+use crate::actor::{world_direction, HandedOff, LinkId, Parked, Seat, WorldActor, PENDING_LIMIT};
+use crate::sequence::InputSequence;
 
 /// How long a resume token stays valid; the resume window after a drop is shorter and is
 /// enforced by the server separately.
@@ -80,19 +81,7 @@ impl WorldActor {
             Ok(()) => {
                 self.outbox.push(link, session, &login_ok);
                 self.outbox.track(link, session, at.x, at.y, 0);
-                self.seats.insert(
-                    player,
-                    Seat {
-                        link,
-                        session,
-                        gateway,
-                        generation: 0,
-                        next_seq: input.seq + 1,
-                        pending: Default::default(),
-                        ghosted_at: Vec::new(),
-                        subject_seq: 0,
-                    },
-                );
+                self.seats.insert(player, Seat::new(link, session, gateway, 0, input.seq + 1));
                 self.history.record(player, (0, 0), at);
                 self.metrics.logins.inc();
                 self.metrics.players.set(self.seats.len() as i64);
@@ -391,18 +380,21 @@ impl WorldActor {
                 self.peer_out.push(other, peer(player, seat.generation, released));
             }
         }
+        // The inputs held here go with the player, and so do the seqs refused here ahead
+        // of their turn, so the new owner does not wait for them.
+        let (next_seq, held) = seat.inputs.into_handoff(player.0, seat.session);
         let handoff = Handoff {
             name,
             position: wire(at),
             session: seat.session,
             gateway_id: seat.gateway,
-            next_seq: seat.next_seq,
+            next_seq,
             view,
             subject_seq: seat.subject_seq,
             ghosted_at: seat.ghosted_at.iter().map(|s| s.0).collect(),
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
-        for (_, input) in seat.pending {
+        for input in held {
             self.peer_out.push(to, peer(player, next_generation, Peer::Forwarded(input)));
         }
         self.outbox.release(seat.link, seat.session, to.0);
@@ -450,19 +442,9 @@ impl WorldActor {
             warn!(%player, %error, "cannot take over a player");
             return;
         }
-        self.seats.insert(
-            player,
-            Seat {
-                link,
-                session: handoff.session,
-                gateway: handoff.gateway_id,
-                generation,
-                next_seq: handoff.next_seq,
-                pending: Default::default(),
-                ghosted_at: Vec::new(),
-                subject_seq: handoff.subject_seq,
-            },
-        );
+        let seat =
+            Seat::new(link, handoff.session, handoff.gateway_id, generation, handoff.next_seq);
+        self.seats.insert(player, Seat { subject_seq: handoff.subject_seq, ..seat });
         self.history.record(player, (generation, handoff.subject_seq), at);
         self.handed_off.remove(&player);
         self.route_envelopes();
@@ -490,11 +472,7 @@ impl WorldActor {
         self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
         self.metrics.handoffs_in.inc();
         self.metrics.players.set(self.seats.len() as i64);
-        if let Some((_, inputs)) = self.early.remove(&player) {
-            for (link, input) in inputs {
-                self.on_input(link, input);
-            }
-        }
+        self.take_early_inputs(player, handoff.session);
         if !self.geometry.owns(at) {
             self.hand_off(player);
         }
@@ -544,8 +522,7 @@ impl WorldActor {
             // moves to the new stream. Its view is sent whole (ViewReset), like any restore.
             seat.link = link;
             seat.gateway = gateway;
-            seat.next_seq = seq + 1;
-            seat.pending.clear();
+            seat.inputs = InputSequence::new(seq + 1, PENDING_LIMIT);
             let generation = seat.generation;
             let here = self.world.position(player).unwrap_or(at);
             debug!(%player, "restored on a new stream of its own session");
@@ -574,19 +551,7 @@ impl WorldActor {
             let message = server::error(ErrorCode::Unavailable, error.to_string(), 0);
             return self.outbox.push(link, session, &message);
         }
-        self.seats.insert(
-            player,
-            Seat {
-                link,
-                session,
-                gateway,
-                generation,
-                next_seq: seq + 1,
-                pending: Default::default(),
-                ghosted_at: Vec::new(),
-                subject_seq: 0,
-            },
-        );
+        self.seats.insert(player, Seat::new(link, session, gateway, generation, seq + 1));
         self.divergent.remove(&player);
         self.history.record(player, (generation, 0), at);
         self.route_envelopes();

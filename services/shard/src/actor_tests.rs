@@ -1,0 +1,282 @@
+//! The world task driven by hand: one gateway link, no sockets, etcd or peers. Inputs go in
+//! through the same entry points the streams use; what a connection receives comes out of
+//! the round's `ShardBatch`es, decoded frame by frame.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use meridian_cluster::{ClusterView, EpochCell, PartitionMap, Region, ShardId};
+use meridian_protocol::pb::{self as client_pb, server_message::Kind as Server, ErrorCode};
+use meridian_protocol::{next_frame, TokenKey};
+use meridian_rpc::pb::{
+    player_input::Kind as Input, Handoff, Join, Leave, PlayerInput, ShardBatch,
+};
+use meridian_world::PlayerId;
+use prost::Message;
+use tokio::sync::mpsc;
+
+use super::{Command, LinkId, WorldActor, PENDING_LIMIT};
+use crate::{ShardConfig, ShardMetrics};
+
+const ME: ShardId = ShardId(1);
+const OLD_OWNER: ShardId = ShardId(2);
+const GATEWAY: u32 = 7;
+const LINK: LinkId = LinkId(1);
+const SESSION: u64 = 0x0000_0000_0100_0001;
+
+struct Harness {
+    actor: WorldActor,
+    out: mpsc::Receiver<Result<ShardBatch, tonic::Status>>,
+}
+
+impl Harness {
+    /// A shard owning the whole map with one gateway link open.
+    fn new() -> Harness {
+        let config = ShardConfig {
+            id: ME,
+            cluster: "test".into(),
+            etcd: Vec::new(),
+            world: Default::default(),
+            dev_mode: true,
+            lease_ttl: Duration::from_secs(3),
+            seed: 1,
+            advertise_admin: None,
+            resume_window: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
+            resume_key: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key"),
+            advertise: None,
+        };
+        let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
+        let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
+        let view = ClusterView { partition: Some(partition), ..Default::default() };
+        let peers = Arc::new(EpochCell::new(HashMap::new()));
+        let metrics = Arc::new(ShardMetrics::new(&Default::default(), ME));
+        let (_commands, mut actor) =
+            WorldActor::new(&config, Arc::new(EpochCell::new(view)), peers, metrics);
+        let (out, receiver) = mpsc::channel(1024);
+        actor.handle(Command::Open { link: LINK, gateway: GATEWAY, out });
+        Harness { actor, out: receiver }
+    }
+
+    /// From the gateway link.
+    fn direct(&mut self, player: u64, seq: u64, kind: Input) {
+        self.actor.on_input(Some(LINK), input(player, seq, kind));
+    }
+
+    /// Forwarded by another shard (no link).
+    fn forwarded(&mut self, player: u64, seq: u64, kind: Input) {
+        self.actor.on_input(None, input(player, seq, kind));
+    }
+
+    fn join(&mut self, player: u64, seq: u64) {
+        let spawn = Some(client_pb::Position { x: 10, y: 10 });
+        let join = Join { name: format!("p{player}"), spawn, restore: false, generation: 0 };
+        self.direct(player, seq, Input::Join(join));
+    }
+
+    /// The old owner hands `player` over, next input `next_seq`.
+    fn handoff(&mut self, player: u64, next_seq: u64) {
+        let handoff = Handoff {
+            name: format!("p{player}"),
+            position: Some(client_pb::Position { x: 50, y: 50 }),
+            session: SESSION,
+            gateway_id: GATEWAY,
+            next_seq,
+            view: Vec::new(),
+            subject_seq: 0,
+            ghosted_at: Vec::new(),
+        };
+        self.actor.handoff_in(OLD_OWNER, PlayerId(player), 1, handoff);
+    }
+
+    /// Makes the inputs held for a player not here older than the wait, and runs the tick.
+    fn expire_early(&mut self) {
+        let long_ago = Instant::now()
+            .checked_sub(super::EARLY_WAIT * 2)
+            .expect("invariant: the clock has run longer than a few seconds");
+        for (since, _) in self.actor.early.values_mut() {
+            *since = long_ago;
+        }
+        self.actor.housekeeping();
+    }
+
+    /// Ends the round; what the test connection received in it, in order.
+    fn received(&mut self) -> Vec<Server> {
+        self.actor.flush();
+        let mut messages = Vec::new();
+        while let Ok(batch) = self.out.try_recv() {
+            let batch = batch.expect("the world task sends no error");
+            for delivery in batch.deliveries.into_iter().filter(|d| d.session == SESSION) {
+                let mut frames = &delivery.frames[..];
+                while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
+                    let message = client_pb::ServerMessage::decode(header.body(frames))
+                        .expect("a server message");
+                    messages.push(message.kind.expect("a message with a kind"));
+                    frames = &frames[header.total_len()..];
+                }
+                assert!(frames.is_empty(), "deliveries hold whole frames only");
+            }
+        }
+        messages
+    }
+}
+
+fn input(player: u64, seq: u64, kind: Input) -> PlayerInput {
+    PlayerInput { session: SESSION, player_id: player, seq, kind: Some(kind) }
+}
+
+fn a_move(client_time: u64) -> Input {
+    let direction = client_pb::Direction::Right as i32;
+    Input::Move(client_pb::Move { direction, client_time })
+}
+
+fn ping(client_time: u64) -> Input {
+    Input::Ping(client_pb::Ping { client_time })
+}
+
+fn chat(text: &str) -> Input {
+    Input::Chat(client_pb::Chat { text: text.into() })
+}
+
+/// Every answer, in order: Move acks and errors with their client_time, Pongs, and errors
+/// without one (a Chat's).
+fn answers(messages: &[Server]) -> Vec<(&'static str, u64)> {
+    messages
+        .iter()
+        .filter_map(|message| match message {
+            Server::Moved(moved) if moved.client_time != 0 => Some(("ack", moved.client_time)),
+            Server::Error(error) if error.code == ErrorCode::Unavailable as i32 => {
+                let what =
+                    if error.client_time == 0 { "chat not delivered" } else { "unavailable" };
+                Some((what, error.client_time))
+            }
+            Server::Pong(pong) => Some(("pong", pong.client_time)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn past_the_out_of_order_limit_the_newest_input_is_answered_and_later_ones_still_flow() {
+    let mut shard = Harness::new();
+    shard.join(1, 1);
+    shard.received();
+    // Seq 2 is late; 3 ..= PENDING_LIMIT + 3 wait for it: one more than may be held.
+    let last_held = 2 + PENDING_LIMIT as u64;
+    for seq in 3..=last_held + 1 {
+        shard.direct(1, seq, ping(seq));
+    }
+    assert_eq!(
+        answers(&shard.received()),
+        vec![("pong", last_held + 1)],
+        "the input past the limit is answered at once"
+    );
+    shard.direct(1, 2, ping(2));
+    let expected: Vec<_> = (2..=last_held).map(|seq| ("pong", seq)).collect();
+    assert_eq!(answers(&shard.received()), expected, "the held inputs, in order, once seq 2 came");
+    shard.direct(1, last_held + 2, ping(last_held + 2));
+    assert_eq!(
+        answers(&shard.received()),
+        vec![("pong", last_held + 2)],
+        "an input after the refused one is applied: the refused seq left no gap"
+    );
+}
+
+#[test]
+fn inputs_refused_while_the_player_was_not_here_leave_no_gap_when_it_arrives() {
+    let mut shard = Harness::new();
+    // The gateway switched to this shard; the handoff is slow. Seq 3 comes forwarded (no
+    // link), 4 ..= 6 straight from the gateway.
+    shard.forwarded(9, 3, a_move(3));
+    shard.direct(9, 4, a_move(4));
+    shard.direct(9, 5, chat("hello"));
+    shard.direct(9, 6, ping(6));
+    shard.expire_early();
+    assert_eq!(
+        answers(&shard.received()),
+        vec![("unavailable", 3), ("unavailable", 4), ("chat not delivered", 0), ("pong", 6)],
+        "every input answered in seq order, the forwarded move through the gateway link its \
+         session uses"
+    );
+    // The handoff arrives after all, from before seq 2.
+    shard.handoff(9, 2);
+    shard.forwarded(9, 2, a_move(2));
+    shard.direct(9, 7, a_move(7));
+    assert_eq!(
+        answers(&shard.received()),
+        vec![("ack", 2), ("ack", 7)],
+        "seq 2 is applied, 3 ..= 6 were answered already, and seq 7 does not wait for them"
+    );
+    // A late copy of a refused input (the gateway resends what is unconfirmed) is not
+    // answered twice.
+    shard.direct(9, 4, a_move(4));
+    assert_eq!(answers(&shard.received()), vec![], "a refused seq is answered once");
+}
+
+#[test]
+fn a_forwarded_input_waits_for_its_player_longer_than_one_from_a_gateway() {
+    let mut shard = Harness::new();
+    // Only the forwarded copy: no link to answer it through, and the shard that forwarded it
+    // handed the player here.
+    shard.forwarded(21, 3, a_move(3));
+    shard.expire_early();
+    assert_eq!(answers(&shard.received()), vec![], "nothing to answer through");
+    shard.handoff(21, 2);
+    shard.forwarded(21, 2, a_move(2));
+    shard.direct(21, 4, a_move(4));
+    assert_eq!(answers(&shard.received()), vec![("ack", 2), ("ack", 3), ("ack", 4)]);
+}
+
+#[test]
+fn a_forwarded_input_whose_player_never_came_in_time_leaves_no_gap() {
+    let mut shard = Harness::new();
+    shard.forwarded(23, 3, a_move(3));
+    let long_ago = Instant::now()
+        .checked_sub(super::FORWARD_FOR * 2)
+        .expect("invariant: the clock has run longer than a minute");
+    for (since, _) in shard.actor.early.values_mut() {
+        *since = long_ago;
+    }
+    shard.actor.housekeeping();
+    assert_eq!(answers(&shard.received()), vec![], "nothing to answer through");
+    shard.handoff(23, 2);
+    shard.forwarded(23, 2, a_move(2));
+    shard.direct(23, 4, a_move(4));
+    assert_eq!(
+        answers(&shard.received()),
+        vec![("ack", 2), ("ack", 4)],
+        "seq 3 was given up on; seq 4 does not wait for it"
+    );
+}
+
+#[test]
+fn past_the_early_limit_inputs_are_answered_and_consumed() {
+    let mut shard = Harness::new();
+    let limit = super::EARLY_LIMIT as u64;
+    for seq in 3..=limit + 3 {
+        shard.direct(13, seq, ping(seq));
+    }
+    assert_eq!(answers(&shard.received()), vec![("pong", limit + 3)], "the one over the limit");
+    shard.handoff(13, 2);
+    shard.forwarded(13, 2, ping(2));
+    shard.direct(13, limit + 4, ping(limit + 4));
+    let mut expected: Vec<_> = (2..=limit + 2).map(|seq| ("pong", seq)).collect();
+    expected.push(("pong", limit + 4));
+    assert_eq!(answers(&shard.received()), expected, "held ones in order, then past the refused");
+}
+
+#[test]
+fn a_leave_for_a_player_not_here_yet_is_applied_when_it_arrives() {
+    let mut shard = Harness::new();
+    shard.direct(11, 3, Input::Leave(Leave { logout: false }));
+    shard.expire_early();
+    shard.received();
+    shard.handoff(11, 2);
+    shard.forwarded(11, 2, a_move(2));
+    assert_eq!(answers(&shard.received()), vec![("ack", 2)]);
+    assert!(
+        !shard.actor.seats.contains_key(&PlayerId(11)),
+        "the player whose connection dropped left the world instead of staying on a dead session"
+    );
+}
