@@ -85,6 +85,8 @@ pub struct Conn<T> {
     generation_slot: u32,
     /// The client's address as admitted (given back to the admission on removal).
     peer: Option<IpAddr>,
+    /// Since when the connection has been anonymous (accepted, or back from a resume that
+    /// failed): the login deadline counts from here.
     opened_at: Instant,
     /// When the last frame of any kind was read: the idle deadline counts from here.
     last_input_at: Instant,
@@ -379,6 +381,7 @@ impl<T> Core<T> {
                         *waiting = waiting.saturating_sub(1);
                         if *waiting == 0 {
                             conn.session = Session::Anonymous;
+                            conn.opened_at = Instant::now();
                             let detail = "nothing to resume: the resume window has passed";
                             self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
                         }
@@ -582,6 +585,7 @@ impl<T> Core<T> {
                     // again instead of keeping it on a session that is no longer resuming.
                     self.ctx.leave_everywhere(conn, session, player);
                     conn.session = Session::Anonymous;
+                    conn.opened_at = now;
                     let detail = "no shard answered the resume";
                     self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
                 }
