@@ -68,6 +68,10 @@ pub struct UringConn {
     recv_armed: bool,
     /// A cancellation of the multishot recv is on its way (reading paused by the budget).
     recv_cancelling: bool,
+    /// The connection has spent its input budget before: it is read one buffer per
+    /// receive from now on, so reading stops where the budget does. A multishot receive
+    /// drains the socket as fast as the client fills it until its cancellation lands.
+    one_buffer_at_a_time: bool,
     write_shut: bool,
     read_shut: bool,
 }
@@ -240,10 +244,15 @@ impl Loop {
             return Ok(());
         };
         conn.io.recv_armed = true;
-        let entry = opcode::RecvMulti::new(types::Fd(conn.io.fd), BUFFER_GROUP)
-            .build()
-            .user_data(user_data(OP_RECV, slot, generation));
-        self.push(entry)
+        let entry = if conn.io.one_buffer_at_a_time {
+            opcode::Recv::new(types::Fd(conn.io.fd), std::ptr::null_mut(), BUFFER_SIZE as u32)
+                .buf_group(BUFFER_GROUP)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+        } else {
+            opcode::RecvMulti::new(types::Fd(conn.io.fd), BUFFER_GROUP).build()
+        };
+        self.push(entry.user_data(user_data(OP_RECV, slot, generation)))
     }
 
     fn cancel(&mut self, target: u64) -> io::Result<()> {
@@ -293,6 +302,7 @@ impl Loop {
             send_in_flight: false,
             recv_armed: false,
             recv_cancelling: false,
+            one_buffer_at_a_time: false,
             write_shut: false,
             read_shut: false,
         };
@@ -334,6 +344,9 @@ impl Loop {
         if !more {
             conn.io.recv_armed = false;
             conn.io.recv_cancelling = false;
+        }
+        if conn.read_paused {
+            conn.io.one_buffer_at_a_time = true;
         }
         if conn.read_paused && conn.io.recv_armed && !conn.io.recv_cancelling {
             // Over its input budget: stop reading; `drive` re-arms once the core resumes.
