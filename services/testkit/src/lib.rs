@@ -24,10 +24,14 @@
 //! one-shot screenshots and DOM dumps, and a page kept open over the DevTools protocol),
 //! and a strict parser of the Prometheus text the admin ports serve ([`Exposition`]).
 //!
+//! For the abuse tests: a raw client that misbehaves on purpose, what a process costs
+//! (`/proc`), labelled counters, and a node stopped with SIGSTOP ([`abuse`]).
+//!
 //! This crate is for tests only (`publish = false`). It must never be a dependency of a
 //! service crate, and it must never leave a process running after the `Cluster` that started
 //! it is dropped.
 
+pub mod abuse;
 mod bot;
 pub mod browser;
 mod bystander;

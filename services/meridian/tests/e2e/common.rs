@@ -54,6 +54,7 @@ pub fn chat_from(bot: &Bot, text: &str) -> ServerMessage {
 /// the same over any transport, after the `$extra` ones: the `e2e` target runs them over TCP
 /// with both I/O backends, the `quic` target over QUIC, so a new scenario listed here runs
 /// over both.
+#[allow(unused_macros)]
 macro_rules! transport_scenarios {
     ($instantiate:ident $(, $extra_module:ident :: $extra:ident)* $(,)?) => {
         $instantiate! {
@@ -70,6 +71,26 @@ macro_rules! transport_scenarios {
             stale_epoch::stale_epoch_is_refused,
             failover::gateway_death_and_resume,
             shard_failure::shard_kill,
+        }
+    };
+}
+
+/// Instantiates each scenario `fn(Front)` as a test for both gateway backends (the `e2e`
+/// and `abuse` targets; the `quic` target has its own).
+#[allow(unused_macros)]
+macro_rules! for_both_backends {
+    ($($module:ident :: $scenario:ident),* $(,)?) => {
+        mod uring {
+            $(#[test]
+            fn $scenario() {
+                crate::$module::$scenario(meridian_testkit::Io::Uring.into())
+            })*
+        }
+        mod epoll {
+            $(#[test]
+            fn $scenario() {
+                crate::$module::$scenario(meridian_testkit::Io::Epoll.into())
+            })*
         }
     };
 }

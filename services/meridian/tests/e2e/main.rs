@@ -18,24 +18,6 @@ mod common;
 
 pub use common::*;
 
-/// Instantiates each scenario `fn(Io)` as a test for both gateway backends.
-macro_rules! for_both_backends {
-    ($($module:ident :: $scenario:ident),* $(,)?) => {
-        mod uring {
-            $(#[test]
-            fn $scenario() {
-                crate::$module::$scenario(meridian_testkit::Io::Uring.into())
-            })*
-        }
-        mod epoll {
-            $(#[test]
-            fn $scenario() {
-                crate::$module::$scenario(meridian_testkit::Io::Epoll.into())
-            })*
-        }
-    };
-}
-
 transport_scenarios!(
     for_both_backends,
     cluster_up::up_reports_every_node,

@@ -1,0 +1,48 @@
+//! Abuse tests of the gateway's limits (DESIGN.md section 2b, issue 10) against real
+//! processes: `meridian up` starts etcd, shards and gateways; attackers flood chats and
+//! pings, zig-zag across a shard border, open connections past the caps, stall before
+//! logging in or go silent, never read, send garbage and forbidden characters, and a
+//! stopped gateway makes the shard cut its link. Every scenario checks what the attacker
+//! is told and that the players around it (and a `Bystander` far away) are not disturbed;
+//! some also check the gateway's memory and idle CPU.
+//!
+//! Short deadlines and small bounds are set per cluster through `MERIDIAN_*` variables in
+//! the environment of `meridian up`, which its gateways inherit. Each scenario starts its
+//! own cluster; the floods and the timed deadlines run one at a time (`with_cluster_alone`)
+//! so that neither slows the other on a small machine.
+
+#[path = "../e2e/common.rs"]
+#[macro_use]
+mod shared;
+
+mod chat_flood;
+mod common;
+mod connections;
+mod deadlines;
+mod garbage;
+mod link_cut;
+mod ping_flood;
+mod slow_reader;
+mod text;
+mod zigzag;
+
+pub use shared::*;
+
+for_both_backends!(
+    chat_flood::chat_flood,
+    ping_flood::ping_flood,
+    zigzag::border_zigzag,
+    connections::connections_per_address,
+    connections::connection_rate_per_address,
+    connections::gateway_connection_cap,
+    deadlines::deadlines,
+    slow_reader::never_reading_client,
+    garbage::garbage_frames,
+    text::control_characters,
+);
+
+/// The gateway-shard link is the same whatever the client backend: io_uring only.
+#[test]
+fn a_broken_gateway_link_restores_its_players() {
+    link_cut::a_broken_gateway_link_restores_its_players();
+}
