@@ -52,8 +52,8 @@ impl IdPool {
         Ok(pool)
     }
 
-    /// A pool with fixed blocks and no refill (tests of the session core).
-    #[cfg(test)]
+    /// A pool with fixed blocks and no refill (tests and fuzzing of the session core).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn fixed(blocks: Vec<Range<u64>>) -> Arc<IdPool> {
         Arc::new(IdPool { blocks: Mutex::new(blocks.into()), refill: Notify::new() })
     }

@@ -12,6 +12,8 @@
 
 mod core;
 mod epoll;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod ids;
 pub mod limits;
 pub mod map;

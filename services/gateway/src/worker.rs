@@ -195,7 +195,7 @@ impl Inbox {
         fence(Ordering::SeqCst);
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn for_tests(receiver: Receiver<Mail>) -> Inbox {
         Inbox { receiver, woken: Arc::new(AtomicBool::new(false)) }
     }
