@@ -9,3 +9,6 @@ cargo test --workspace --all-targets "$@"
 PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py
 # The Helm chart, offline: lint, render for several Kubernetes versions, strict schemas.
 .ci/chart-check
+# Coverage-guided fuzzing of the codec, resume tokens and the gateway's core, a bounded time
+# per target from the committed corpora (skipped, with a message, without a nightly toolchain).
+FUZZ_SECONDS="${FUZZ_SECONDS:-20}" fuzz/run.sh

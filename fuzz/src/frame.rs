@@ -150,11 +150,26 @@ fn check_client_fields(message: &ClientMessage) {
     }
 }
 
+/// What DESIGN.md section 2b forbids in names and chat, written out again here so the
+/// validators are checked against the text of the rule, not against themselves: control
+/// characters and the bidirectional formatting characters.
+fn forbidden(c: char) -> bool {
+    let code = u32::from(c);
+    code < 0x20
+        || (0x7f..=0x9f).contains(&code)
+        || [0x200e, 0x200f, 0x061c].contains(&code)
+        || (0x202a..=0x202e).contains(&code)
+        || (0x2066..=0x2069).contains(&code)
+}
+
 fn check_name(name: &str) {
     let expected = match name.len() {
         0 => Err(InvalidArgument::EmptyName),
         n if n > MAX_NAME_BYTES => Err(InvalidArgument::NameTooLong(n)),
-        _ => Ok(()),
+        _ => match name.chars().find(|c| forbidden(*c)) {
+            Some(c) => Err(InvalidArgument::NameCharacter(u32::from(c))),
+            None => Ok(()),
+        },
     };
     assert_eq!(validate_name(name), expected, "validate_name({name:?})");
 }
@@ -163,7 +178,10 @@ fn check_chat(text: &str) {
     let expected = match text.len() {
         0 => Err(InvalidArgument::EmptyChat),
         n if n > MAX_CHAT_BYTES => Err(InvalidArgument::ChatTooLong(n)),
-        _ => Ok(()),
+        _ => match text.chars().find(|c| forbidden(*c)) {
+            Some(c) => Err(InvalidArgument::ChatCharacter(u32::from(c))),
+            None => Ok(()),
+        },
     };
     assert_eq!(validate_chat(text), expected, "validate_chat({text:?})");
 }

@@ -816,6 +816,12 @@ impl Ctx {
         }
         if conn.last_position.is_none() || now.saturating_duration_since(since) > RESTORE_WAIT {
             conn.restore_due = None;
+            // Every move still in flight gets its one answer before the notice.
+            conn.unconfirmed.clear();
+            for (client_time, ..) in std::mem::take(&mut conn.inflight) {
+                let detail = "shard failed before answering";
+                self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
+            }
             let detail = "lost the connection to your shard: resume with your token";
             self.refuse(conn, slot, ErrorCode::Unavailable, detail, 0);
             self.close(conn, slot, session, Closing::AfterFlush);
@@ -1237,6 +1243,9 @@ impl Ctx {
     }
 
     fn reply<T>(&mut self, conn: &mut Conn<T>, slot: u32, message: &ServerMessage) {
+        if conn.closing == Closing::Abort {
+            return; // Cut off: nothing more is written to it.
+        }
         encode_frame(message, &mut conn.out);
         let session = session_id(self.worker, slot, conn.generation_slot);
         self.after_output(conn, slot, session);
