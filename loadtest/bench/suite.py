@@ -168,13 +168,13 @@ def free_port():
 class Cluster:
     """`meridian up` with its own etcd, shards and one gateway; stopped by its PID."""
 
-    def __init__(self, work, name, shards, io):
+    def __init__(self, work, name, shards, io, binary=None):
         self.name = name
         self.ready_file = work / f"{name}.ready.json"
         # A ready file left by an earlier suite in the same folder would name dead ports.
         self.ready_file.unlink(missing_ok=True)
         self.log_file = open(work / f"{name}.up.log", "w")
-        command = [str(RELEASE / "meridian"), "up", "--shards", str(shards), "--io", io,
+        command = [str(binary or RELEASE / "meridian"), "up", "--shards", str(shards), "--io", io,
                    "--port", "0", "--quic-port", "0", "--cluster", name,
                    "--ready-file", str(self.ready_file)]
         self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
