@@ -45,7 +45,7 @@ pub use sockets::raise_open_files_limit;
 pub use worker::bind_game_listener;
 
 /// File descriptors kept out of reach of client connections (gRPC links to shards, etcd,
-/// the admin port, the rings and eventfds).
+/// the admin port, the rings and eventfds); a quarter of the limit where that is less.
 pub const FD_RESERVE: usize = 512;
 
 /// Which event loop the workers run.
@@ -127,11 +127,14 @@ pub async fn run(
     // shards, etcd and the admin port keep working when clients take all they can.
     match sockets::raise_open_files_limit() {
         Ok(open_files) => {
-            let room = usize::try_from(open_files).unwrap_or(usize::MAX).saturating_sub(FD_RESERVE);
+            let open_files = usize::try_from(open_files).unwrap_or(usize::MAX);
+            // A small limit (a tight container) keeps a quarter for the reserve instead.
+            let reserve = FD_RESERVE.min(open_files / 4);
+            let room = open_files - reserve;
             if room < config.limits.max_connections {
                 info!(
                     open_files,
-                    reserve = FD_RESERVE,
+                    reserve,
                     max_connections = room,
                     "client connections capped by the open-files limit"
                 );
