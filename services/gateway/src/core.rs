@@ -73,6 +73,12 @@ pub enum Session {
         waiting: usize,
         since: Instant,
     },
+    /// The client logged out: the Leave went to `link`, whose close ends the connection.
+    /// Nothing more is relayed; moves sent after the Logout are refused once the moves
+    /// before it are answered.
+    LoggingOut {
+        link: Arc<ShardLink>,
+    },
     /// The shard has let the player go (logout); nothing more is relayed.
     Gone,
 }
@@ -115,6 +121,9 @@ pub struct Conn<T> {
     /// Every move relayed and not yet answered, oldest first: its client_time, its seq,
     /// and when it was read (for the move delay histogram).
     inflight: VecDeque<(u64, u64, Instant)>,
+    /// Moves sent after a Logout (their client_times): refused once `inflight` is empty,
+    /// so that answers stay in move order.
+    refused_after_logout: Vec<u64>,
     /// In-game inputs relayed to the player's owner and not known to be applied (a shard
     /// applies inputs in seq order, so an answered move confirms everything up to it),
     /// oldest first, at most [`UNCONFIRMED_LIMIT`]. When the owner hands the player over,
@@ -247,6 +256,7 @@ impl<T> Core<T> {
             out: Vec::new(),
             session: Session::Anonymous,
             inflight: VecDeque::new(),
+            refused_after_logout: Vec::new(),
             unconfirmed: VecDeque::new(),
             next_seq: 1,
             name: String::new(),
@@ -460,6 +470,15 @@ impl<T> Core<T> {
             let Some(conn) = self.slots[slot as usize].as_mut() else {
                 continue;
             };
+            if matches!(&conn.session, Session::LoggingOut { link: l } if Arc::ptr_eq(l, link)) {
+                // Its close will not come: what the client is owed is answered, then it is
+                // closed (the shard parked or removed the player with the stream).
+                let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+                self.ctx.refuse_after_logout(conn, slot);
+                conn.session = Session::Gone;
+                self.ctx.close(conn, slot, session, Closing::AfterFlush);
+                continue;
+            }
             let on_link =
                 matches!(&conn.session, Session::Playing { link: l, .. } if Arc::ptr_eq(l, link));
             if !on_link {
@@ -595,7 +614,7 @@ impl<T> Core<T> {
             }
             let deadline = match conn.session {
                 Session::Anonymous => Some((conn.opened_at, login_timeout)),
-                Session::Playing { .. } | Session::Resuming { .. } => {
+                Session::Playing { .. } | Session::Resuming { .. } | Session::LoggingOut { .. } => {
                     Some((conn.last_input_at, idle_timeout))
                 }
                 Session::Gone => None,
@@ -735,6 +754,9 @@ impl Ctx {
                     }
                 }
             }
+        }
+        if conn.inflight.is_empty() && !conn.refused_after_logout.is_empty() {
+            self.refuse_after_logout(conn, slot);
         }
         if delivery.close {
             conn.session = Session::Gone;
@@ -968,6 +990,14 @@ impl Ctx {
             },
             C::Login(login) => self.login(conn, slot, session, login),
             C::Move(m) => {
+                if matches!(conn.session, Session::LoggingOut { .. }) {
+                    // After the Logout: refused, behind the answers to the moves before it.
+                    conn.refused_after_logout.push(m.client_time);
+                    if conn.inflight.is_empty() {
+                        self.refuse_after_logout(conn, slot);
+                    }
+                    return;
+                }
                 if conn.inflight.len() >= MAX_MOVES_IN_FLIGHT {
                     let detail = "too many moves in flight";
                     return self.refuse(conn, slot, ErrorCode::RateLimited, detail, m.client_time);
@@ -1029,8 +1059,10 @@ impl Ctx {
                         Input::Leave(Leave { logout: true }),
                     );
                     // The shard answers with Left to observers and a close for this session.
-                    conn.session = Session::Gone;
+                    conn.session = Session::LoggingOut { link };
                 }
+                // Already logging out: the shard's close is on its way.
+                Session::LoggingOut { .. } => {}
                 _ => self.close(conn, slot, session, Closing::AfterFlush),
             },
             C::Resume(resume) => self.resume(conn, slot, session, &resume.token, now),
@@ -1188,7 +1220,19 @@ impl Ctx {
                 self.refuse(conn, slot, ErrorCode::NotLoggedIn, "log in first", client_time);
                 None
             }
-            Session::Gone => None,
+            Session::LoggingOut { .. } | Session::Gone => None,
+        }
+    }
+
+    /// Answers what a logging-out client is still owed: moves in flight (their shard will
+    /// not answer: its link failed, or the connection is closing), then moves sent after
+    /// the Logout.
+    fn refuse_after_logout<T>(&mut self, conn: &mut Conn<T>, slot: u32) {
+        for (client_time, ..) in std::mem::take(&mut conn.inflight) {
+            self.refuse(conn, slot, ErrorCode::Unavailable, "shard unavailable", client_time);
+        }
+        for client_time in std::mem::take(&mut conn.refused_after_logout) {
+            self.refuse(conn, slot, ErrorCode::Unavailable, "logged out", client_time);
         }
     }
 
@@ -1292,7 +1336,9 @@ impl Ctx {
                 // the same stream), which parks the player again where it was restored.
                 self.leave_everywhere(conn, session, player);
             }
-            Session::Anonymous | Session::Gone => {}
+            // The moves in flight are still the shard's to answer (output keeps flowing to
+            // a connection closing after a flush); the ones after the Logout follow them.
+            Session::Anonymous | Session::LoggingOut { .. } | Session::Gone => {}
         }
         let stronger =
             matches!((conn.closing, how), (Closing::No, _) | (Closing::AfterFlush, Closing::Abort));
@@ -1882,5 +1928,37 @@ mod tests {
             "parked, not frozen"
         );
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::Abort));
+    }
+
+    #[test]
+    fn a_move_after_a_logout_is_refused_behind_the_answers_before_it() {
+        let (mut core, mut links, mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let session = core.relayed_session(slot);
+        let logout = C::Logout(meridian_protocol::pb::Logout {});
+        write_all_at(&mut core, slot, vec![step(1), logout, step(2)], t0);
+        let relayed = relayed_inputs(&mut links[0].1);
+        assert_eq!(
+            relayed.last().map(|i| &i.kind),
+            Some(&Some(Input::Leave(Leave { logout: true })))
+        );
+        assert!(errors(&replies(&mut core, slot)).is_empty(), "move 2 waits for move 1's answer");
+        // The shard answers move 1 and closes the session.
+        let mut frames = Vec::new();
+        encode_frame(&server::moved(1, 5, 5, 1), &mut frames);
+        let closing = Delivery {
+            session,
+            frames: frames.into(),
+            move_answers: 1,
+            close: true,
+            ..Default::default()
+        };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![closing] }).unwrap();
+        core.process_mail();
+        let answers = replies(&mut core, slot);
+        assert_eq!(answers[0], server::moved(1, 5, 5, 1));
+        assert_eq!(errors(&answers), vec![(ErrorCode::Unavailable, 2)], "then move 2, refused");
+        assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
     }
 }
