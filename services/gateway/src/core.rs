@@ -941,8 +941,8 @@ impl Ctx {
                         conn.read_paused = true;
                         break;
                     }
-                    conn.frames.try_take(frame_rate, 1, now);
-                    conn.bytes.try_take(byte_rate, cost, now);
+                    conn.frames.spend(1);
+                    conn.bytes.spend(cost);
                     conn.last_input_at = now;
                     let body = header.body(&data[used..]);
                     used += header.total_len();

@@ -74,6 +74,11 @@ impl Bucket {
         }
     }
 
+    /// Takes `cost` tokens that [`Bucket::has`] just found there (no second refill).
+    pub fn spend(&mut self, cost: u32) {
+        self.credit = self.credit.saturating_sub(u128::from(cost) * UNITS);
+    }
+
     /// Whether `cost` tokens are there at `now`, without taking them.
     pub fn has(&mut self, rate: Rate, cost: u32, now: Instant) -> bool {
         self.refill(rate, now);

@@ -513,12 +513,8 @@ impl WorldActor {
             Some(Input::Ping(ping)) => {
                 self.outbox.push(link, session, &server::pong(ping.client_time));
             }
-            Some(Input::Refused(refused)) => {
-                // A move the gateway refused: its own answer, in its turn.
-                let code = ErrorCode::try_from(refused.code).unwrap_or(ErrorCode::RateLimited);
-                let error = server::error(code, refused.detail, refused.client_time);
-                self.outbox.push_move_answer(link, session, &error);
-            }
+            // A move the gateway refused: its own answer, in its turn.
+            Some(Input::Refused(refused)) => self.answer_move_refused(link, session, refused),
             Some(Input::Chat(_)) => {
                 let detail = format!("chat not delivered: {detail}");
                 self.outbox.push(link, session, &server::error(ErrorCode::Unavailable, detail, 0));

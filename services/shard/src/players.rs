@@ -19,7 +19,7 @@ use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
     peer_message::Kind as Peer, player_input::Kind as Input, GhostRemove, GhostUpsert, Handoff,
-    HandoffAck, Join, PeerMessage, PlayerInput, Released, ViewEntry,
+    HandoffAck, Join, MoveRefused, PeerMessage, PlayerInput, Released, ViewEntry,
 };
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::{debug, warn};
@@ -100,6 +100,14 @@ impl WorldActor {
         }
     }
 
+    /// Answers a move the gateway refused (its rate limit) with the gateway's code, in the
+    /// place of the move among the player's answers.
+    pub(crate) fn answer_move_refused(&mut self, link: LinkId, session: u64, refused: MoveRefused) {
+        let code = ErrorCode::try_from(refused.code).unwrap_or(ErrorCode::RateLimited);
+        let error = server::error(code, refused.detail, refused.client_time);
+        self.outbox.push_move_answer(link, session, &error);
+    }
+
     /// Applies one in-sequence input of a local player.
     pub(crate) fn apply(&mut self, player: PlayerId, input: PlayerInput) {
         let Some(seat) = self.seats.get(&player) else {
@@ -174,11 +182,7 @@ impl WorldActor {
             Some(Input::Ping(ping)) => {
                 self.outbox.push(link, session, &server::pong(ping.client_time))
             }
-            Some(Input::Refused(refused)) => {
-                let code = ErrorCode::try_from(refused.code).unwrap_or(ErrorCode::RateLimited);
-                let error = server::error(code, refused.detail, refused.client_time);
-                self.outbox.push_move_answer(link, session, &error);
-            }
+            Some(Input::Refused(refused)) => self.answer_move_refused(link, session, refused),
             Some(Input::Resume(_)) => {}
             Some(Input::Leave(leave)) => {
                 // A dropped connection parks the player for the resume window; a logout ends it.
