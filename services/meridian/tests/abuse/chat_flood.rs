@@ -137,6 +137,7 @@ pub fn chat_flood(front: Front) {
                     .with_context(|| format!("{} moving under the chat flood", watcher.label()))?;
                 collect(&answer.others, flooder_id, &mut heard[i], &mut flooder_left[i])?;
             }
+            // Paces the watchers' moves (about 6/s, under their move limit): waits for nothing.
             thread::sleep(Duration::from_millis(150));
         }
         for (i, watcher) in watchers.iter_mut().enumerate() {

@@ -117,10 +117,17 @@ pub fn connection_rate_per_address(front: Front) {
             "address_rate counted {counted}, {refused} were refused"
         );
 
-        // The rate refills: a connection half a second later is taken.
-        std::thread::sleep(std::time::Duration::from_millis(600));
-        let mut later = RawClient::connect(addr)?;
-        ensure!(later.admitted()? == Admitted::Yes, "a connection after the refill");
+        // The rate refills (2/s): a connection is taken again (a refused try takes nothing).
+        let mut later = None;
+        wait_until(deadline(DEFAULT_WAIT), "a connection admitted after the refill", || {
+            match RawClient::connect(addr).and_then(|mut c| Ok((c.admitted()?, c))) {
+                Ok((Admitted::Yes, client)) => {
+                    later = Some(client);
+                    true
+                }
+                _ => false,
+            }
+        })?;
         bystander.finish()?;
         Ok(())
     })

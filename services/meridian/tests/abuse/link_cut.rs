@@ -78,6 +78,7 @@ fn start_chatter(
                 stream.write_all(&wire).context("a chatter writing")?;
                 chats += CHATS_PER_WRITE as u64;
                 sent.fetch_add(CHATS_PER_WRITE as u64, Ordering::Relaxed);
+                // Paces the chatters' writes: waits for nothing.
                 thread::sleep(WRITE_EVERY);
             }
             Ok(chats)

@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use meridian_testkit::pb::{Direction, ErrorCode};
 use meridian_testkit::{
-    deadline, msg, wait_for_partition, Answer, Border, Bot, Bystander, ClusterOptions, Front,
+    deadline, msg, wait_for_partition, wait_until, Answer, Border, Bot, Bystander, ClusterOptions,
+    Front, DEFAULT_WAIT,
 };
 
 use crate::{with_cluster, BYSTANDER_HOME};
@@ -18,7 +19,10 @@ const MOVE_BURST: u64 = 20;
 const ROW: u32 = 100;
 
 pub fn border_zigzag(front: Front) {
-    with_cluster(ClusterOptions::new(front).shards(2), |cluster| {
+    // What is measured is the move budget: the connection's frame budget (burst 200) is
+    // lifted so that the 200-move write never waits on it (a refill would refill moves too).
+    let options = ClusterOptions::new(front).shards(2).env("MERIDIAN_INPUT_FRAME_RATE", "10000");
+    with_cluster(options, |cluster| {
         let partition = wait_for_partition(cluster, Duration::from_secs(15))?;
         let border = partition
             .borders()
@@ -38,11 +42,6 @@ pub fn border_zigzag(front: Front) {
         let mut zigzag = Bot::connect(addr)?;
         let login = zigzag.login("zigzag", Some(left))?;
         ensure!(login.after.is_empty(), "nobody near {left:?}: {login:?}");
-        // The 200 moves are exactly the connection's frame burst (twice 100 frames/s): give
-        // back the two frames the login spent (10 ms each), so none of the 200 waits for a
-        // refill, which would also refill the move budget.
-        std::thread::sleep(Duration::from_millis(100));
-
         let moves: Vec<_> = (1..=MOVES)
             .map(|t| msg::move_(if t % 2 == 1 { Direction::Right } else { Direction::Left }, t))
             .collect();
@@ -91,17 +90,21 @@ pub fn border_zigzag(front: Front) {
         // The player still plays: once the budget refills its next move is acknowledged
         // from where the last acknowledged move left it.
         let mut t = 1_000;
-        let position = loop {
+        let mut outcome = None;
+        let direction = if at == left { Direction::Right } else { Direction::Left };
+        wait_until(deadline(DEFAULT_WAIT), "a move acknowledged once the budget refills", || {
             t += 1;
-            let direction = if at == left { Direction::Right } else { Direction::Left };
-            let answer = zigzag.move_(direction, t)?;
-            match answer.answer {
-                Answer::Ack(position) => break position,
-                Answer::Error(ErrorCode::RateLimited, _) if t < 1_100 => {
-                    std::thread::sleep(Duration::from_millis(20))
+            match zigzag.move_(direction, t).map(|answer| answer.answer) {
+                Ok(Answer::Error(ErrorCode::RateLimited, _)) => false,
+                other => {
+                    outcome = Some(other);
+                    true
                 }
-                other => bail!("move {t} after the zigzag: {other:?}"),
             }
+        })?;
+        let position = match outcome {
+            Some(Ok(Answer::Ack(position))) => position,
+            other => bail!("move {t} after the zigzag: {other:?}"),
         };
         let expected = if at == left { right } else { left };
         ensure!(position == expected, "after the zigzag: at {position:?}, expected {expected:?}");
