@@ -14,7 +14,7 @@ use meridian_protocol::pb::{
 };
 use meridian_protocol::{encode_frame, FrameReader, DEFAULT_MAX_FRAME};
 
-use crate::bot::code_name;
+use crate::bot::expect_login_ok;
 use crate::http::http_get;
 use crate::msg;
 use crate::process::signal;
@@ -188,16 +188,7 @@ impl RawClient {
         let message = self.recv(deadline(DEFAULT_WAIT)).with_context(|| {
             format!("{} waiting for LoginOk as {name:?} at {spawn:?}", self.label)
         })?;
-        let ok = match message.kind {
-            Some(S::LoginOk(ok)) => ok,
-            Some(S::Error(e)) => bail!(
-                "{}: login as {name:?} refused with {} ({:?})",
-                self.label,
-                code_name(e.code),
-                e.detail
-            ),
-            other => bail!("{}: expected LoginOk, got {other:?}", self.label),
-        };
+        let ok = expect_login_ok(&self.label, name, spawn, message)?;
         self.label = name.to_string();
         let after = self.ping_barrier()?;
         Ok((ok, after))

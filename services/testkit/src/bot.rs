@@ -360,19 +360,7 @@ impl Bot {
         let first = self.recv(deadline(DEFAULT_WAIT)).with_context(|| {
             format!("{} waiting for LoginOk as {name:?} at {spawn:?}", self.label)
         })?;
-        let ok = match first.kind {
-            Some(S::LoginOk(ok)) => ok,
-            Some(S::Error(e)) => bail!(
-                "{}: login as {name:?} at {spawn:?} was refused with {} ({:?})",
-                self.label,
-                code_name(e.code),
-                e.detail
-            ),
-            other => bail!(
-                "{}: expected LoginOk as the first answer to Login {name:?}, got {other:?}",
-                self.label
-            ),
-        };
+        let ok = expect_login_ok(&self.label, name, spawn, first)?;
         self.label = name.to_string();
         self.resume_token = ok.resume_token.clone();
         let after = self.ping_barrier()?;
@@ -685,5 +673,26 @@ impl Bot {
             }
         }
         anyhow!(text)
+    }
+}
+
+/// The first answer to a Login, which must be `LoginOk`: a refusal or anything else is an
+/// error naming the client (`label`), the name and the spawn asked for.
+pub(crate) fn expect_login_ok(
+    label: &str,
+    name: &str,
+    spawn: Option<(u32, u32)>,
+    first: ServerMessage,
+) -> anyhow::Result<LoginOk> {
+    match first.kind {
+        Some(S::LoginOk(ok)) => Ok(ok),
+        Some(S::Error(e)) => bail!(
+            "{label}: login as {name:?} at {spawn:?} was refused with {} ({:?})",
+            code_name(e.code),
+            e.detail
+        ),
+        other => {
+            bail!("{label}: expected LoginOk as the first answer to Login {name:?}, got {other:?}")
+        }
     }
 }
