@@ -56,12 +56,6 @@ impl Bucket {
         Bucket { credit: rate.capacity(), at: now }
     }
 
-    /// A bucket that starts with nothing and fills at the rate (a resumed session: a
-    /// reconnect must not buy a fresh burst).
-    pub fn empty(now: Instant) -> Bucket {
-        Bucket { credit: 0, at: now }
-    }
-
     /// Takes `cost` tokens if the bucket holds them at `now`; a refusal takes nothing.
     pub fn try_take(&mut self, rate: Rate, cost: u32, now: Instant) -> bool {
         self.refill(rate, now);
@@ -401,16 +395,6 @@ mod tests {
             assert!(bucket.try_take(rate, 1, t0 + ms(60_000)));
         }
         assert!(!bucket.try_take(rate, 1, t0 + ms(60_000)));
-    }
-
-    #[test]
-    fn an_empty_bucket_fills_at_the_rate() {
-        let t0 = Instant::now();
-        let rate = Rate::new(20, 20);
-        let mut bucket = Bucket::empty(t0);
-        assert!(!bucket.try_take(rate, 1, t0));
-        assert!(bucket.try_take(rate, 1, t0 + ms(50)));
-        assert!(!bucket.try_take(rate, 1, t0 + ms(50)));
     }
 
     #[test]
