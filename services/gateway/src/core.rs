@@ -26,7 +26,7 @@ use tracing::{debug, trace, warn};
 
 use crate::limits::{Bucket, Refusal};
 use crate::routing::ShardLink;
-use crate::worker::{session_id, session_parts, Inbox, Mail, Shared};
+use crate::shared::{session_id, session_parts, Inbox, Mail, Shared};
 use crate::Placement;
 
 /// How long a connection being closed after an error may keep its read side open, so the
@@ -168,6 +168,8 @@ struct Ctx {
     stalled: Vec<(Arc<ShardLink>, VecDeque<Vec<PlayerInput>>, usize)>,
     ids: Range<u64>,
     dirty: Vec<u32>,
+    /// The time of the event being handled (the core reads no clock of its own).
+    now: Instant,
 }
 
 pub struct Core<T> {
@@ -200,6 +202,7 @@ impl<T> Core<T> {
                 stalled: Vec::new(),
                 ids: 0..0,
                 dirty: Vec::new(),
+                now: Instant::now(),
             },
             mail,
             open: 0,
@@ -223,6 +226,7 @@ impl<T> Core<T> {
         peer: Option<IpAddr>,
         now: Instant,
     ) -> Result<u32, (T, Refusal)> {
+        self.ctx.now = now;
         let shared = &self.ctx.shared;
         if let Err(refusal) = shared.admission.admit(peer, now) {
             shared.metrics.connections_refused.inc(refusal.reason());
@@ -298,6 +302,7 @@ impl<T> Core<T> {
 
     /// Bytes read from a connection at `now`.
     pub fn on_data(&mut self, slot: u32, data: &[u8], now: Instant) {
+        self.ctx.now = now;
         let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -357,7 +362,8 @@ impl<T> Core<T> {
     }
 
     /// Applies the shards' deliveries that arrived since the last call.
-    pub fn process_mail(&mut self) {
+    pub fn process_mail(&mut self, now: Instant) {
+        self.ctx.now = now;
         self.mail.drain_start();
         while let Some(mail) = self.mail.try_recv() {
             let (from, deliveries) = match mail {
@@ -391,7 +397,7 @@ impl<T> Core<T> {
                         *waiting = waiting.saturating_sub(1);
                         if *waiting == 0 {
                             conn.session = Session::Anonymous;
-                            conn.opened_at = Instant::now();
+                            conn.opened_at = self.ctx.now;
                             let detail = "nothing to resume: the resume window has passed";
                             self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
                         }
@@ -426,7 +432,7 @@ impl<T> Core<T> {
     /// acknowledged positions (the coordinator has already reassigned the dead region).
     fn restore(&mut self, dead: ShardId) {
         let mut restored = 0;
-        let now = Instant::now();
+        let now = self.ctx.now;
         for slot in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
             let Session::Playing { link, .. } = &conn.session else { continue };
@@ -488,7 +494,7 @@ impl<T> Core<T> {
             // the owner of its last acknowledged cell once a link is up (`tick`), and until
             // its ViewReset its moves are refused.
             conn.restoring = true;
-            conn.restore_due.get_or_insert(Instant::now());
+            conn.restore_due.get_or_insert(self.ctx.now);
             conn.held.clear();
             conn.held_bytes = 0;
             conn.unconfirmed.clear();
@@ -582,6 +588,7 @@ impl<T> Core<T> {
     /// are restored; paused reading resumes; the login and idle deadlines and the
     /// gateway-wide output budget are enforced.
     pub fn tick(&mut self, now: Instant) {
+        self.ctx.now = now;
         let limits = self.ctx.shared.admission.limits();
         let (login_timeout, idle_timeout) = (limits.login_timeout, limits.idle_timeout);
         for slot in 0..self.slots.len() as u32 {
@@ -745,7 +752,7 @@ impl Ctx {
             conn.generation = delivery.generation;
         }
         if delivery.move_answers > 0 {
-            let now = Instant::now();
+            let now = self.now;
             for _ in 0..delivery.move_answers {
                 if let Some((_, seq, read_at)) = conn.inflight.pop_front() {
                     self.shared.metrics.move_delay.observe((now - read_at).as_secs_f64());
@@ -762,7 +769,7 @@ impl Ctx {
             conn.session = Session::Gone;
             if conn.closing == Closing::No {
                 conn.closing = Closing::AfterFlush;
-                conn.closing_since = Some(Instant::now());
+                conn.closing_since = Some(self.now);
             }
         }
         self.after_output(conn, slot, delivery.session);
@@ -1344,7 +1351,7 @@ impl Ctx {
             matches!((conn.closing, how), (Closing::No, _) | (Closing::AfterFlush, Closing::Abort));
         if stronger {
             conn.closing = how;
-            conn.closing_since.get_or_insert_with(Instant::now);
+            conn.closing_since.get_or_insert(self.now);
             if how == Closing::Abort {
                 conn.out.clear();
             }
@@ -1558,14 +1565,14 @@ mod tests {
         // they go to shard 2 too (a shard drops inputs it has already applied, by seq).
         let handed = Delivery { session, move_answers: 1, released_to: 2, ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![handed] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         core.flush_inputs();
         assert_eq!(relayed(&mut links[1].1), vec![3, 4, 5]);
         assert_eq!(relayed(&mut links[0].1), Vec::<u64>::new());
         // Once shard 2 answers move 3, everything up to it is known to be applied.
         let answered = Delivery { session, move_answers: 2, ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![answered] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         send(&mut core, slot, step(4));
         assert_eq!(relayed(&mut links[1].1), vec![6]);
         assert_eq!(core.unconfirmed_seqs(slot), vec![5, 6], "the chat and the new move");
@@ -1582,13 +1589,13 @@ mod tests {
         for _ in 0..16 {
             let early = Delivery { session, frames: chunk.clone(), ..Default::default() };
             mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![early] }).unwrap();
-            core.process_mail();
+            core.process_mail(Instant::now());
         }
         let closing = |core: &mut Core<()>| core.get_mut(slot).map(|c| c.closing);
         assert_eq!(closing(&mut core), Some(Closing::No), "1 MiB held: within the bound");
         let early = Delivery { session, frames: chunk, ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![early] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         assert_eq!(closing(&mut core), Some(Closing::Abort), "past it: cut, like a slow client");
     }
 
@@ -1701,7 +1708,7 @@ mod tests {
         // Shard 1 answered every move and handed the player to shard 2 (a border).
         let handed = Delivery { session, move_answers: 12, released_to: 2, ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![handed] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         write_all_at(&mut core, slot, (13..=40).map(step).collect(), t0);
         let moves = |inputs: &[PlayerInput]| {
             inputs.iter().filter(|i| matches!(i.kind, Some(Input::Move(_)))).count()
@@ -1725,7 +1732,7 @@ mod tests {
         // Once every move is answered, a refusal is answered at once by the gateway.
         let answered = Delivery { session, move_answers: 28, ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![answered] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         write_all_at(&mut core, slot, vec![step(41)], t0);
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::RateLimited, 41)]);
     }
@@ -1819,12 +1826,12 @@ mod tests {
             ..Default::default()
         };
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![placed] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         write_all_at(&mut core, slot, vec![step(1)], t0);
         let _ = relayed_inputs(&mut links[0].1);
         let (done, _confirmed) = tokio::sync::oneshot::channel();
         mail.send(Mail::LinkDown { link: Arc::clone(&links[0].0), done }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 1)]);
         // The link is back (the stream reconnected): the next tick re-joins the player.
         core.tick(t0 + Duration::from_millis(250));
@@ -1845,7 +1852,7 @@ mod tests {
         let link = Arc::clone(&_links[0].0);
         let (done, _confirmed) = tokio::sync::oneshot::channel();
         mail.send(Mail::LinkDown { link, done }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         core.tick(t0 + Duration::from_millis(250));
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 0)]);
@@ -1875,7 +1882,7 @@ mod tests {
         encode_frame(&server::view_reset(42, 1, 1), &mut frames);
         let late = Delivery { session, frames: frames.into(), ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![late] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         assert!(replies(&mut core, slot).is_empty());
     }
 
@@ -1909,7 +1916,7 @@ mod tests {
         let frames = bytes::Bytes::from(vec![0u8; 16]);
         let more = Delivery { session, frames, ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![more] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::Abort));
     }
 
@@ -1955,7 +1962,7 @@ mod tests {
             ..Default::default()
         };
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![closing] }).unwrap();
-        core.process_mail();
+        core.process_mail(Instant::now());
         let answers = replies(&mut core, slot);
         assert_eq!(answers[0], server::moved(1, 5, 5, 1));
         assert_eq!(errors(&answers), vec![(ErrorCode::Unavailable, 2)], "then move 2, refused");

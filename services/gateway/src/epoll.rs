@@ -14,8 +14,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use tracing::{debug, info, warn};
 
 use crate::core::{Closing, Core, LINGER};
+use crate::shared::{report_exit, WorkerStart};
 use crate::sockets::{configure_client_socket, is_resource_exhaustion, refuse_raw};
-use crate::worker::{report_exit, WorkerStart};
 
 const LISTENER: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -113,7 +113,7 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
                 unread.push((slot, generation));
             }
         }
-        core.process_mail();
+        core.process_mail(Instant::now());
         core.flush_inputs();
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
             stopping_since = Some(Instant::now());

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use crate::core::Core;
 use crate::limits::{Admission, Limits, Rate};
 use crate::routing::{RoutingTable, ShardLink};
-use crate::worker::{session_id, Inbox, Mail, Shared};
+use crate::shared::{session_id, Inbox, Mail, Shared};
 use crate::{GatewayConfig, GatewayMetrics, IoBackend, Placement};
 
 pub use crate::core::Closing;
@@ -54,6 +54,10 @@ pub struct HarnessConfig {
     /// lifted: this harness hands the core every byte at once, where a backend would stop
     /// reading a connection whose budget is spent.
     pub limits: Limits,
+    /// The gateway's id (what shards key its stream by).
+    pub gateway: u32,
+    /// Player ids this gateway hands out (disjoint per gateway when several share shards).
+    pub player_ids: std::ops::Range<u64>,
 }
 
 impl Default for HarnessConfig {
@@ -69,6 +73,8 @@ impl Default for HarnessConfig {
                 input_bytes: Rate::new(1 << 30, 1 << 30),
                 ..Limits::default()
             },
+            gateway: 1,
+            player_ids: 1..2_000,
         }
     }
 }
@@ -161,7 +167,7 @@ impl Harness {
             .collect();
         let gateway = GatewayConfig {
             placement: Placement::RoundRobin,
-            id: GatewayId(1),
+            id: GatewayId(config.gateway),
             cluster: "fuzz".into(),
             etcd: Vec::new(),
             io: IoBackend::Epoll,
@@ -179,7 +185,7 @@ impl Harness {
         let shared = Arc::new(Shared {
             config: gateway,
             routing: Arc::new(EpochCell::new(routing_table(&links))),
-            ids: crate::ids::IdPool::fixed(vec![1..1_000, 1_000..2_000]),
+            ids: crate::ids::IdPool::fixed(vec![config.player_ids.clone()]),
             metrics: Arc::new(GatewayMetrics::new(&registry, GatewayId(1), IoBackend::Epoll)),
             stopping: Arc::new(AtomicBool::new(false)),
             round_robin: AtomicUsize::new(0),
@@ -275,7 +281,7 @@ impl Harness {
         link.set_up(false);
         let (done, _confirmed) = tokio::sync::oneshot::channel();
         self.post(Mail::LinkDown { link, done });
-        self.core.process_mail();
+        self.core.process_mail(self.now);
         if let Some(relay) = self.links.iter_mut().find(|l| l.link.id.0 == shard) {
             if let Some(queue) = relay.relay.as_mut() {
                 while queue.try_recv().is_ok() {}
@@ -310,14 +316,14 @@ impl Harness {
         self.shared.routing.store(routing_table(&self.links));
         self.post(Mail::Restore { dead: ShardId(shard) });
         // The worker takes the mail at once, before any other link can change.
-        self.core.process_mail();
+        self.core.process_mail(self.now);
         true
     }
 
     /// The tail of an event loop iteration: shard mail, relay batches, then every
     /// connection with news is written out in full (or finished if it is aborted).
     pub fn flush(&mut self) {
-        self.core.process_mail();
+        self.core.process_mail(self.now);
         self.core.flush_inputs();
         let mut dirty = std::mem::take(&mut self.dirty);
         self.core.take_dirty(&mut dirty);
@@ -338,6 +344,73 @@ impl Harness {
     /// Moves the harness's clock on: the time the core is given.
     pub fn advance(&mut self, by: Duration) {
         self.now += by;
+    }
+
+    /// Sets the harness's clock (a simulator's time; never backwards).
+    pub fn set_now(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
+    /// The cluster as the gateway's view now has it, as the link manager applies it: a
+    /// link (not yet up: see [`Harness::link_up`]) to every shard in `shards` that has
+    /// none, no link to a shard no longer there, and `partition` for routing. Returns the
+    /// shards whose links were closed.
+    pub fn set_cluster(&mut self, partition: Option<PartitionMap>, shards: &[u32]) -> Vec<u32> {
+        let mut closed = Vec::new();
+        for fake in self.links.iter_mut() {
+            if fake.relay.is_some() && !shards.contains(&fake.link.id.0) {
+                fake.link.set_up(false);
+                fake.relay = None;
+                closed.push(fake.link.id.0);
+            }
+        }
+        self.links.retain(|fake| fake.relay.is_some());
+        for &id in shards {
+            if self.links.iter().any(|fake| fake.link.id.0 == id) {
+                continue;
+            }
+            let (inputs, relay) = mpsc::channel(4096);
+            let link = Arc::new(ShardLink::new(ShardId(id), inputs));
+            self.links.push(FakeLink { link, relay: Some(relay) });
+        }
+        self.links.sort_by_key(|fake| fake.link.id);
+        let links = self.links.iter().map(|fake| Arc::clone(&fake.link)).collect();
+        self.shared.routing.store(RoutingTable { links, partition });
+        closed
+    }
+
+    /// The shard is gone and its region reassigned: its players are restored elsewhere.
+    pub fn restore_from(&mut self, dead: u32) {
+        self.post(Mail::Restore { dead: ShardId(dead) });
+        self.core.process_mail(self.now);
+    }
+
+    /// A shard's output batch, as its relay task hands it over (processed on the next
+    /// flush).
+    pub fn deliver_batch(&mut self, from: u32, deliveries: Vec<Delivery>) {
+        self.post(Mail::Deliveries { from: ShardId(from), deliveries });
+    }
+
+    /// The inputs the core queued for one shard since the last call, as the relay task
+    /// would send them (`None` if there is no link to it).
+    pub fn relayed_inputs(&mut self, shard: u32) -> Option<Vec<PlayerInput>> {
+        let queue =
+            self.links.iter_mut().find(|l| l.link.id.0 == shard).and_then(|l| l.relay.as_mut())?;
+        let mut inputs = Vec::new();
+        while let Ok(batch) = queue.try_recv() {
+            inputs.extend(batch);
+        }
+        Some(inputs)
+    }
+
+    /// Whether the link to `shard` is up.
+    pub fn link_is_up(&self, shard: u32) -> bool {
+        self.links.iter().any(|l| l.link.id.0 == shard && l.link.is_up())
+    }
+
+    /// Client slots that are open.
+    pub fn open_slots(&self) -> Vec<u32> {
+        self.core.slots().collect()
     }
 
     pub fn now(&self) -> Instant {
@@ -387,7 +460,7 @@ impl Harness {
                 Ok(()) => return,
                 Err(TrySendError::Full(back)) => {
                     mail = back;
-                    self.core.process_mail();
+                    self.core.process_mail(self.now);
                 }
                 Err(TrySendError::Disconnected(_)) => {
                     unreachable!("invariant: the harness holds the core and its inbox")

@@ -22,6 +22,7 @@ mod quic;
 mod quic_tls;
 mod relay;
 mod routing;
+mod shared;
 mod sockets;
 mod uring;
 mod worker;
@@ -158,7 +159,7 @@ pub async fn run(
     let listeners = worker::reuseport_listeners(game, config.workers)
         .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
     let stopping = Arc::new(AtomicBool::new(false));
-    let shared = Arc::new(worker::Shared {
+    let shared = Arc::new(shared::Shared {
         config: config.clone(),
         routing: Arc::clone(&routing.table),
         ids,

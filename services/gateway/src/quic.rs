@@ -27,7 +27,7 @@ use tracing::{debug, info};
 
 use crate::core::{Closing, Core, LINGER};
 use crate::quic_tls::{server_config, PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
-use crate::worker::{report_exit, Inbox, Shared};
+use crate::shared::{report_exit, Inbox, Shared};
 use crate::GatewayMetrics;
 
 /// Events from the accept and reader tasks waiting for the core task. When it is full,
@@ -190,7 +190,7 @@ async fn serve(
                 }
             }
         }
-        core.process_mail();
+        core.process_mail(Instant::now());
         core.flush_inputs();
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
             stopping_since = Some(Instant::now());

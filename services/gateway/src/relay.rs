@@ -17,7 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{info, warn};
 
 use crate::routing::{Routing, RoutingTable, ShardLink, RELAY_QUEUE};
-use crate::worker::{session_worker, Mailbox};
+use crate::shared::{session_worker, Mailbox};
 use crate::GatewayMetrics;
 
 /// Queued batches merged into one gRPC message at most.

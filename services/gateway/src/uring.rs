@@ -18,8 +18,8 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 use tracing::{debug, info, warn};
 
 use crate::core::{Closing, Core, LINGER};
+use crate::shared::{report_exit, WorkerStart};
 use crate::sockets::{configure_client_socket, is_resource_exhaustion, peer_ip, refuse_raw};
-use crate::worker::{report_exit, WorkerStart};
 
 const RING_ENTRIES: u32 = 4096;
 const BUFFER_GROUP: u16 = 0;
@@ -535,7 +535,7 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
             break Err(error);
         }
         buffers.publish();
-        this.core.process_mail();
+        this.core.process_mail(Instant::now());
         this.core.flush_inputs();
         if shared.stopping.load(Ordering::Relaxed) && this.stopping_since.is_none() {
             this.stopping_since = Some(Instant::now());

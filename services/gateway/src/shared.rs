@@ -1,0 +1,225 @@
+//! What the workers and the relay tasks share: the read-mostly state every worker reads
+//! ([`Shared`]), session ids, and the mail path from relay tasks to workers. Below the
+//! event loops and the core, which all use it; it uses none of them.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use meridian_cluster::{EpochCell, ShardId};
+use meridian_rpc::pb::Delivery;
+use tracing::error;
+
+use crate::ids::IdPool;
+use crate::routing::{RoutingTable, ShardLink};
+use crate::{GatewayConfig, GatewayMetrics};
+
+/// Delivery batches a worker may have waiting before relay tasks wait for it.
+const MAILBOX: usize = 1024;
+
+/// What every worker shares: read-mostly, nothing locked per message.
+pub struct Shared {
+    pub config: GatewayConfig,
+    pub routing: Arc<EpochCell<RoutingTable>>,
+    pub ids: Arc<IdPool>,
+    pub metrics: Arc<GatewayMetrics>,
+    pub stopping: Arc<AtomicBool>,
+    /// Turn counter of the round-robin placement policy.
+    pub round_robin: AtomicUsize,
+    /// Caps on connections (per gateway, per address) and the per-connection limits.
+    pub admission: crate::limits::Admission,
+    /// Output queued per worker as of its last check, for the gateway-wide output budget.
+    pub output_by_worker: Vec<AtomicUsize>,
+    /// Woken when an event loop fails: the gateway stops and exits non-zero.
+    pub worker_failed: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// Records this worker's queued output; returns the gateway's total.
+    pub fn report_output(&self, worker: usize, bytes: usize) -> usize {
+        if let Some(mine) = self.output_by_worker.get(worker) {
+            mine.store(bytes, Ordering::Relaxed);
+        }
+        self.output_by_worker.iter().map(|w| w.load(Ordering::Relaxed)).sum()
+    }
+
+    /// An event loop stopped on an error: count it and make the gateway stop.
+    pub fn worker_failed(&self) {
+        self.metrics.worker_failures.inc();
+        self.worker_failed.notify_one();
+    }
+}
+
+/// A session id names one connection on one worker for its whole life:
+/// `worker (16 bits) | slot (24 bits) | generation (24 bits)`.
+pub fn session_id(worker: usize, slot: u32, generation: u32) -> u64 {
+    ((worker as u64) << 48)
+        | (u64::from(slot & 0x00ff_ffff) << 24)
+        | u64::from(generation & 0x00ff_ffff)
+}
+
+pub fn session_parts(session: u64) -> (usize, u32, u32) {
+    (
+        (session >> 48) as usize,
+        ((session >> 24) & 0x00ff_ffff) as u32,
+        (session & 0x00ff_ffff) as u32,
+    )
+}
+
+pub fn session_worker(session: u64) -> usize {
+    session_parts(session).0
+}
+
+/// What relay tasks tell a worker.
+pub enum Mail {
+    /// Shard output for connections of this worker, in stream order.
+    Deliveries { from: ShardId, deliveries: Vec<Delivery> },
+    /// The stream to this shard failed: moves still in flight on it will never be answered
+    /// by the shard, so the worker answers them (UNAVAILABLE) and confirms on `done`; the
+    /// relay task reconnects only after every worker has confirmed, so no input queued
+    /// before the failure can reach the next stream.
+    LinkDown { link: Arc<ShardLink>, done: tokio::sync::oneshot::Sender<()> },
+    /// This shard is gone and its region reassigned: restore its players elsewhere.
+    Restore { dead: ShardId },
+}
+
+/// A worker's inbox for shard output, and the way to wake its event loop.
+///
+/// Waking costs a system call (an eventfd write) on the relay's side, so it is done only
+/// when the worker may not know about new mail yet: once `woken` is set, later mail rides
+/// on the same wake until the worker starts its next drain. Under load one write then
+/// carries many deliveries instead of one each.
+pub struct Mailbox {
+    pub(crate) sender: SyncSender<Mail>,
+    pub(crate) waker: Arc<dyn Fn() + Send + Sync>,
+    pub(crate) woken: Arc<AtomicBool>,
+}
+
+impl Mailbox {
+    pub fn wake(&self) {
+        // Pairs with the fence in `Inbox::drain_start`: either the worker's drain sees the
+        // mail just queued, or this sees the flag it cleared and wakes it.
+        fence(Ordering::SeqCst);
+        if !self.woken.swap(true, Ordering::SeqCst) {
+            (self.waker)();
+        }
+    }
+
+    /// Hands deliveries to the worker. If its mailbox is full the relay task waits (and
+    /// with it the gRPC stream: backpressure reaches the shard, which cuts a link that
+    /// stays stuck) rather than dropping output that was already acknowledged.
+    pub async fn deliver(&self, from: ShardId, deliveries: Vec<Delivery>) {
+        self.send(Mail::Deliveries { from, deliveries }).await;
+    }
+
+    /// Tells the worker to restore the players of a dead shard.
+    pub async fn restore(&self, dead: ShardId) {
+        self.send(Mail::Restore { dead }).await;
+    }
+
+    /// Tells the worker a link failed; resolves once the worker has answered for it.
+    pub async fn link_down(&self, link: Arc<ShardLink>) {
+        let (done, confirmed) = tokio::sync::oneshot::channel();
+        self.send(Mail::LinkDown { link, done }).await;
+        let _ = confirmed.await;
+    }
+
+    async fn send(&self, mut mail: Mail) {
+        loop {
+            match self.sender.try_send(mail) {
+                Ok(()) => return self.wake(),
+                Err(TrySendError::Full(back)) => {
+                    mail = back;
+                    self.wake();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(TrySendError::Disconnected(_)) => return,
+            }
+        }
+    }
+}
+
+/// The worker's end of its [`Mailbox`].
+pub struct Inbox {
+    receiver: Receiver<Mail>,
+    woken: Arc<AtomicBool>,
+}
+
+impl Inbox {
+    /// Called before each drain: mail queued from now on wakes the worker again.
+    pub fn drain_start(&self) {
+        self.woken.store(false, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn for_tests(receiver: Receiver<Mail>) -> Inbox {
+        Inbox { receiver, woken: Arc::new(AtomicBool::new(false)) }
+    }
+
+    pub fn try_recv(&self) -> Option<Mail> {
+        self.receiver.try_recv().ok()
+    }
+}
+
+/// A worker's mailbox: the relay's sending end, the worker's end, and the shared wake flag.
+pub(crate) fn mailbox() -> (SyncSender<Mail>, Inbox, Arc<AtomicBool>) {
+    let (sender, receiver) = sync_channel(MAILBOX);
+    let woken = Arc::new(AtomicBool::new(false));
+    (sender, Inbox { receiver, woken: Arc::clone(&woken) }, woken)
+}
+
+/// What a backend needs to start one worker.
+pub struct WorkerStart {
+    pub index: usize,
+    pub listener: std::net::TcpListener,
+    pub shared: Arc<Shared>,
+    pub mail: Inbox,
+}
+
+/// Logs a worker's death and makes the gateway stop: a node with a dead event loop is
+/// not healthy (its players were taken out of the world by the loop on its way out).
+pub fn report_exit(index: usize, shared: &Shared, result: std::io::Result<()>) {
+    if let Err(err) = result {
+        error!(worker = index, error = %err, "worker stopped on an I/O error; the gateway stops");
+        shared.worker_failed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_wake_carries_all_mail_until_the_worker_drains() {
+        let (sender, receiver) = sync_channel(MAILBOX);
+        let woken = Arc::new(AtomicBool::new(false));
+        let inbox = Inbox { receiver, woken: Arc::clone(&woken) };
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&wakes);
+        let waker = Arc::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let mailbox = Mailbox { sender, waker, woken };
+        for dead in 1..=3 {
+            mailbox.restore(ShardId(dead)).await;
+        }
+        assert_eq!(wakes.load(Ordering::SeqCst), 1, "one wake for mail the worker has not seen");
+        inbox.drain_start();
+        let mut drained = 0;
+        while inbox.try_recv().is_some() {
+            drained += 1;
+        }
+        assert_eq!(drained, 3);
+        mailbox.restore(ShardId(4)).await;
+        assert_eq!(wakes.load(Ordering::SeqCst), 2, "mail after a drain wakes again");
+    }
+
+    #[test]
+    fn session_ids_round_trip() {
+        let id = session_id(3, 0x00ab_cdef, 0x0012_3456);
+        assert_eq!(session_parts(id), (3, 0x00ab_cdef, 0x0012_3456));
+        assert_ne!(session_id(0, 1, 0), 0, "session ids are never zero for slot > 0");
+    }
+}
