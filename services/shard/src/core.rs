@@ -1,46 +1,45 @@
-//! The world task: the one place the shard's world is mutated.
+//! The shard's core: the one place the shard's world is mutated, with no I/O of its own.
 //!
-//! Commands from every gateway stream and every peer shard arrive on one bounded queue and
-//! are applied in arrival order, a round at a time; a round's output is grouped per
-//! connection (`ShardBatch`es per gateway link) and per peer (batches per peer shard).
-//! One task owns the world, so the rules need no locks. Local players' inputs are applied
-//! in their sequence order; players near a border are mirrored to neighbours as ghosts;
-//! players who step out of the region are handed off (see `players.rs`).
+//! The core is a state machine driven by `(now, event)` ([`ShardCore::handle`]): inputs
+//! from gateway streams, messages from peer shards, cluster-view changes, timer ticks. It
+//! answers with what to send ([`ShardCore::flush`]): one round's output grouped per
+//! gateway link (`ShardBatch`es) and per peer (a round of messages each). It reads no
+//! clock, owns no channel, socket or task, and draws randomness only from a generator
+//! seeded by its configuration, so the same events at the same times give the same
+//! output: that is what lets `meridian-sim` run many shards in one thread from one seed.
+//! The tokio shell around it (`actor.rs`) only moves bytes and timers.
+//!
+//! Local players' inputs are applied in their sequence order; players near a border are
+//! mirrored to neighbours as ghosts; players who step out of the region are handed off
+//! (see `players.rs`).
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meridian_cluster::{ClusterView, EpochCell, ShardId};
-use meridian_protocol::pb::{self as client_pb, ErrorCode};
-use meridian_protocol::{server, InvalidArgument, TokenKey};
+use meridian_cluster::{ClusterView, ShardId};
+use meridian_protocol::pb::ErrorCode;
+use meridian_protocol::{server, TokenKey};
 use meridian_rpc::pb::player_input::Kind as Input;
-use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput, ShardBatch};
-use meridian_world::{Direction, Envelope, Notification, PlayerId, Position, World};
+use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput};
+use meridian_world::{Envelope, Notification, PlayerId, World};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
 use tracing::{debug, warn};
 
 use crate::geometry::Geometry;
 use crate::ghosts::Ghosts;
-use crate::outbox::Outbox;
-use crate::peer::{PeerOutbox, PeerSenders};
-use crate::sequence::{InputSequence, Offered, Refused};
-use crate::{ShardConfig, ShardMetrics};
+use crate::history::{Divergent, History};
+use crate::metrics::ShardMetrics;
+use crate::outbox::{Outbox, PeerRounds};
+use crate::sequence::{Offered, Refused};
+use crate::types::{
+    CoreConfig, EarlyInputs, Event, HandedOff, Link, LinkId, Parked, Seat, Transmit,
+};
 
-/// Batches a gateway link may have queued before it counts as not keeping up and is cut.
-pub const LINK_QUEUE: usize = 1024;
-/// Commands queued for the world task before gateway and peer streams are slowed down.
-const COMMAND_QUEUE: usize = 4096;
-/// Commands applied per round before output is flushed.
-const ROUND: usize = 512;
-/// How long after a partition change ghosts are kept even where the new borders no longer
-/// need them (other shards apply the change a little later).
-const BORDERS_SETTLE: Duration = Duration::from_secs(2);
-/// Housekeeping period: geometry refresh, expiries.
-const TICK: Duration = Duration::from_millis(100);
+/// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
+/// simulator) hands the core [`Event::Tick`] this often.
+pub const TICK: Duration = Duration::from_millis(100);
 /// Inputs held for a player not (yet) here, waiting for its handoff to arrive; beyond
 /// that, new ones are refused (a `Leave` is always held).
 const EARLY_LIMIT: usize = 256;
@@ -48,8 +47,6 @@ const EARLY_LIMIT: usize = 256;
 /// inputs, which cannot be answered here without their gateway's link, wait `FORWARD_FOR`:
 /// the shard that forwarded them handed their player here.
 const EARLY_WAIT: Duration = Duration::from_secs(2);
-/// Out-of-order inputs held per local player; beyond that, the newest is refused.
-pub(crate) const PENDING_LIMIT: usize = 1024;
 /// A handed-off player stays listed by the old owner this long after the new owner
 /// confirmed (so a sequential sample of all shards always finds it somewhere), and its
 /// late inputs are forwarded this long.
@@ -58,116 +55,28 @@ const FORWARD_FOR: Duration = Duration::from_secs(30);
 /// A draining shard stops only once no input for a handed-off player has arrived (and no
 /// handoff happened) for this long: the gateways have all switched.
 const FORWARD_QUIET: Duration = Duration::from_secs(1);
+/// Handoffs waiting for their player's gateway to open a stream here, at most; and how
+/// long one waits. Past either, the handoff is given up: the gateway restores the player
+/// once its old owner's stream tells it the player is gone.
+const AWAITING_GATEWAY_LIMIT: usize = 65_536;
+const AWAITING_GATEWAY_FOR: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LinkId(pub u32);
+/// A handoff waiting for its gateway's stream: from whom, which player, its generation,
+/// the handoff, and since when.
+type AwaitingHandoff = (ShardId, PlayerId, u64, meridian_rpc::pb::Handoff, Instant);
 
-pub enum Command {
-    Open {
-        link: LinkId,
-        gateway: u32,
-        out: mpsc::Sender<Result<ShardBatch, Status>>,
-    },
-    Inputs {
-        link: LinkId,
-        inputs: Vec<PlayerInput>,
-    },
-    Closed {
-        link: LinkId,
-    },
-    Peer {
-        from: ShardId,
-        messages: Vec<PeerMessage>,
-    },
-    /// The `/players` report: JSON of the players this shard owns.
-    Report {
-        reply: oneshot::Sender<String>,
-    },
-    /// Where this shard's players stand, for the coordinator's load-aware borders.
-    Load {
-        reply: oneshot::Sender<meridian_cluster::LoadProfile>,
-    },
-    /// Where this shard's players stand on the coarse grid of the live map.
-    Density {
-        reply: oneshot::Sender<meridian_cluster::DensityReport>,
-    },
-    /// etcd let this shard's lease expire: the cluster took it for dead.
-    LeaseExpired,
-    /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
-    /// for handed-off players have stopped arriving).
-    DrainStatus {
-        reply: oneshot::Sender<(usize, usize, bool)>,
-    },
-}
-
-pub(crate) struct Link {
-    pub out: mpsc::Sender<Result<ShardBatch, Status>>,
-    pub gateway: u32,
-}
-
-/// A local player: where its output goes and what its owner must remember.
-pub(crate) struct Seat {
-    pub link: LinkId,
-    pub session: u64,
-    pub gateway: u32,
-    pub generation: u64,
-    /// The player's inputs in `seq` order.
-    pub inputs: InputSequence,
-    /// Shards currently holding a ghost of this player.
-    pub ghosted_at: Vec<ShardId>,
-    /// Counts this player's position changes (see `PeerMessage.subject_seq`).
-    pub subject_seq: u64,
-}
-
-/// A player whose connection dropped, kept for the resume window.
-pub(crate) struct Parked {
-    pub name: String,
-    pub at: Position,
-    pub generation: u64,
-    pub since: Instant,
-    /// The move budget it left with; given back when it resumes.
-    pub move_budget: Option<meridian_world::MoveBudget>,
-}
-
-/// Inputs for a player whose handoff has not arrived yet: since when, from which link.
-pub(crate) type EarlyInputs = (Instant, Vec<(Option<LinkId>, PlayerInput)>);
-
-impl Seat {
-    /// A seat whose next input is `next_seq`.
-    pub fn new(link: LinkId, session: u64, gateway: u32, generation: u64, next_seq: u64) -> Seat {
-        Seat {
-            link,
-            session,
-            gateway,
-            generation,
-            inputs: InputSequence::new(next_seq, PENDING_LIMIT),
-            ghosted_at: Vec::new(),
-            subject_seq: 0,
-        }
-    }
-}
-
-pub(crate) struct HandedOff {
-    /// Where inputs that still arrive here go: the shard the player was handed to, or
-    /// whoever that shard (and so on) released it to since. Never back here: an input that
-    /// arrives here while the player is on its way back was sent after the gateway
-    /// switched, and the shard it is forwarded to sends it back after the handoff, on the
-    /// same ordered stream.
-    pub to: ShardId,
-    pub generation: u64,
-    pub at: Position,
-    pub acked: Option<Instant>,
-    pub since: Instant,
-}
-
-pub struct WorldActor {
+pub struct ShardCore {
     pub(crate) id: ShardId,
     pub(crate) world: World,
     pub(crate) dev_mode: bool,
-    view: Arc<EpochCell<ClusterView>>,
     pub(crate) geometry: Geometry,
+    /// Registered shards (alive as far as etcd knows), from the last view.
+    live: FxHashSet<ShardId>,
+    /// Peers whose stream from here is open, as the shell last reported.
+    peers_up: FxHashSet<ShardId>,
     pub(crate) metrics: Arc<ShardMetrics>,
-    commands: mpsc::Receiver<Command>,
+    /// The time of the event being handled.
+    pub(crate) now: Instant,
     pub(crate) links: FxHashMap<LinkId, Link>,
     pub(crate) gateway_links: FxHashMap<u32, LinkId>,
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
@@ -178,24 +87,20 @@ pub struct WorldActor {
     pub(crate) refused: FxHashMap<(PlayerId, u64), (Instant, Refused)>,
     pub(crate) ghosts: Ghosts,
     pub(crate) outbox: Outbox,
-    pub(crate) peer_out: PeerOutbox,
-    peer_senders: PeerSenders,
+    pub(crate) peer_out: PeerRounds,
     pub(crate) envelopes: Vec<Envelope>,
     pub(crate) holders: Vec<ShardId>,
     pub(crate) rng: SmallRng,
     pub(crate) started: Instant,
+    unix_start: u64,
     pub(crate) resume_key: TokenKey,
     pub(crate) parked: FxHashMap<PlayerId, Parked>,
-    /// When the partition last changed: ghosts are only added, never removed, until every
-    /// shard has had time to apply it.
-    pub(crate) epoch_changed: Option<Instant>,
     /// Handoffs whose player's gateway has no stream here yet, by gateway id.
-    pub(crate) awaiting_gateway:
-        FxHashMap<u32, Vec<(ShardId, PlayerId, u64, meridian_rpc::pb::Handoff)>>,
+    pub(crate) awaiting_gateway: FxHashMap<u32, Vec<AwaitingHandoff>>,
     /// Versions and recent positions of everyone in this world.
-    pub(crate) history: crate::views::History,
+    pub(crate) history: History,
     /// Clients just handed in whose view is still derived from what they were told.
-    pub(crate) divergent: FxHashMap<PlayerId, crate::views::Divergent>,
+    pub(crate) divergent: FxHashMap<PlayerId, Divergent>,
     /// Divergent clients with news this round: their views are brought forward once, at
     /// the end of the round (a resync looks at everyone in view; once per message it
     /// would be quadratic in a crowd).
@@ -205,23 +110,18 @@ pub struct WorldActor {
     pub(crate) resume_window: Duration,
 }
 
-impl WorldActor {
-    pub fn new(
-        config: &ShardConfig,
-        view: Arc<EpochCell<ClusterView>>,
-        peer_senders: PeerSenders,
-        metrics: Arc<ShardMetrics>,
-    ) -> (mpsc::Sender<Command>, WorldActor) {
-        let (sender, commands) = mpsc::channel(COMMAND_QUEUE);
-        let geometry = view.read(|v| Geometry::from_view(v, config.id, &config.world));
-        let actor = WorldActor {
+impl ShardCore {
+    /// A core at `now` that knows no partition yet (the first [`Event::View`] brings it).
+    pub fn new(config: &CoreConfig, metrics: Arc<ShardMetrics>, now: Instant) -> ShardCore {
+        ShardCore {
             id: config.id,
             world: World::new(config.world.clone()),
             dev_mode: config.dev_mode,
-            view,
-            geometry,
+            geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
+            live: FxHashSet::default(),
+            peers_up: FxHashSet::default(),
             metrics,
-            commands,
+            now,
             links: FxHashMap::default(),
             gateway_links: FxHashMap::default(),
             seats: FxHashMap::default(),
@@ -230,106 +130,132 @@ impl WorldActor {
             refused: FxHashMap::default(),
             ghosts: Ghosts::default(),
             outbox: Outbox::default(),
-            peer_out: PeerOutbox::default(),
-            peer_senders,
+            peer_out: PeerRounds::default(),
             envelopes: Vec::with_capacity(1024),
             holders: Vec::new(),
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
-            started: Instant::now(),
+            started: now,
+            unix_start: config.unix_start,
             resume_key: config.resume_key.clone(),
             parked: FxHashMap::default(),
-            // A shard starts in a change of borders (its joining makes one): the others may
-            // still hold players where the old borders put them, in sight of its own.
-            epoch_changed: Some(Instant::now()),
             awaiting_gateway: FxHashMap::default(),
             history: Default::default(),
             divergent: FxHashMap::default(),
             resync_due: Vec::new(),
             last_forward: None,
             resume_window: config.resume_window,
-        };
-        (sender, actor)
-    }
-
-    pub async fn run(mut self) {
-        let mut round = Vec::with_capacity(ROUND);
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                n = self.commands.recv_many(&mut round, ROUND) => {
-                    if n == 0 {
-                        break;
-                    }
-                    self.refresh_geometry();
-                    for command in round.drain(..) {
-                        self.handle(command);
-                    }
-                }
-                _ = tick.tick() => {
-                    self.refresh_geometry();
-                    self.housekeeping();
-                }
-            }
-            self.flush();
         }
-        debug!(shard = %self.id, "world task stopped");
     }
 
-    fn handle(&mut self, command: Command) {
-        match command {
-            Command::Open { link, gateway, out } => {
-                self.links.insert(link, Link { out, gateway });
+    /// Wall-clock seconds since the Unix epoch at the current event.
+    pub(crate) fn unix_now(&self) -> u64 {
+        self.unix_start + self.now.saturating_duration_since(self.started).as_secs()
+    }
+
+    /// Time since `since`, as of the current event (zero if `since` is later).
+    pub(crate) fn since(&self, since: Instant) -> Duration {
+        self.now.saturating_duration_since(since)
+    }
+
+    /// Handles one event at `now`. Its output waits for [`ShardCore::flush`] (the shell
+    /// flushes once per round of events).
+    pub fn handle(&mut self, now: Instant, event: Event) {
+        self.now = self.now.max(now);
+        match event {
+            Event::LinkOpened { link, gateway } => {
+                self.links.insert(link, Link { gateway });
                 self.gateway_links.insert(gateway, link);
                 self.metrics.links.set(self.links.len() as i64);
-                for (from, player, generation, handoff) in
+                for (from, player, generation, handoff, _) in
                     self.awaiting_gateway.remove(&gateway).unwrap_or_default()
                 {
                     self.handoff_in(from, player, generation, handoff);
                 }
             }
-            Command::Inputs { link, inputs } => {
+            Event::Inputs { link, inputs } => {
                 self.metrics.batches_in.inc();
                 for input in inputs {
                     self.on_input(Some(link), input);
                 }
             }
-            Command::Closed { link } => self.drop_link(link),
-            Command::Peer { from, messages } => {
+            Event::LinkClosed { link } => self.drop_link(link),
+            Event::LinkCut { link } => {
+                warn!(link = link.0, "gateway link not keeping up; cutting it");
+                self.metrics.links_cut.inc();
+                self.drop_link(link);
+            }
+            Event::Peer { from, messages } => {
                 self.metrics.peer_messages_in.add(messages.len() as u64);
                 for message in messages {
                     self.on_peer(from, message);
                 }
             }
-            Command::Report { reply } => {
-                let _ = reply.send(self.report());
+            Event::View(view) => self.on_view(&view),
+            Event::PeersUp(up) => {
+                self.peers_up = up.into_iter().collect();
             }
-            Command::Load { reply } => {
-                let _ = reply.send(self.load_profile());
-            }
-            Command::Density { reply } => {
-                let _ = reply.send(self.density());
-            }
-            Command::LeaseExpired => self.after_lease_expiry(),
-            Command::DrainStatus { reply } => {
-                let unconfirmed = self.handed_off.values().filter(|h| h.acked.is_none()).count();
-                // Gateways switch a player's route when they read its `released_to` marker;
-                // inputs they sent before that still arrive here and are forwarded. A shard
-                // that stopped now would leave them unanswered.
-                let quiet = self.last_forward.is_none_or(|at| at.elapsed() >= FORWARD_QUIET)
-                    && self.handed_off.values().all(|h| h.since.elapsed() >= FORWARD_QUIET);
-                let _ = reply.send((self.seats.len(), unconfirmed, quiet));
-            }
+            Event::LeaseExpired => self.after_lease_expiry(),
+            Event::Tick => self.housekeeping(),
         }
     }
 
-    fn refresh_geometry(&mut self) {
-        let epoch = self.view.read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
+    /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
+    /// for handed-off players have stopped arriving).
+    pub fn drain_status(&self, now: Instant) -> (usize, usize, bool) {
+        let unconfirmed = self.handed_off.values().filter(|h| h.acked.is_none()).count();
+        // Gateways switch a player's route when they read its `released_to` marker;
+        // inputs they sent before that still arrive here and are forwarded. A shard that
+        // stopped now would leave them unanswered.
+        let quiet =
+            self.last_forward.is_none_or(|at| now.saturating_duration_since(at) >= FORWARD_QUIET)
+                && self
+                    .handed_off
+                    .values()
+                    .all(|h| now.saturating_duration_since(h.since) >= FORWARD_QUIET);
+        (self.seats.len(), unconfirmed, quiet)
+    }
+
+    /// The players owned here and where they stand (for the simulator's checks).
+    pub fn local_players(&self) -> impl Iterator<Item = (PlayerId, meridian_world::Position)> + '_ {
+        self.world.local_players()
+    }
+
+    /// The shards a local player is mirrored to (`None` if it is not local here).
+    pub fn ghosted_at(&self, player: PlayerId) -> Option<&[ShardId]> {
+        self.seats.get(&player).map(|seat| seat.ghosted_at.as_slice())
+    }
+
+    /// The partition epoch this core acts on.
+    pub fn epoch(&self) -> u64 {
+        self.geometry.epoch
+    }
+
+    /// Every copy of a player here that is not local (ghosts), with its position.
+    pub fn ghost_positions(&self) -> Vec<(PlayerId, meridian_world::Position)> {
+        self.world.ghosts().collect()
+    }
+
+    /// Sizes of the core's internal maps and queues, for bounds checks.
+    pub fn sizes(&self) -> CoreSizes {
+        CoreSizes {
+            seats: self.seats.len(),
+            handed_off: self.handed_off.len(),
+            early: self.early.values().map(|(_, inputs)| inputs.len()).sum(),
+            refused: self.refused.len(),
+            parked: self.parked.len(),
+            awaiting_gateway: self.awaiting_gateway.values().map(Vec::len).sum(),
+            divergent: self.divergent.len(),
+            ghost_tracks: self.ghosts.tracks(),
+        }
+    }
+
+    fn on_view(&mut self, view: &ClusterView) {
+        self.live = view.shards.keys().copied().collect();
+        let epoch = view.partition.as_ref().map(|p| p.epoch).unwrap_or(0);
         if epoch != self.geometry.epoch {
             let config = self.world.config().clone();
-            self.geometry = self.view.read(|v| Geometry::from_view(v, self.id, &config));
+            self.geometry = Geometry::from_view(view, self.id, &config);
             self.metrics.epoch.set(epoch as i64);
-            self.epoch_changed = Some(Instant::now());
             self.rebalance();
         }
     }
@@ -338,12 +264,12 @@ impl WorldActor {
     /// now standing in another shard's region is handed to it, exactly as if it had walked
     /// across a border.
     fn rebalance(&mut self) {
-        let live: std::collections::HashSet<ShardId> =
-            self.view.read(|v| v.shards.keys().copied().collect());
+        let (me, live) = (self.id, &self.live);
         self.ghosts.sources_gone(
             &mut self.world,
             &mut self.history,
-            |s| s == self.id || live.contains(&s),
+            |s| s == me || live.contains(&s),
+            self.now,
             &mut self.envelopes,
         );
         self.route_envelopes();
@@ -380,9 +306,13 @@ impl WorldActor {
                 self.handoff_in(from, player, message.generation, handoff)
             }
             Some(Peer::Forwarded(input)) => self.on_input(None, input),
+            Some(Peer::Needed(needed)) => {
+                let holder = if needed.holder == 0 { from } else { ShardId(needed.holder) };
+                self.ghost_needed(holder, player, message.generation);
+            }
             Some(Peer::HandoffAck(_)) => {
                 if let Some(handed) = self.handed_off.get_mut(&player) {
-                    handed.acked.get_or_insert_with(Instant::now);
+                    handed.acked.get_or_insert(self.now);
                 }
             }
             // A ghost update. A player owned here never takes updates from elsewhere: such a
@@ -393,9 +323,19 @@ impl WorldActor {
                     &mut self.history,
                     from,
                     message,
+                    self.now,
                     &mut self.envelopes,
                 );
                 self.route_envelopes();
+                for (owner, player, version) in std::mem::take(&mut self.ghosts.needed) {
+                    let needed = PeerMessage {
+                        player_id: player.0,
+                        generation: version.0,
+                        subject_seq: version.1,
+                        kind: Some(Peer::Needed(meridian_rpc::pb::GhostNeeded { holder: 0 })),
+                    };
+                    self.peer_out.push(owner, needed);
+                }
             }
             Some(_) | None => {}
         }
@@ -415,7 +355,7 @@ impl WorldActor {
         }
         if let Some(handed) = self.handed_off.get(&player) {
             self.metrics.inputs_forwarded.inc();
-            self.last_forward = Some(Instant::now());
+            self.last_forward = Some(self.now);
             debug!(%player, seq = input.seq, to = %handed.to, "input forwarded");
             let message = PeerMessage {
                 player_id: player.0,
@@ -426,7 +366,8 @@ impl WorldActor {
             self.peer_out.push(handed.to, message);
             return;
         }
-        let entry = self.early.entry(player).or_insert_with(|| (Instant::now(), Vec::new()));
+        let now = self.now;
+        let entry = self.early.entry(player).or_insert_with(|| (now, Vec::new()));
         let leave = matches!(input.kind, Some(Input::Leave(_)));
         if entry.1.len() < EARLY_LIMIT || leave {
             entry.1.push((link, input));
@@ -486,7 +427,7 @@ impl WorldActor {
     /// kept instead, for such a player to leave the world.
     fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
         let (player, session) = (PlayerId(input.player_id), input.session);
-        let now = Instant::now();
+        let now = self.now;
         let entry = self.refused.entry((player, session));
         let (since, refused) = entry.or_insert_with(|| (now, Refused::default()));
         *since = now;
@@ -540,7 +481,7 @@ impl WorldActor {
     }
 
     fn housekeeping(&mut self) {
-        self.ghosts.expire(&mut self.world, &mut self.history, &mut self.envelopes);
+        self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
         self.route_envelopes();
         let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();
         for observer in divergent {
@@ -557,18 +498,10 @@ impl WorldActor {
         for player in astray {
             self.hand_off(player);
         }
-        self.history.expire();
-        // Once borders have settled, ghosts kept through the change that are no longer
-        // needed are removed.
-        if self.epoch_changed.is_some_and(|at| at.elapsed() >= BORDERS_SETTLE) {
-            self.epoch_changed = None;
-            let players: Vec<PlayerId> = self.seats.keys().copied().collect();
-            for player in players {
-                self.mirror(player);
-            }
-        }
+        let now = self.now;
+        self.history.expire(now);
         self.metrics.ghosts.set(self.ghosts.len() as i64);
-        let now = Instant::now();
+        self.expire_awaiting_gateway(now);
         let expired: Vec<PlayerId> = self
             .early
             .iter()
@@ -582,6 +515,40 @@ impl WorldActor {
         self.handed_off.retain(|_, h| now - h.since < FORWARD_FOR);
         let window = self.resume_window;
         self.parked.retain(|_, p| now - p.since <= window);
+    }
+
+    /// Handoffs that waited too long for their gateway's stream are given up, and so is
+    /// the oldest beyond [`AWAITING_GATEWAY_LIMIT`]: a gateway that never opens a stream
+    /// here must not make this shard hold handoffs for ever.
+    fn expire_awaiting_gateway(&mut self, now: Instant) {
+        let mut waiting = 0;
+        self.awaiting_gateway.retain(|gateway, handoffs| {
+            handoffs.retain(|(from, player, .., since)| {
+                let keep = now.saturating_duration_since(*since) < AWAITING_GATEWAY_FOR;
+                if !keep {
+                    warn!(%player, %from, gateway, "handoff gave up waiting for its gateway's stream");
+                }
+                keep
+            });
+            waiting += handoffs.len();
+            !handoffs.is_empty()
+        });
+        while waiting > AWAITING_GATEWAY_LIMIT {
+            let oldest = self
+                .awaiting_gateway
+                .iter()
+                .filter_map(|(gateway, handoffs)| Some((handoffs.first()?.4, *gateway)))
+                .min();
+            let Some((_, gateway)) = oldest else { break };
+            if let Some(handoffs) = self.awaiting_gateway.get_mut(&gateway) {
+                let (from, player, ..) = handoffs.remove(0);
+                warn!(%player, %from, gateway, "too many handoffs waiting for gateways; oldest given up");
+                if handoffs.is_empty() {
+                    self.awaiting_gateway.remove(&gateway);
+                }
+            }
+            waiting -= 1;
+        }
     }
 
     /// Inputs for a player that has not arrived in time are refused in seq order, each
@@ -680,9 +647,11 @@ impl WorldActor {
         self.metrics.links.set(self.links.len() as i64);
     }
 
-    /// Sends this round's output. A gateway link whose queue is full has stopped reading:
-    /// it is cut (its players leave the world) rather than allowed to slow everyone else.
-    fn flush(&mut self) {
+    /// This round's output, appended to `out`: per gateway link its batches in order,
+    /// then per peer its round of messages. A gateway link whose stream cannot take a
+    /// batch has stopped reading: the shell reports [`Event::LinkCut`] and sends nothing
+    /// more on it (its players leave the world rather than slow everyone else down).
+    pub fn flush(&mut self, out: &mut Vec<Transmit>) {
         if !self.resync_due.is_empty() {
             let mut due = std::mem::take(&mut self.resync_due);
             due.sort_unstable();
@@ -696,28 +665,19 @@ impl WorldActor {
         for (code, n) in self.outbox.n_errors.drain(..) {
             self.metrics.errors.add(code.as_str_name(), n);
         }
-        let mut cut = Vec::new();
         for (link, batches, bytes) in self.outbox.drain() {
-            let Some(out) = self.links.get(&link) else {
+            if !self.links.contains_key(&link) {
                 continue;
-            };
+            }
             self.metrics.delivery_bytes.add(bytes);
-            // A round's output for a link may be several batches (see `Outbox::drain`); once
-            // one does not fit, the link is cut and nothing after it is sent.
             for batch in batches {
                 self.metrics.batches_out.inc();
-                if out.out.try_send(Ok(batch)).is_err() {
-                    cut.push(link);
-                    break;
-                }
+                out.push(Transmit::Gateway { link, batch });
             }
         }
-        for link in cut {
-            warn!(link = link.0, "gateway link not keeping up; cutting it");
-            self.metrics.links_cut.inc();
-            self.drop_link(link);
+        for (to, messages) in self.peer_out.drain() {
+            out.push(Transmit::Peer { to, messages });
         }
-        self.peer_out.flush(&self.peer_senders, &self.metrics);
     }
 
     /// Back from being taken for dead (a hang, or cut off from etcd past the TTL). If the
@@ -725,7 +685,6 @@ impl WorldActor {
     /// players elsewhere: this shard's copies are stale and are dropped without a word
     /// (not handed off, which would duplicate them). If nobody took over, it keeps them.
     fn after_lease_expiry(&mut self) {
-        self.refresh_geometry();
         let mine = self.geometry.owner_count(self.id);
         if mine > 0 {
             warn!(shard = %self.id, "lease expired but the region is still ours; keeping players");
@@ -749,20 +708,11 @@ impl WorldActor {
     /// Whether players may be handed to `to` now: it is registered (not dead, as far as
     /// etcd knows) and its peer stream is open. Otherwise the player stays here, served,
     /// until the next move, tick or partition.
-    /// Whether a partition change is recent enough that other shards may not have it yet.
-    pub(crate) fn borders_settling(&self) -> bool {
-        self.epoch_changed.is_some_and(|at| at.elapsed() < BORDERS_SETTLE)
-    }
-
     pub(crate) fn peer_ready(&self, to: ShardId) -> bool {
-        let registered = self.view.read(|v| v.shards.contains_key(&to));
-        let open = self.peer_senders.read(|peers| {
-            peers.get(&to).is_some_and(|p| p.up.load(std::sync::atomic::Ordering::Acquire))
-        });
-        registered && open
+        self.live.contains(&to) && self.peers_up.contains(&to)
     }
 
-    fn load_profile(&self) -> meridian_cluster::LoadProfile {
+    pub fn load_profile(&self) -> meridian_cluster::LoadProfile {
         let config = self.world.config();
         let band = meridian_cluster::LOAD_BAND;
         let mut load = meridian_cluster::LoadProfile {
@@ -778,7 +728,7 @@ impl WorldActor {
 
     /// Players per square of [`meridian_cluster::DENSITY_CELL`] cells, squares with
     /// players only (`ready` is filled in by the admin route).
-    fn density(&self) -> meridian_cluster::DensityReport {
+    pub fn density(&self) -> meridian_cluster::DensityReport {
         let cell = meridian_cluster::DENSITY_CELL;
         let mut squares: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
         for (_, at) in self.world.local_players() {
@@ -793,8 +743,7 @@ impl WorldActor {
         }
     }
 
-    fn report(&self) -> String {
-        let now = Instant::now();
+    pub fn report(&self, now: Instant) -> String {
         let mut players: Vec<String> = self
             .seats
             .iter()
@@ -823,18 +772,19 @@ impl WorldActor {
     }
 }
 
-/// The world's direction for a wire value; `DIRECTION_UNSPECIFIED` and unknown values are
-/// refused (proto3 enums are open, so any i32 can arrive).
-pub(crate) fn world_direction(raw: i32) -> Result<Direction, InvalidArgument> {
-    match client_pb::Direction::try_from(raw) {
-        Ok(client_pb::Direction::Up) => Ok(Direction::Up),
-        Ok(client_pb::Direction::Down) => Ok(Direction::Down),
-        Ok(client_pb::Direction::Left) => Ok(Direction::Left),
-        Ok(client_pb::Direction::Right) => Ok(Direction::Right),
-        Ok(client_pb::Direction::Unspecified) | Err(_) => Err(InvalidArgument::BadDirection(raw)),
-    }
+/// Sizes of a core's maps and queues (see [`ShardCore::sizes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoreSizes {
+    pub seats: usize,
+    pub handed_off: usize,
+    pub early: usize,
+    pub refused: usize,
+    pub parked: usize,
+    pub awaiting_gateway: usize,
+    pub divergent: usize,
+    pub ghost_tracks: usize,
 }
 
 #[cfg(test)]
-#[path = "actor_tests.rs"]
+#[path = "core_tests.rs"]
 mod tests;

@@ -2,22 +2,20 @@
 //! through the same entry points the streams use; what a connection receives comes out of
 //! the round's `ShardBatch`es, decoded frame by frame.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meridian_cluster::{ClusterView, EpochCell, PartitionMap, Region, ShardId};
+use meridian_cluster::{ClusterView, PartitionMap, Region, ShardId};
 use meridian_protocol::pb::{self as client_pb, server_message::Kind as Server, ErrorCode};
 use meridian_protocol::{next_frame, TokenKey};
-use meridian_rpc::pb::{
-    player_input::Kind as Input, Handoff, Join, Leave, PlayerInput, ShardBatch,
-};
+use meridian_rpc::pb::{player_input::Kind as Input, Handoff, Join, Leave, PlayerInput};
 use meridian_world::PlayerId;
 use prost::Message;
-use tokio::sync::mpsc;
 
-use super::{Command, LinkId, WorldActor, PENDING_LIMIT};
-use crate::{ShardConfig, ShardMetrics};
+use super::ShardCore;
+use crate::types::PENDING_LIMIT;
+use crate::types::{CoreConfig, Event, LinkId, Transmit};
+use crate::ShardMetrics;
 
 const ME: ShardId = ShardId(1);
 const OLD_OWNER: ShardId = ShardId(2);
@@ -26,42 +24,37 @@ const LINK: LinkId = LinkId(1);
 const SESSION: u64 = 0x0000_0000_0100_0001;
 
 struct Harness {
-    actor: WorldActor,
-    out: mpsc::Receiver<Result<ShardBatch, tonic::Status>>,
+    actor: ShardCore,
+    now: Instant,
 }
 
 impl Harness {
     /// A shard owning the whole map with one gateway link open.
     fn new() -> Harness {
-        let config = ShardConfig {
+        let config = CoreConfig {
             id: ME,
-            cluster: "test".into(),
-            etcd: Vec::new(),
             world: Default::default(),
             dev_mode: true,
-            lease_ttl: Duration::from_secs(3),
             seed: 1,
-            advertise_admin: None,
             resume_window: Duration::from_secs(30),
-            drain_timeout: Duration::from_secs(10),
             resume_key: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key"),
-            advertise: None,
+            unix_start: 1_800_000_000,
         };
         let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
         let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
         let view = ClusterView { partition: Some(partition), ..Default::default() };
-        let peers = Arc::new(EpochCell::new(HashMap::new()));
         let metrics = Arc::new(ShardMetrics::new(&Default::default(), ME));
-        let (_commands, mut actor) =
-            WorldActor::new(&config, Arc::new(EpochCell::new(view)), peers, metrics);
-        let (out, receiver) = mpsc::channel(1024);
-        actor.handle(Command::Open { link: LINK, gateway: GATEWAY, out });
-        Harness { actor, out: receiver }
+        let now = Instant::now();
+        let mut actor = ShardCore::new(&config, metrics, now);
+        actor.handle(now, Event::View(view));
+        actor.handle(now, Event::LinkOpened { link: LINK, gateway: GATEWAY });
+        Harness { actor, now }
     }
 
     /// From the gateway link.
     fn direct(&mut self, player: u64, seq: u64, kind: Input) {
-        self.actor.on_input(Some(LINK), input(player, seq, kind));
+        let inputs = vec![input(player, seq, kind)];
+        self.actor.handle(self.now, Event::Inputs { link: LINK, inputs });
     }
 
     /// Forwarded by another shard (no link).
@@ -90,23 +83,24 @@ impl Harness {
         self.actor.handoff_in(OLD_OWNER, PlayerId(player), 1, handoff);
     }
 
-    /// Makes the inputs held for a player not here older than the wait, and runs the tick.
+    /// Lets `wait` pass and runs the tick.
+    fn wait(&mut self, wait: Duration) {
+        self.now += wait;
+        self.actor.handle(self.now, Event::Tick);
+    }
+
+    /// Lets the inputs held for a player not here wait past their limit.
     fn expire_early(&mut self) {
-        let long_ago = Instant::now()
-            .checked_sub(super::EARLY_WAIT * 2)
-            .expect("invariant: the clock has run longer than a few seconds");
-        for (since, _) in self.actor.early.values_mut() {
-            *since = long_ago;
-        }
-        self.actor.housekeeping();
+        self.wait(super::EARLY_WAIT * 2);
     }
 
     /// Ends the round; what the test connection received in it, in order.
     fn received(&mut self) -> Vec<Server> {
-        self.actor.flush();
+        let mut out = Vec::new();
+        self.actor.flush(&mut out);
         let mut messages = Vec::new();
-        while let Ok(batch) = self.out.try_recv() {
-            let batch = batch.expect("the world task sends no error");
+        for transmit in out {
+            let Transmit::Gateway { link: LINK, batch } = transmit else { continue };
             for delivery in batch.deliveries.into_iter().filter(|d| d.session == SESSION) {
                 let mut frames = &delivery.frames[..];
                 while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
@@ -232,13 +226,7 @@ fn a_forwarded_input_waits_for_its_player_longer_than_one_from_a_gateway() {
 fn a_forwarded_input_whose_player_never_came_in_time_leaves_no_gap() {
     let mut shard = Harness::new();
     shard.forwarded(23, 3, a_move(3));
-    let long_ago = Instant::now()
-        .checked_sub(super::FORWARD_FOR * 2)
-        .expect("invariant: the clock has run longer than a minute");
-    for (since, _) in shard.actor.early.values_mut() {
-        *since = long_ago;
-    }
-    shard.actor.housekeeping();
+    shard.wait(super::FORWARD_FOR * 2);
     assert_eq!(answers(&shard.received()), vec![], "nothing to answer through");
     shard.handoff(23, 2);
     shard.forwarded(23, 2, a_move(2));

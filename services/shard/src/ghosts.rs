@@ -17,7 +17,7 @@ use meridian_cluster::ShardId;
 use meridian_rpc::pb::{peer_message::Kind, PeerMessage};
 use meridian_world::{Envelope, PlayerId, Position, World};
 
-use crate::views::History;
+use crate::history::History;
 use tracing::{debug, warn};
 
 /// How long newer messages may wait for the old owner's `Released` before they are applied
@@ -48,9 +48,18 @@ struct Track {
 #[derive(Default)]
 pub struct Ghosts {
     tracks: FxHashMap<PlayerId, Track>,
+    /// Copies an owner stopped mirroring here that local players still see: kept, and
+    /// the owner is to be asked to go on mirroring them (`GhostNeeded`), by owner, player
+    /// and the version the copy is at. Drained by the core after each message.
+    pub needed: Vec<(ShardId, PlayerId, (u64, u64))>,
 }
 
 impl Ghosts {
+    /// Players with a track (present, held, or remembered to drop late messages).
+    pub fn tracks(&self) -> usize {
+        self.tracks.len()
+    }
+
     pub fn len(&self) -> usize {
         self.tracks.values().filter(|t| t.present).count()
     }
@@ -61,7 +70,7 @@ impl Ghosts {
     }
 
     /// This shard handed the player off and keeps it as a ghost of the new generation.
-    pub fn demoted(&mut self, id: PlayerId, generation: u64, new_owner: ShardId) {
+    pub fn demoted(&mut self, id: PlayerId, generation: u64, new_owner: ShardId, now: Instant) {
         self.tracks.insert(
             id,
             Track {
@@ -70,7 +79,7 @@ impl Ghosts {
                 closed: false,
                 held: VecDeque::new(),
                 held_since: None,
-                touched: Instant::now(),
+                touched: now,
                 source: new_owner,
                 orphaned: None,
             },
@@ -84,9 +93,10 @@ impl Ghosts {
         history: &mut History,
         from: ShardId,
         message: PeerMessage,
+        now: Instant,
         out: &mut Vec<Envelope>,
     ) {
-        self.apply_ordered(world, history, from, message, out, false);
+        self.apply_ordered(world, history, from, message, now, out, false);
     }
 
     /// Applies one message in generation order: a newer generation waits while the ghost
@@ -99,11 +109,11 @@ impl Ghosts {
         history: &mut History,
         from: ShardId,
         message: PeerMessage,
+        now: Instant,
         out: &mut Vec<Envelope>,
         force: bool,
     ) {
         let id = PlayerId(message.player_id);
-        let now = Instant::now();
         let track = self.tracks.entry(id).or_insert_with(|| Track {
             generation: message.generation,
             present: false,
@@ -136,9 +146,9 @@ impl Ghosts {
         }
         track.source = from;
         track.orphaned = None;
-        let released = apply_now(track, world, history, id, message, out);
+        let released = apply_now(track, world, history, id, message, now, out, &mut self.needed);
         if released {
-            self.release(world, history, id, out, force);
+            self.release(world, history, id, now, out, force);
         }
     }
 
@@ -151,6 +161,7 @@ impl Ghosts {
         world: &mut World,
         history: &mut History,
         id: PlayerId,
+        now: Instant,
         out: &mut Vec<Envelope>,
         force: bool,
     ) {
@@ -162,7 +173,7 @@ impl Ghosts {
         let mut held = std::mem::take(&mut track.held);
         held.make_contiguous().sort_by_key(|(_, message)| message.generation);
         for (from, message) in held {
-            self.apply_ordered(world, history, from, message, out, force);
+            self.apply_ordered(world, history, from, message, now, out, force);
         }
     }
 
@@ -174,6 +185,7 @@ impl Ghosts {
         world: &mut World,
         history: &mut History,
         live: impl Fn(ShardId) -> bool,
+        now: Instant,
         out: &mut Vec<Envelope>,
     ) {
         let waiting: Vec<PlayerId> = self
@@ -183,9 +195,8 @@ impl Ghosts {
             .map(|(id, _)| *id)
             .collect();
         for id in waiting {
-            self.release(world, history, id, out, true);
+            self.release(world, history, id, now, out, true);
         }
-        let now = Instant::now();
         for track in self.tracks.values_mut() {
             if track.present && !live(track.source) && track.orphaned.is_none() {
                 track.orphaned = Some(now);
@@ -195,14 +206,19 @@ impl Ghosts {
 
     /// Releases holds that waited too long, removes orphans nobody took over, and forgets
     /// old tombstones.
-    pub fn expire(&mut self, world: &mut World, history: &mut History, out: &mut Vec<Envelope>) {
-        let now = Instant::now();
+    pub fn expire(
+        &mut self,
+        world: &mut World,
+        history: &mut History,
+        now: Instant,
+        out: &mut Vec<Envelope>,
+    ) {
         for (id, track) in self.tracks.iter_mut() {
             if track.present && track.orphaned.is_some_and(|since| now - since > ORPHAN_LIMIT) {
                 warn!(player = %id, owner = %track.source, "owner died and nobody restored the player; removing its ghost");
                 track.present = false;
                 track.orphaned = None;
-                history.forget(*id, true);
+                history.forget(*id, true, now);
                 if let Err(error) = world.remove_ghost(*id, out) {
                     warn!(player = %id, %error, "cannot remove an orphaned ghost");
                 }
@@ -216,7 +232,7 @@ impl Ghosts {
             .collect();
         for id in overdue {
             warn!(player = %id, "old owner never released this ghost; applying newer updates");
-            self.release(world, history, id, out, true);
+            self.release(world, history, id, now, out, true);
         }
         self.tracks
             .retain(|_, t| t.present || !t.held.is_empty() || now - t.touched < TOMBSTONE_LIFETIME);
@@ -230,7 +246,9 @@ fn apply_now(
     history: &mut History,
     id: PlayerId,
     message: PeerMessage,
+    now: Instant,
     out: &mut Vec<Envelope>,
+    needed: &mut Vec<(ShardId, PlayerId, (u64, u64))>,
 ) -> bool {
     let position = |p: Option<meridian_protocol::pb::Position>| {
         p.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default()
@@ -253,8 +271,29 @@ fn apply_now(
         Some(Kind::Chat(chat)) if track.present => world.ghost_chat(id, chat.text.into(), out),
         Some(Kind::Remove(remove)) if track.present => {
             debug!(player = %id, from = %track.source, ?version, remove.left_world, "ghost remove");
+            if let (false, Some(at)) = (remove.left_world, remove.position) {
+                // The owner no longer mirrors the player here by its borders. This shard
+                // is the one that knows whether its own players still see the copy (its
+                // borders, or its players' cells, may lag behind the owner's): the copy
+                // goes to where the owner last had it, and stays while anyone here sees it.
+                let at = position(Some(at));
+                let name = world.name(id).cloned().unwrap_or_else(|| Arc::from(""));
+                history.record(id, version, at);
+                if let Err(error) = world.upsert_ghost(id, name, at, out) {
+                    warn!(player = %id, %error, "ghost message refused by the world");
+                }
+                let mut observers = Vec::new();
+                world.observers_of(at, &mut observers);
+                if !observers.is_empty() {
+                    // This generation's updates stop here until the owner takes the copy
+                    // back: a newer owner's first message need not wait for a `Released`.
+                    track.closed = true;
+                    needed.push((track.source, id, version));
+                    return false;
+                }
+            }
             track.present = false;
-            history.forget(id, remove.left_world);
+            history.forget(id, remove.left_world, now);
             world.remove_ghost(id, out)
         }
         Some(Kind::Released(_)) => return true,
@@ -321,17 +360,52 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(0, 12), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            upsert(0, 12),
+            Instant::now(),
+            &mut out,
+        );
         assert_eq!(told(&mut out), [("entered", 12)]);
         // The new owner's first update overtakes the old owner's last move.
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(1, 14), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            upsert(1, 14),
+            Instant::now(),
+            &mut out,
+        );
         assert_eq!(told(&mut out), [], "held until generation 0 is released");
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), moved(0, 13), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            moved(0, 13),
+            Instant::now(),
+            &mut out,
+        );
         assert_eq!(told(&mut out), [("moved", 13)]);
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), released(0), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            released(0),
+            Instant::now(),
+            &mut out,
+        );
         assert_eq!(told(&mut out), [("moved", 14)], "no jump, nothing lost");
         // Anything from the old generation after that is stale.
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), moved(0, 40), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            moved(0, 40),
+            Instant::now(),
+            &mut out,
+        );
         assert_eq!(told(&mut out), []);
         assert_eq!(world.position(PlayerId(GHOST)), Some(Position { x: 14, y: 10 }));
     }
@@ -344,15 +418,15 @@ mod tests {
         let mut ghosts = Ghosts::default();
         let mut history = History::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), Instant::now(), &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(2, 15), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(2, 15), Instant::now(), &mut out);
         for (generation, message) in [(1, moved(1, 13)), (1, moved(1, 14)), (1, released(1))] {
             assert_eq!(generation, message.generation);
-            ghosts.apply(&mut world, &mut history, ShardId(8), message, &mut out);
+            ghosts.apply(&mut world, &mut history, ShardId(8), message, Instant::now(), &mut out);
         }
         assert_eq!(told(&mut out), [], "everything newer waits for generation 0");
-        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), Instant::now(), &mut out);
         assert_eq!(told(&mut out), [("moved", 13), ("moved", 14), ("moved", 15)], "every step");
     }
 
@@ -363,15 +437,15 @@ mod tests {
         let mut ghosts = Ghosts::default();
         let mut history = History::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(1, 12), &mut out);
-        ghosts.apply(&mut world, &mut history, ShardId(9), released(1), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(1, 12), Instant::now(), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(1), Instant::now(), &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, &mut history, ShardId(9), moved(3, 15), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), moved(3, 15), Instant::now(), &mut out);
         assert_eq!(told(&mut out), [], "generation 2 has not been seen yet");
-        ghosts.apply(&mut world, &mut history, ShardId(8), moved(2, 13), &mut out);
-        ghosts.apply(&mut world, &mut history, ShardId(8), moved(2, 14), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(8), moved(2, 13), Instant::now(), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(8), moved(2, 14), Instant::now(), &mut out);
         assert_eq!(told(&mut out), [("moved", 13), ("moved", 14)]);
-        ghosts.apply(&mut world, &mut history, ShardId(8), released(2), &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(8), released(2), Instant::now(), &mut out);
         assert_eq!(told(&mut out), [("moved", 15)], "every step, in order");
     }
 
@@ -380,14 +454,29 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(3, 12), &mut out);
-        assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(2, 11), &mut out);
         ghosts.apply(
             &mut world,
             &mut History::default(),
             ShardId(9),
-            message(2, Kind::Remove(GhostRemove { left_world: true })),
+            upsert(3, 12),
+            Instant::now(),
+            &mut out,
+        );
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            upsert(2, 11),
+            Instant::now(),
+            &mut out,
+        );
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            message(2, Kind::Remove(GhostRemove { left_world: true, position: None })),
+            Instant::now(),
             &mut out,
         );
         assert_eq!(told(&mut out), [], "an older owner's late messages change nothing");
@@ -399,21 +488,80 @@ mod tests {
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         let mut out = Vec::new();
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(0, 12), &mut out);
         ghosts.apply(
             &mut world,
             &mut History::default(),
             ShardId(9),
-            message(1, Kind::Remove(GhostRemove { left_world: true })),
+            upsert(0, 12),
+            Instant::now(),
+            &mut out,
+        );
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            message(1, Kind::Remove(GhostRemove { left_world: true, position: None })),
+            Instant::now(),
             &mut out,
         );
         // Generation 1 is held (the ghost of generation 0 is shown, not yet released).
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), released(0), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            released(0),
+            Instant::now(),
+            &mut out,
+        );
         assert_eq!(told(&mut out), [("left", 0)]);
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), moved(0, 13), &mut out);
-        ghosts.apply(&mut world, &mut History::default(), ShardId(9), upsert(0, 13), &mut out);
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            moved(0, 13),
+            Instant::now(),
+            &mut out,
+        );
+        ghosts.apply(
+            &mut world,
+            &mut History::default(),
+            ShardId(9),
+            upsert(0, 13),
+            Instant::now(),
+            &mut out,
+        );
         assert_eq!(told(&mut out), [], "tombstone of generation 1 drops generation 0");
+        assert_eq!(world.position(PlayerId(GHOST)), None);
+    }
+
+    fn out_of_reach(generation: u64, x: u32) -> PeerMessage {
+        let position = Some(WirePosition { x, y: 10 });
+        message(generation, Kind::Remove(GhostRemove { left_world: false, position }))
+    }
+
+    /// The owner stopped mirroring the player here (its borders say this shard no longer
+    /// needs it), but a player here still sees it: the copy moves to where the owner has
+    /// it and stays, and the owner is asked to go on mirroring it.
+    #[test]
+    fn a_removed_copy_that_a_player_here_still_sees_is_kept_and_asked_for() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut out = Vec::new();
+        let now = Instant::now();
+        let mut history = History::default();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), now, &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        ghosts.apply(&mut world, &mut history, ShardId(9), out_of_reach(0, 14), now, &mut out);
+        assert_eq!(told(&mut out), [("moved", 14)], "moved to where the owner has it, kept");
+        assert_eq!(ghosts.needed, vec![(ShardId(9), PlayerId(GHOST), (0, 0))]);
+        assert_eq!(ghosts.len(), 1);
+        ghosts.needed.clear();
+        // Out of the watcher's sight (5 cells): removed, nothing asked.
+        ghosts.apply(&mut world, &mut history, ShardId(9), out_of_reach(0, 16), now, &mut out);
+        assert_eq!(told(&mut out), [("left", 0)]);
+        assert!(ghosts.needed.is_empty());
+        assert_eq!(ghosts.len(), 0);
         assert_eq!(world.position(PlayerId(GHOST)), None);
     }
 }

@@ -9,14 +9,17 @@
 //! sockets are behind bounded channels.
 
 mod actor;
+pub mod core;
 mod geometry;
 mod ghosts;
+mod history;
 mod metrics;
 mod outbox;
 mod peer;
 mod players;
 mod sequence;
 mod service;
+pub mod types;
 mod views;
 
 use std::future::Future;
@@ -35,6 +38,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 pub use metrics::ShardMetrics;
+pub use types::{CoreConfig, Event, LinkId, Transmit};
 
 /// Everything a shard needs, validated by the binary before `run`.
 #[derive(Debug, Clone)]
@@ -58,6 +62,24 @@ pub struct ShardConfig {
     pub resume_key: meridian_protocol::TokenKey,
     /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
     pub advertise: Option<String>,
+}
+
+impl ShardConfig {
+    /// What the shard's core is given: its identity and rules, nothing about I/O.
+    pub fn core(&self) -> types::CoreConfig {
+        types::CoreConfig {
+            id: self.id,
+            world: self.world.clone(),
+            dev_mode: self.dev_mode,
+            seed: self.seed,
+            resume_window: self.resume_window,
+            resume_key: self.resume_key.clone(),
+            unix_start: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        }
+    }
 }
 
 /// Why a shard stopped or could not start.
@@ -118,7 +140,7 @@ pub async fn run(
         Arc::clone(&metrics),
     ));
     let (commands, actor) =
-        actor::WorldActor::new(&config, Arc::clone(&view), peer_senders, Arc::clone(&metrics));
+        actor::WorldActor::new(&config.core(), watch.changes(), peer_senders, Arc::clone(&metrics));
     tokio::spawn(actor.run());
 
     let lease = registration.lease_source();

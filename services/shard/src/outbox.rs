@@ -11,12 +11,13 @@
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
+use meridian_cluster::ShardId;
 use meridian_protocol::pb::{server_message::Kind, ErrorCode, ServerMessage};
 use meridian_protocol::{encode_frame, next_frame};
-use meridian_rpc::pb::{Delivery, ShardBatch};
+use meridian_rpc::pb::{Delivery, PeerMessage, ShardBatch};
 use meridian_rpc::{split_entries, SHARD_BATCH};
 
-use crate::actor::LinkId;
+use crate::types::LinkId;
 
 /// Starting size of a connection's frame buffer in a round: a few notifications fit
 /// without growing it (growing showed as ~4% of a busy shard's time in realloc).
@@ -226,6 +227,28 @@ fn split_delivery(
         answers_before += piece.move_answers;
         into.push(piece);
         start = end;
+    }
+}
+
+/// One round's messages for peer shards, by peer, taken whole when the round ends.
+/// Peers come out in id order, so the same round always gives the same output.
+#[derive(Default)]
+pub struct PeerRounds {
+    rounds: std::collections::BTreeMap<ShardId, Vec<PeerMessage>>,
+}
+
+impl PeerRounds {
+    pub fn push(&mut self, to: ShardId, message: PeerMessage) {
+        self.rounds.entry(to).or_default().push(message);
+    }
+
+    /// Every peer's round with messages in it, in peer id order; leaves the rounds empty
+    /// (keeping each peer's buffer's capacity is not worth a clone: the messages move on).
+    pub fn drain(&mut self) -> impl Iterator<Item = (ShardId, Vec<PeerMessage>)> + '_ {
+        self.rounds
+            .iter_mut()
+            .filter(|(_, messages)| !messages.is_empty())
+            .map(|(to, messages)| (*to, std::mem::take(messages)))
     }
 }
 

@@ -13,11 +13,12 @@ use tracing::{debug, info, warn};
 
 use crate::ShardMetrics;
 
+/// Metadata key carrying the receiver's epoch when it refuses a stale batch.
+pub const EPOCH_HEADER: &str = "x-meridian-epoch";
+
 /// Rounds of messages queued for one peer before the world task drops a round (counted in
 /// `meridian_shard_peer_rounds_dropped_total`): a peer stuck for this long is broken.
 const PEER_QUEUE: usize = 8192;
-/// Messages kept for a peer the partition names but that has no stream yet.
-const PENDING_FOR_UNKNOWN_PEER: usize = 65_536;
 /// Queued rounds merged into one gRPC message at most.
 const MERGE: usize = 64;
 
@@ -235,7 +236,7 @@ impl PeerSender {
                     Err(status) if status.code() == tonic::Code::FailedPrecondition => {
                         let theirs = status
                             .metadata()
-                            .get(crate::service::EPOCH_HEADER)
+                            .get(EPOCH_HEADER)
                             .and_then(|v| v.to_str().ok())
                             .and_then(|v| v.parse().ok())
                             .unwrap_or(epoch() + 1);
@@ -258,51 +259,6 @@ impl PeerSender {
                 }
             }
         }
-    }
-}
-
-/// Per-round messages for peers, sent when the round ends.
-#[derive(Default)]
-pub struct PeerOutbox {
-    rounds: HashMap<ShardId, Vec<PeerMessage>>,
-}
-
-impl PeerOutbox {
-    pub fn push(&mut self, to: ShardId, message: PeerMessage) {
-        self.rounds.entry(to).or_default().push(message);
-    }
-
-    pub fn flush(&mut self, senders: &PeerSenders, metrics: &ShardMetrics) {
-        if self.rounds.values().all(Vec::is_empty) {
-            return;
-        }
-        senders.read(|senders| {
-            for (to, messages) in self.rounds.iter_mut() {
-                if messages.is_empty() {
-                    continue;
-                }
-                let round = std::mem::take(messages);
-                match senders.get(to) {
-                    Some(handle) => {
-                        if handle.sender.try_send(round).is_err() {
-                            metrics.peer_rounds_dropped.inc();
-                            warn!(peer = %to, "peer queue full or closed; round dropped");
-                        }
-                    }
-                    None => {
-                        // The partition named a peer whose stream is not set up yet (the
-                        // world task can see a new map a moment before the peer manager):
-                        // keep the round for the next flush, within a bound.
-                        if round.len() < PENDING_FOR_UNKNOWN_PEER {
-                            *messages = round;
-                        } else {
-                            metrics.peer_rounds_dropped.inc();
-                            warn!(peer = %to, "no stream to peer; round dropped");
-                        }
-                    }
-                }
-            }
-        });
     }
 }
 

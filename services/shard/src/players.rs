@@ -10,39 +10,33 @@
 //! the next generation, and confirms. Inputs that still reach A are forwarded to B, which
 //! applies inputs in sequence order whichever path they took.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use meridian_cluster::ShardId;
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
-    peer_message::Kind as Peer, player_input::Kind as Input, GhostRemove, GhostUpsert, Handoff,
-    HandoffAck, Join, MoveRefused, PeerMessage, PlayerInput, Released, ViewEntry,
+    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, GhostUpsert,
+    Handoff, HandoffAck, Join, MoveRefused, PeerMessage, PlayerInput, Released, ViewEntry,
 };
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::{debug, warn};
 
-use crate::actor::{world_direction, HandedOff, LinkId, Parked, Seat, WorldActor, PENDING_LIMIT};
+use crate::core::ShardCore;
+use crate::history::{Divergent, Told};
 use crate::sequence::InputSequence;
+use crate::types::{world_direction, HandedOff, LinkId, Parked, Seat, PENDING_LIMIT};
 
 /// How long a resume token stays valid; the resume window after a drop is shorter and is
 /// enforced by the server separately.
 const TOKEN_LIFETIME_SECS: u64 = 24 * 3600;
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 fn wire(at: Position) -> Option<client_pb::Position> {
     Some(client_pb::Position { x: at.x, y: at.y })
 }
 
-impl WorldActor {
+impl ShardCore {
     pub(crate) fn join(&mut self, link: LinkId, input: PlayerInput) {
         let player = PlayerId(input.player_id);
         let session = input.session;
@@ -68,14 +62,14 @@ impl WorldActor {
             kind: Some(client_pb::server_message::Kind::LoginOk(client_pb::LoginOk {
                 player_id: player.0,
                 position: wire(at),
-                resume_token: self.resume_key.mint(player.0, unix_now() + TOKEN_LIFETIME_SECS),
+                resume_token: self.resume_key.mint(player.0, self.unix_now() + TOKEN_LIFETIME_SECS),
                 map_width: config.width,
                 map_height: config.height,
                 view_range: config.view_range,
             })),
         };
         let name: Arc<str> = join.name.into();
-        let now = self.started.elapsed();
+        let now = self.since(self.started);
         // LoginOk goes first: the Entered messages the login causes for this player follow.
         match self.world.login(player, Arc::clone(&name), at, now, &mut self.envelopes) {
             Ok(()) => {
@@ -114,7 +108,7 @@ impl WorldActor {
             return;
         };
         let (link, session) = (seat.link, seat.session);
-        let now = self.started.elapsed();
+        let now = self.since(self.started);
         match input.kind {
             None | Some(Input::Join(_)) => {}
             Some(Input::Move(m)) => {
@@ -207,12 +201,12 @@ impl WorldActor {
                     at,
                     move_budget: self.world.move_budget(player),
                     generation: seat.generation,
-                    since: Instant::now(),
+                    since: self.now,
                 };
                 self.parked.insert(player, parked);
             }
         }
-        self.history.forget(player, true);
+        self.history.forget(player, true, self.now);
         self.divergent.remove(&player);
         if let Err(error) = self.world.logout(player, &mut self.envelopes) {
             warn!(%player, %error, "leave refused by the world");
@@ -221,7 +215,11 @@ impl WorldActor {
         for holder in seat.ghosted_at {
             self.peer_out.push(
                 holder,
-                peer(player, seat.generation, Peer::Remove(GhostRemove { left_world: true })),
+                peer(
+                    player,
+                    seat.generation,
+                    Peer::Remove(GhostRemove { left_world: true, position: None }),
+                ),
             );
         }
         self.metrics.leaves.inc();
@@ -230,7 +228,10 @@ impl WorldActor {
 
     /// Brings the neighbours' ghosts of a local player up to date with its position:
     /// full state to shards that just came into range, the new cell to those still in
-    /// range, removal for those out of range.
+    /// range, removal (with the cell) for those out of range. Whether a removed copy goes
+    /// is the holder's call: one whose players still see it keeps it and says so
+    /// (`GhostNeeded`), and is mirrored again. Borders that other shards have not applied
+    /// yet cost a round trip, never a wrong view.
     pub(crate) fn mirror(&mut self, player: PlayerId) {
         let Some(at) = self.world.position(player) else {
             return;
@@ -239,20 +240,9 @@ impl WorldActor {
             return;
         };
         self.geometry.ghost_holders(at, &mut self.holders);
-        let settling = self.borders_settling();
         let Some(seat) = self.seats.get_mut(&player) else {
             return;
         };
-        if settling {
-            // Just after a partition change the other shards may not have applied it yet:
-            // their players can still stand where the old borders put them, in sight of
-            // this one. Keep every ghost until they have (no Left for a player in sight).
-            for holder in &seat.ghosted_at {
-                if !self.holders.contains(holder) {
-                    self.holders.push(*holder);
-                }
-            }
-        }
         let version = (seat.generation, seat.subject_seq);
         let before = std::mem::replace(&mut seat.ghosted_at, self.holders.clone());
         for holder in &self.holders {
@@ -265,22 +255,17 @@ impl WorldActor {
         }
         for gone in before.iter().filter(|s| !self.holders.contains(s)) {
             debug!(%player, to = %gone, ?at, epoch = self.geometry.epoch, "ghost no longer needed there");
-            self.peer_out.push(
-                *gone,
-                peer_at(player, version, Peer::Remove(GhostRemove { left_world: false })),
-            );
+            let remove = GhostRemove { left_world: false, position: wire(at) };
+            self.peer_out.push(*gone, peer_at(player, version, Peer::Remove(remove)));
         }
     }
 
     /// The old owner, and the shards it kept ghosts of a player on, hold copies of the
     /// player handed over here. Those not among this shard's holders would stay frozen
-    /// where the player was: they are removed, or, while borders settle (their players may
-    /// still stand where the old borders put them), kept up to date like any holder's.
+    /// where the player was: they are told to drop them (and keep them, saying so, if
+    /// their players still see them, as for any removal in [`ShardCore::mirror`]).
     fn release_old_ghosts(&mut self, player: PlayerId, old_holders: &[ShardId]) {
-        let settling = self.borders_settling();
-        let (Some(at), Some(name)) =
-            (self.world.position(player), self.world.name(player).cloned())
-        else {
+        let Some(at) = self.world.position(player) else {
             return;
         };
         let Some(seat) = self.seats.get_mut(&player) else {
@@ -291,14 +276,39 @@ impl WorldActor {
             if seat.ghosted_at.contains(&holder) {
                 continue;
             }
-            let kind = if settling {
-                seat.ghosted_at.push(holder);
-                Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) })
-            } else {
-                Peer::Remove(GhostRemove { left_world: false })
-            };
-            self.peer_out.push(holder, peer_at(player, version, kind));
+            let remove = GhostRemove { left_world: false, position: wire(at) };
+            self.peer_out.push(holder, peer_at(player, version, Peer::Remove(remove)));
         }
+    }
+
+    /// A holder still needs its copy of `player` (its players see it): mirror it there
+    /// again from the current state. A player handed off since is passed on to its new
+    /// owner; one no longer in the world here is removed there for good.
+    pub(crate) fn ghost_needed(&mut self, holder: ShardId, player: PlayerId, generation: u64) {
+        if holder == self.id {
+            return;
+        }
+        if let (Some(seat), Some(at), Some(name)) =
+            (self.seats.get_mut(&player), self.world.position(player), self.world.name(player))
+        {
+            if !seat.ghosted_at.contains(&holder) {
+                seat.ghosted_at.push(holder);
+                seat.ghosted_at.sort_unstable();
+            }
+            let version = (seat.generation, seat.subject_seq);
+            let upsert = Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) });
+            self.peer_out.push(holder, peer_at(player, version, upsert));
+            return;
+        }
+        if let Some(handed) = self.handed_off.get(&player) {
+            if handed.to != holder {
+                let needed = Peer::Needed(GhostNeeded { holder: holder.0 });
+                self.peer_out.push(handed.to, peer(player, generation, needed));
+                return;
+            }
+        }
+        let gone = Peer::Remove(GhostRemove { left_world: true, position: None });
+        self.peer_out.push(holder, peer(player, generation, gone));
     }
 
     /// Gives a local player that stands outside this shard's region to its owner.
@@ -377,7 +387,7 @@ impl WorldActor {
         }
         let next_generation = seat.generation + 1;
         debug!(%player, %to, next_generation, ?at, epoch = self.geometry.epoch, "hand off");
-        self.ghosts.demoted(player, next_generation, to);
+        self.ghosts.demoted(player, next_generation, to, self.now);
         for other in self.geometry.peers() {
             if other != to {
                 let released = Peer::Released(Released { new_owner: to.0 });
@@ -402,7 +412,7 @@ impl WorldActor {
             self.peer_out.push(to, peer(player, next_generation, Peer::Forwarded(input)));
         }
         self.outbox.release(seat.link, seat.session, to.0);
-        let now = Instant::now();
+        let now = self.now;
         self.handed_off.insert(
             player,
             HandedOff { to, generation: seat.generation, at, acked: None, since: now },
@@ -430,7 +440,7 @@ impl WorldActor {
             self.awaiting_gateway
                 .entry(handoff.gateway_id)
                 .or_default()
-                .push((from, player, generation, handoff));
+                .push((from, player, generation, handoff, self.now));
             return;
         };
         let at = handoff.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
@@ -461,11 +471,11 @@ impl WorldActor {
             .map(|e| {
                 let at = e.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
                 let version = (e.generation, e.subject_seq);
-                let told = crate::views::Told { at, version, seen: e.seen, gone: e.gone };
+                let told = Told { at, version, seen: e.seen, gone: e.gone };
                 (PlayerId(e.player_id), told)
             })
             .collect();
-        let divergent = crate::views::Divergent { told, since: Instant::now() };
+        let divergent = Divergent { told, since: self.now };
         self.divergent.insert(player, divergent);
         self.resync(player);
         self.mirror(player);
@@ -494,7 +504,7 @@ impl WorldActor {
             self.outbox.close(old_link, old_session);
         }
         match self.parked.remove(&player) {
-            Some(parked) if parked.since.elapsed() <= self.resume_window => {
+            Some(parked) if self.since(parked.since) <= self.resume_window => {
                 let join = Join {
                     name: parked.name,
                     spawn: Some(client_pb::Position { x: parked.at.x, y: parked.at.y }),
@@ -538,7 +548,7 @@ impl WorldActor {
         }
         let name: Arc<str> = join.name.into();
         let generation = join.generation + 1;
-        let now = self.started.elapsed();
+        let now = self.since(self.started);
         self.ghosts.forget(player);
         let placed = if self.world.is_local(player) == Some(false) {
             self.world
@@ -571,7 +581,7 @@ impl WorldActor {
     }
 
     fn reconcile_view(&mut self, player: PlayerId, link: LinkId, session: u64, told: &[ViewEntry]) {
-        let told: HashMap<u64, Option<client_pb::Position>> =
+        let told: BTreeMap<u64, Option<client_pb::Position>> =
             told.iter().map(|e| (e.player_id, e.position)).collect();
         let mut visible = Vec::new();
         self.world.visible_to(player, &mut visible);

@@ -10,7 +10,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::actor::{Command, LinkId, LINK_QUEUE};
+use crate::actor::{Command, LINK_QUEUE};
+use crate::peer::EPOCH_HEADER;
+use crate::types::LinkId;
 use crate::ShardMetrics;
 
 pub struct ShardService {
@@ -23,9 +25,6 @@ pub struct ShardService {
     /// once per peer batch, not per message.
     peer_applied: Arc<std::sync::Mutex<std::collections::HashMap<u32, (u64, u64)>>>,
 }
-
-/// Metadata key carrying the receiver's epoch when it refuses a stale batch.
-pub const EPOCH_HEADER: &str = "x-meridian-epoch";
 
 /// How long a peer batch from a newer epoch waits for this shard to see that epoch.
 const NEWER_EPOCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

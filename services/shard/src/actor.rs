@@ -1,0 +1,269 @@
+//! The world task: the tokio shell around the shard's core (`core.rs`).
+//!
+//! Commands from every gateway stream and every peer shard arrive on one bounded queue and
+//! are handed to the core a round at a time, with the time they are handled; the round's
+//! output goes to the gateway streams' queues and the peer tasks' queues. The task also
+//! tells the core when the cluster view changes, which peer streams are open, and ticks
+//! it every [`TICK`]. It decides nothing about the world: that is the core's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use meridian_cluster::{ClusterView, ShardId};
+use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::Status;
+use tracing::{debug, warn};
+
+use crate::core::{ShardCore, TICK};
+use crate::peer::PeerSenders;
+use crate::types::{CoreConfig, Event, LinkId, Transmit};
+use crate::ShardMetrics;
+
+/// Batches a gateway link may have queued before it counts as not keeping up and is cut.
+pub const LINK_QUEUE: usize = 1024;
+/// Commands queued for the world task before gateway and peer streams are slowed down.
+const COMMAND_QUEUE: usize = 4096;
+/// Commands applied per round before output is flushed.
+const ROUND: usize = 512;
+/// Messages kept for a peer the partition names but that has no stream yet.
+const PENDING_FOR_UNKNOWN_PEER: usize = 65_536;
+
+pub enum Command {
+    Open {
+        link: LinkId,
+        gateway: u32,
+        out: mpsc::Sender<Result<ShardBatch, Status>>,
+    },
+    Inputs {
+        link: LinkId,
+        inputs: Vec<PlayerInput>,
+    },
+    Closed {
+        link: LinkId,
+    },
+    Peer {
+        from: ShardId,
+        messages: Vec<PeerMessage>,
+    },
+    /// The `/players` report: JSON of the players this shard owns.
+    Report {
+        reply: oneshot::Sender<String>,
+    },
+    /// Where this shard's players stand, for the coordinator's load-aware borders.
+    Load {
+        reply: oneshot::Sender<meridian_cluster::LoadProfile>,
+    },
+    /// Where this shard's players stand on the coarse grid of the live map.
+    Density {
+        reply: oneshot::Sender<meridian_cluster::DensityReport>,
+    },
+    /// etcd let this shard's lease expire: the cluster took it for dead.
+    LeaseExpired,
+    /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
+    /// for handed-off players have stopped arriving).
+    DrainStatus {
+        reply: oneshot::Sender<(usize, usize, bool)>,
+    },
+}
+
+pub struct WorldActor {
+    core: ShardCore,
+    commands: mpsc::Receiver<Command>,
+    view: watch::Receiver<ClusterView>,
+    peer_senders: PeerSenders,
+    links: HashMap<LinkId, mpsc::Sender<Result<ShardBatch, Status>>>,
+    /// Rounds for peers the partition names whose stream is not set up yet.
+    pending: HashMap<ShardId, Vec<PeerMessage>>,
+    peers_up: Vec<ShardId>,
+    metrics: Arc<ShardMetrics>,
+    out: Vec<Transmit>,
+}
+
+impl WorldActor {
+    pub fn new(
+        config: &CoreConfig,
+        view: watch::Receiver<ClusterView>,
+        peer_senders: PeerSenders,
+        metrics: Arc<ShardMetrics>,
+    ) -> (mpsc::Sender<Command>, WorldActor) {
+        let (sender, commands) = mpsc::channel(COMMAND_QUEUE);
+        let core = ShardCore::new(config, Arc::clone(&metrics), Instant::now());
+        let actor = WorldActor {
+            core,
+            commands,
+            view,
+            peer_senders,
+            links: HashMap::new(),
+            pending: HashMap::new(),
+            peers_up: Vec::new(),
+            metrics,
+            out: Vec::new(),
+        };
+        (sender, actor)
+    }
+
+    pub async fn run(mut self) {
+        let mut round = Vec::with_capacity(ROUND);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let first = self.view.borrow_and_update().clone();
+        self.core.handle(Instant::now(), Event::View(first));
+        loop {
+            tokio::select! {
+                n = self.commands.recv_many(&mut round, ROUND) => {
+                    if n == 0 {
+                        break;
+                    }
+                    self.peers_changed();
+                    for command in round.drain(..) {
+                        self.handle(command);
+                    }
+                }
+                changed = self.view.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let view = self.view.borrow_and_update().clone();
+                    self.core.handle(Instant::now(), Event::View(view));
+                }
+                _ = tick.tick() => {
+                    self.peers_changed();
+                    self.core.handle(Instant::now(), Event::Tick);
+                }
+            }
+            self.flush();
+        }
+        debug!("world task stopped");
+    }
+
+    /// Tells the core which peer streams are open, when that changed.
+    fn peers_changed(&mut self) {
+        let mut up: Vec<ShardId> = self.peer_senders.read(|peers| {
+            peers
+                .iter()
+                .filter(|(_, p)| p.up.load(std::sync::atomic::Ordering::Acquire))
+                .map(|(id, _)| *id)
+                .collect()
+        });
+        up.sort_unstable();
+        if up != self.peers_up {
+            self.peers_up = up.clone();
+            self.core.handle(Instant::now(), Event::PeersUp(up));
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        let now = Instant::now();
+        match command {
+            Command::Open { link, gateway, out } => {
+                self.links.insert(link, out);
+                self.core.handle(now, Event::LinkOpened { link, gateway });
+            }
+            Command::Inputs { link, inputs } => {
+                self.core.handle(now, Event::Inputs { link, inputs })
+            }
+            Command::Closed { link } => {
+                self.links.remove(&link);
+                self.core.handle(now, Event::LinkClosed { link });
+            }
+            Command::Peer { from, messages } => {
+                self.core.handle(now, Event::Peer { from, messages })
+            }
+            Command::Report { reply } => {
+                let _ = reply.send(self.core.report(now));
+            }
+            Command::Load { reply } => {
+                let _ = reply.send(self.core.load_profile());
+            }
+            Command::Density { reply } => {
+                let _ = reply.send(self.core.density());
+            }
+            Command::LeaseExpired => self.core.handle(now, Event::LeaseExpired),
+            Command::DrainStatus { reply } => {
+                let _ = reply.send(self.core.drain_status(now));
+            }
+        }
+    }
+
+    /// Sends the round's output. A gateway link whose queue is full has stopped reading:
+    /// the core cuts it (which makes output of its own: its players leave), and nothing
+    /// more is sent on it.
+    fn flush(&mut self) {
+        loop {
+            self.core.flush(&mut self.out);
+            let mut cut = Vec::new();
+            let mut peers: Vec<(ShardId, Vec<PeerMessage>)> = Vec::new();
+            for transmit in self.out.drain(..) {
+                match transmit {
+                    Transmit::Gateway { link, batch } => {
+                        if cut.contains(&link) {
+                            continue;
+                        }
+                        let sent = self.links.get(&link).map(|out| out.try_send(Ok(batch)));
+                        if matches!(sent, Some(Err(_))) {
+                            cut.push(link);
+                        }
+                    }
+                    Transmit::Peer { to, messages } => peers.push((to, messages)),
+                }
+            }
+            self.send_to_peers(peers);
+            if cut.is_empty() {
+                return;
+            }
+            for link in cut {
+                self.links.remove(&link);
+                self.core.handle(Instant::now(), Event::LinkCut { link });
+            }
+        }
+    }
+
+    fn send_to_peers(&mut self, rounds: Vec<(ShardId, Vec<PeerMessage>)>) {
+        if rounds.is_empty() && self.pending.is_empty() {
+            return;
+        }
+        let metrics = &self.metrics;
+        let pending = &mut self.pending;
+        self.peer_senders.read(|senders| {
+            let mut rounds = rounds;
+            // Rounds kept for peers whose stream now exists go first, in order.
+            for (to, kept) in pending.iter_mut() {
+                if senders.contains_key(to) {
+                    let round = std::mem::take(kept);
+                    match rounds.iter_mut().find(|(peer, _)| peer == to) {
+                        Some((_, messages)) => {
+                            let newer = std::mem::replace(messages, round);
+                            messages.extend(newer);
+                        }
+                        None => rounds.push((*to, round)),
+                    }
+                }
+            }
+            pending.retain(|_, kept| !kept.is_empty());
+            for (to, round) in rounds {
+                match senders.get(&to) {
+                    Some(handle) => {
+                        if handle.sender.try_send(round).is_err() {
+                            metrics.peer_rounds_dropped.inc();
+                            warn!(peer = %to, "peer queue full or closed; round dropped");
+                        }
+                    }
+                    None => {
+                        // The partition named a peer whose stream is not set up yet (the
+                        // world task can see a new map a moment before the peer manager):
+                        // keep the round for the next flush, within a bound.
+                        let kept = pending.entry(to).or_default();
+                        if kept.len() + round.len() <= PENDING_FOR_UNKNOWN_PEER {
+                            kept.extend(round);
+                        } else {
+                            metrics.peer_rounds_dropped.inc();
+                            warn!(peer = %to, "no stream to peer; round dropped");
+                        }
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,142 @@
+//! The types the shard's core and its shell share: what goes into the core
+//! ([`Event`]), what comes out ([`Transmit`]), and the records the core keeps per player.
+//! Nothing here does I/O or reads a clock.
+
+use std::time::{Duration, Instant};
+
+use meridian_cluster::{ClusterView, ShardId};
+use meridian_protocol::pb as client_pb;
+use meridian_protocol::{InvalidArgument, TokenKey};
+use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
+use meridian_world::{Direction, Position, WorldConfig};
+
+use crate::sequence::InputSequence;
+
+/// One gateway stream into this shard, numbered by the shell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkId(pub u32);
+
+/// Out-of-order inputs held per local player; beyond that, the newest is refused.
+pub(crate) const PENDING_LIMIT: usize = 1024;
+
+/// What the core needs to know about itself: no addresses, no etcd, no clock.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    pub id: ShardId,
+    pub world: WorldConfig,
+    /// Dev mode honours `Login.spawn`.
+    pub dev_mode: bool,
+    /// Seeds random spawns.
+    pub seed: u64,
+    /// How long a player whose connection dropped can be resumed with its token.
+    pub resume_window: Duration,
+    /// Signs the resume tokens handed out in LoginOk.
+    pub resume_key: TokenKey,
+    /// Wall-clock time (seconds since the Unix epoch) at the core's first `now`: resume
+    /// tokens carry wall-clock expiries, and the core reads no clock of its own.
+    pub unix_start: u64,
+}
+
+/// Something that happened to the shard, handed to [`crate::core::ShardCore::handle`] with
+/// the time it happened.
+pub enum Event {
+    /// A gateway opened its stream.
+    LinkOpened { link: LinkId, gateway: u32 },
+    /// A batch of inputs arrived on a gateway stream.
+    Inputs { link: LinkId, inputs: Vec<PlayerInput> },
+    /// A gateway stream ended.
+    LinkClosed { link: LinkId },
+    /// A gateway stream stopped reading (its queue is full): it is cut, its players leave.
+    LinkCut { link: LinkId },
+    /// A batch of messages from a peer shard, in its stream's order.
+    Peer { from: ShardId, messages: Vec<PeerMessage> },
+    /// The cluster view changed (members, partition map).
+    View(ClusterView),
+    /// Which peer streams are open now: players are handed only to a reachable peer.
+    PeersUp(Vec<ShardId>),
+    /// etcd let this shard's lease expire: the cluster took it for dead.
+    LeaseExpired,
+    /// The periodic timer ([`crate::core::TICK`]).
+    Tick,
+}
+
+/// Output of the core for the shell to send.
+#[derive(Debug)]
+pub enum Transmit {
+    /// A batch for a gateway stream. If the stream cannot take it, the shell reports
+    /// [`Event::LinkCut`] and sends nothing more on it.
+    Gateway { link: LinkId, batch: ShardBatch },
+    /// A round of messages for a peer shard, to be sent in order after earlier rounds.
+    Peer { to: ShardId, messages: Vec<PeerMessage> },
+}
+
+pub(crate) struct Link {
+    pub gateway: u32,
+}
+
+/// A local player: where its output goes and what its owner must remember.
+pub(crate) struct Seat {
+    pub link: LinkId,
+    pub session: u64,
+    pub gateway: u32,
+    pub generation: u64,
+    /// The player's inputs in `seq` order.
+    pub inputs: InputSequence,
+    /// Shards currently holding a ghost of this player.
+    pub ghosted_at: Vec<ShardId>,
+    /// Counts this player's position changes (see `PeerMessage.subject_seq`).
+    pub subject_seq: u64,
+}
+
+impl Seat {
+    /// A seat whose next input is `next_seq`.
+    pub fn new(link: LinkId, session: u64, gateway: u32, generation: u64, next_seq: u64) -> Seat {
+        Seat {
+            link,
+            session,
+            gateway,
+            generation,
+            inputs: InputSequence::new(next_seq, PENDING_LIMIT),
+            ghosted_at: Vec::new(),
+            subject_seq: 0,
+        }
+    }
+}
+
+/// A player whose connection dropped, kept for the resume window.
+pub(crate) struct Parked {
+    pub name: String,
+    pub at: Position,
+    pub generation: u64,
+    pub since: Instant,
+    /// The move budget it left with; given back when it resumes.
+    pub move_budget: Option<meridian_world::MoveBudget>,
+}
+
+/// Inputs for a player whose handoff has not arrived yet: since when, from which link.
+pub(crate) type EarlyInputs = (Instant, Vec<(Option<LinkId>, PlayerInput)>);
+
+pub(crate) struct HandedOff {
+    /// Where inputs that still arrive here go: the shard the player was handed to, or
+    /// whoever that shard (and so on) released it to since. Never back here: an input that
+    /// arrives here while the player is on its way back was sent after the gateway
+    /// switched, and the shard it is forwarded to sends it back after the handoff, on the
+    /// same ordered stream.
+    pub to: ShardId,
+    pub generation: u64,
+    pub at: Position,
+    pub acked: Option<Instant>,
+    pub since: Instant,
+}
+
+/// The world's direction for a wire value; `DIRECTION_UNSPECIFIED` and unknown values are
+/// refused (proto3 enums are open, so any i32 can arrive).
+pub(crate) fn world_direction(raw: i32) -> Result<Direction, InvalidArgument> {
+    match client_pb::Direction::try_from(raw) {
+        Ok(client_pb::Direction::Up) => Ok(Direction::Up),
+        Ok(client_pb::Direction::Down) => Ok(Direction::Down),
+        Ok(client_pb::Direction::Left) => Ok(Direction::Left),
+        Ok(client_pb::Direction::Right) => Ok(Direction::Right),
+        Ok(client_pb::Direction::Unspecified) | Err(_) => Err(InvalidArgument::BadDirection(raw)),
+    }
+}
