@@ -1,6 +1,12 @@
 //! The partition map as tests see it: read from `meridian status --json`, its borders and
-//! corners, and the layout DESIGN.md promises for N shards (to check the live map against,
+//! corners, and the layout ARCHITECTURE.md promises for N shards (to check the live map against,
 //! and to aim a scenario at before any cluster runs).
+//!
+//! The promised layouts are a hand-written table (`LAYOUTS_400`), not a second copy of
+//! the coordinator's arithmetic: a copy would share that arithmetic's bugs. The unit tests
+//! check the table against properties read from ARCHITECTURE.md (an exact tiling, the
+//! column grid, shards in id order, the borders and corners a reader expects) and against
+//! `meridian_cluster::compute_partition`, so the two derivations must agree.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -83,33 +89,38 @@ pub struct Partition {
 }
 
 impl Partition {
-    /// The layout DESIGN.md gives `shards` (ids, any order) on a `width x height` map:
-    /// `ceil(sqrt(n))` columns of near-equal width, each cut into near-equal rows, the first
-    /// `n % columns` columns taking one extra row, shards in id order filling column 0 top to
-    /// bottom, then column 1, and so on. Epoch 0: compare with [`Partition::same_layout`].
+    /// The layout ARCHITECTURE.md promises `shards` (ids, any order, repeats ignored) on a
+    /// `width x height` map, from the hand-written table `LAYOUTS_400`: the i-th smallest id
+    /// gets the table's i-th rectangle. Epoch 0: compare with [`Partition::same_layout`].
+    ///
+    /// Panics for a map size or shard count the table has no row for: add the row, worked
+    /// out by hand, rather than compute it (see the module header).
     pub fn expected(shards: &[u32], width: u32, height: u32) -> Partition {
-        let mut ids = shards.to_vec();
-        ids.sort_unstable();
-        ids.dedup();
-        let n = ids.len() as u32;
-        let mut regions = Vec::new();
-        if n > 0 {
-            let columns = (1..=n).find(|c| c * c >= n).unwrap_or(n);
-            let mut next = ids.into_iter();
-            for column in 0..columns {
-                let x0 = width * column / columns;
-                let x1 = width * (column + 1) / columns;
-                let rows = n / columns + u32::from(column < n % columns);
-                for row in 0..rows {
-                    let y0 = height * row / rows;
-                    let y1 = height * (row + 1) / rows;
-                    if let Some(shard) = next.next() {
-                        regions.push(Region { shard, x0, y0, x1, y1 });
-                    }
-                }
-            }
-        }
-        Partition { epoch: 0, width, height, regions }
+        Partition::promised(shards, width, height).unwrap_or_else(|| {
+            panic!(
+                "no hand-written layout for {} shards on a {width}x{height} map in \
+                 testkit's partition table; add one",
+                distinct(shards).len()
+            )
+        })
+    }
+
+    /// [`Partition::expected`], or `None` where the table has no row.
+    fn promised(shards: &[u32], width: u32, height: u32) -> Option<Partition> {
+        let ids = distinct(shards);
+        let rectangles: &[[u32; 4]] = if ids.is_empty() {
+            &[]
+        } else if (width, height) == (400, 400) {
+            LAYOUTS_400.get(ids.len() - 1)?
+        } else {
+            return None;
+        };
+        let regions = ids
+            .iter()
+            .zip(rectangles)
+            .map(|(&shard, &[x0, y0, x1, y1])| Region { shard, x0, y0, x1, y1 })
+            .collect();
+        Some(Partition { epoch: 0, width, height, regions })
     }
 
     /// The `partition` of `meridian status --json`; `None` while none is published.
@@ -242,6 +253,81 @@ impl Partition {
     }
 }
 
+/// The promised layouts of the 400x400 map, written out by hand: row `n - 1` lists the
+/// rectangles `[x0, y0, x1, y1]` (half-open) of the 1st, 2nd, ... smallest shard id of `n`.
+///
+/// ARCHITECTURE.md ("One world over many shards"): `ceil(sqrt(n))` columns, each cut into
+/// rows, shards in id order filling column 0 top to bottom, then column 1; `n = 4` is a
+/// 2x2 grid with a four-way corner at the centre. The coordinator's documentation adds
+/// near-equal widths and heights and the spare rows (`n % columns`) in the first columns.
+/// Where a length does not divide, a cut sits at `floor(k * 400 / parts)`: thirds are
+/// 0 / 133 / 266 / 400, so the last column and the last row are the 134-cell ones.
+const LAYOUTS_400: [&[[u32; 4]]; 9] = [
+    // 1 shard: the whole map, no border.
+    &[[0, 0, 400, 400]],
+    // 2 shards: two columns, one border at x = 200.
+    &[[0, 0, 200, 400], [200, 0, 400, 400]],
+    // 3 shards: two columns, the first cut in two; a three-way corner at (200, 200).
+    &[[0, 0, 200, 200], [0, 200, 200, 400], [200, 0, 400, 400]],
+    // 4 shards: 2x2, a four-way corner at (200, 200).
+    &[[0, 0, 200, 200], [0, 200, 200, 400], [200, 0, 400, 200], [200, 200, 400, 400]],
+    // 5 shards: three columns of 2, 2 and 1 rows.
+    &[
+        [0, 0, 133, 200],
+        [0, 200, 133, 400],
+        [133, 0, 266, 200],
+        [133, 200, 266, 400],
+        [266, 0, 400, 400],
+    ],
+    // 6 shards: three columns of 2 rows.
+    &[
+        [0, 0, 133, 200],
+        [0, 200, 133, 400],
+        [133, 0, 266, 200],
+        [133, 200, 266, 400],
+        [266, 0, 400, 200],
+        [266, 200, 400, 400],
+    ],
+    // 7 shards: three columns of 3, 2 and 2 rows.
+    &[
+        [0, 0, 133, 133],
+        [0, 133, 133, 266],
+        [0, 266, 133, 400],
+        [133, 0, 266, 200],
+        [133, 200, 266, 400],
+        [266, 0, 400, 200],
+        [266, 200, 400, 400],
+    ],
+    // 8 shards: three columns of 3, 3 and 2 rows.
+    &[
+        [0, 0, 133, 133],
+        [0, 133, 133, 266],
+        [0, 266, 133, 400],
+        [133, 0, 266, 133],
+        [133, 133, 266, 266],
+        [133, 266, 266, 400],
+        [266, 0, 400, 200],
+        [266, 200, 400, 400],
+    ],
+    // 9 shards: 3x3, four four-way corners.
+    &[
+        [0, 0, 133, 133],
+        [0, 133, 133, 266],
+        [0, 266, 133, 400],
+        [133, 0, 266, 133],
+        [133, 133, 266, 266],
+        [133, 266, 266, 400],
+        [266, 0, 400, 133],
+        [266, 133, 400, 266],
+        [266, 266, 400, 400],
+    ],
+];
+
+/// The ids in increasing order, each once.
+fn distinct(shards: &[u32]) -> Vec<u32> {
+    shards.iter().copied().collect::<BTreeSet<u32>>().into_iter().collect()
+}
+
 impl fmt::Display for Partition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "epoch {} ({}x{}):", self.epoch, self.width, self.height)?;
@@ -285,18 +371,27 @@ pub fn wait_for_partition(cluster: &Cluster, within: Duration) -> anyhow::Result
     Ok(last.expect("invariant: set when the wait succeeded"))
 }
 
-/// [`wait_for_partition`], then checks that the live map is the layout DESIGN.md promises
-/// for this many shards, so a scenario aimed at the promised borders really meets them.
+/// [`wait_for_partition`], then checks that the live map is the layout ARCHITECTURE.md
+/// promises for this many shards, so a scenario aimed at the promised borders really meets
+/// them.
 pub fn wait_for_expected_partition(
     cluster: &Cluster,
     within: Duration,
 ) -> anyhow::Result<Partition> {
     let live = wait_for_partition(cluster, within)?;
     let ids: Vec<u32> = cluster.shards().iter().map(|s| s.id).collect();
-    let expected = Partition::expected(&ids, live.width, live.height);
+    let Some(expected) = Partition::promised(&ids, live.width, live.height) else {
+        bail!(
+            "testkit's partition table has no layout for {} shards on a {}x{} map; add one \
+             (live: {live})",
+            distinct(&ids).len(),
+            live.width,
+            live.height
+        );
+    };
     if !live.same_layout(&expected) {
         bail!(
-            "the live partition is not the layout DESIGN.md gives {} shards:\n  live     {live}\n  expected {expected}",
+            "the live partition is not the layout ARCHITECTURE.md gives {} shards:\n  live     {live}\n  expected {expected}",
             ids.len()
         );
     }
@@ -306,6 +401,233 @@ pub fn wait_for_expected_partition(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    use meridian_cluster::{compute_partition, ShardId};
+
+    /// Everything ARCHITECTURE.md's "One world over many shards" (and the coordinator's
+    /// documented near-equal spans) says a layout for `ids` must be, checked from the
+    /// rectangles alone, without building a layout: the list of what is wrong.
+    fn problems(p: &Partition, ids: &[u32]) -> Vec<String> {
+        let mut wrong = Vec::new();
+        let want = distinct(ids);
+        let n = want.len() as u32;
+        let mut owners: Vec<u32> = p.regions.iter().map(|r| r.shard).collect();
+        owners.sort_unstable();
+        if owners != want {
+            wrong.push(format!("one region per shard of {want:?}, got owners {owners:?}"));
+        }
+        // An exact tiling: every rectangle non-empty and on the map, no two overlapping,
+        // and together as large as the map.
+        let area = |r: &Region| u64::from(r.x1 - r.x0) * u64::from(r.y1 - r.y0);
+        for r in &p.regions {
+            if r.x0 >= r.x1 || r.y0 >= r.y1 || r.x1 > p.width || r.y1 > p.height {
+                wrong.push(format!("[{r}] is empty or off the {}x{} map", p.width, p.height));
+            }
+        }
+        for (i, a) in p.regions.iter().enumerate() {
+            for b in &p.regions[i + 1..] {
+                if a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1 {
+                    wrong.push(format!("[{a}] overlaps [{b}]"));
+                }
+            }
+        }
+        let covered: u64 = p.regions.iter().map(area).sum();
+        if n > 0 && covered != u64::from(p.width) * u64::from(p.height) {
+            wrong.push(format!("the regions cover {covered} cells, not the whole map"));
+        }
+        // Columns: side by side across the whole width, ceil(sqrt(n)) of them, widths
+        // within one cell of each other.
+        let mut columns: BTreeMap<(u32, u32), Vec<Region>> = BTreeMap::new();
+        for r in &p.regions {
+            columns.entry((r.x0, r.x1)).or_default().push(*r);
+        }
+        let c = columns.len() as u32;
+        if n > 0 && !(c > 0 && c * c >= n && (c - 1) * (c - 1) < n) {
+            wrong.push(format!("{c} columns for {n} shards, not ceil(sqrt({n}))"));
+        }
+        let mut x = 0;
+        for &(x0, x1) in columns.keys() {
+            if x0 != x {
+                wrong.push(format!(
+                    "the column x[{x0},{x1}) does not start where the last ended, {x}"
+                ));
+            }
+            x = x1;
+        }
+        if n > 0 && x != p.width {
+            wrong.push(format!("the columns end at x = {x}, not {}", p.width));
+        }
+        let spread = |spans: &mut dyn Iterator<Item = u32>| {
+            let spans: Vec<u32> = spans.collect();
+            spans.iter().max().unwrap_or(&0) - spans.iter().min().unwrap_or(&0)
+        };
+        if spread(&mut columns.keys().map(|(x0, x1)| x1 - x0)) > 1 {
+            wrong.push(format!("column widths differ by more than a cell: {:?}", columns.keys()));
+        }
+        // Rows: each column stacked top to bottom over the whole height, heights within
+        // one cell; the spare rows in the first columns.
+        let mut row_counts = Vec::new();
+        for ((x0, _), rows) in &mut columns {
+            rows.sort_by_key(|r| r.y0);
+            row_counts.push(rows.len());
+            let mut y = 0;
+            for r in rows.iter() {
+                if r.y0 != y {
+                    wrong.push(format!("[{r}] does not start where the row above ended, {y}"));
+                }
+                y = r.y1;
+            }
+            if y != p.height {
+                wrong.push(format!("the column at x = {x0} ends at y = {y}, not {}", p.height));
+            }
+            if spread(&mut rows.iter().map(|r| r.y1 - r.y0)) > 1 {
+                wrong.push(format!(
+                    "row heights in the column at x = {x0} differ by more than a cell"
+                ));
+            }
+        }
+        if row_counts.windows(2).any(|w| w[0] < w[1] || w[0] > w[1] + 1) {
+            wrong.push(format!("rows per column {row_counts:?}: not near-equal, spares first"));
+        }
+        // Shards in id order: column 0 top to bottom, then column 1, and so on.
+        let order: Vec<u32> = columns.values().flatten().map(|r| r.shard).collect();
+        if order != want {
+            wrong.push(format!("shards by column then row are {order:?}, not in id order"));
+        }
+        wrong
+    }
+
+    /// The coordinator's own layout, in the test kit's terms.
+    fn coordinator(ids: &[u32], width: u32, height: u32) -> Partition {
+        let shards: Vec<ShardId> = ids.iter().map(|&id| ShardId(id)).collect();
+        let regions = compute_partition(&shards, width, height)
+            .into_iter()
+            .map(|r| Region { shard: r.shard.0, x0: r.x0, y0: r.y0, x1: r.x1, y1: r.y1 })
+            .collect();
+        Partition { epoch: 0, width, height, regions }
+    }
+
+    /// Shard-id sets of every size the table has: 1..=n, shuffled with a repeat, and
+    /// sparse (the ids a cluster has after joins and drains).
+    fn id_sets() -> Vec<Vec<u32>> {
+        let mut sets = Vec::new();
+        for n in 1..=LAYOUTS_400.len() as u32 {
+            sets.push((1..=n).collect());
+            let mut shuffled: Vec<u32> = (1..=n).rev().collect();
+            shuffled.rotate_left(n as usize / 2);
+            shuffled.push(n);
+            sets.push(shuffled);
+            sets.push((1..=n).map(|i| 7 * i + 3).collect());
+        }
+        sets
+    }
+
+    #[test]
+    fn every_table_layout_keeps_the_documented_rules() {
+        for ids in id_sets() {
+            let p = Partition::expected(&ids, 400, 400);
+            let wrong = problems(&p, &ids);
+            assert!(wrong.is_empty(), "{ids:?}: {p}\n  {}", wrong.join("\n  "));
+        }
+    }
+
+    #[test]
+    fn the_coordinator_computes_the_table_layouts() {
+        // Two independent derivations of the same promise: if the coordinator's grid
+        // changes (a rounding, the order of shards, where the spare rows go), this fails.
+        for ids in id_sets() {
+            let table = Partition::expected(&ids, 400, 400);
+            let live = coordinator(&ids, 400, 400);
+            assert!(
+                table.same_layout(&live),
+                "{ids:?}:\n  table       {table}\n  coordinator {live}"
+            );
+            assert_eq!(table.regions, live.regions, "{ids:?}: same regions, in the same order");
+        }
+    }
+
+    #[test]
+    fn the_property_check_rejects_broken_layouts() {
+        // The checks above must be able to fail: each of these breaks one rule.
+        let r = |s, x0, y0, x1, y1| Region { shard: s, x0, y0, x1, y1 };
+        let map = |regions| Partition { epoch: 0, width: 400, height: 400, regions };
+        let broken = [
+            // A gap of one column of cells.
+            (vec![r(1, 0, 0, 199, 400), r(2, 200, 0, 400, 400)], vec![1, 2]),
+            // An overlap.
+            (vec![r(1, 0, 0, 201, 400), r(2, 200, 0, 400, 400)], vec![1, 2]),
+            // Split across, not along: one column of two rows for two shards.
+            (vec![r(1, 0, 0, 400, 200), r(2, 0, 200, 400, 400)], vec![1, 2]),
+            // Shards out of id order.
+            (vec![r(2, 0, 0, 200, 400), r(1, 200, 0, 400, 400)], vec![1, 2]),
+            // The spare row in the last column instead of the first.
+            (
+                vec![r(1, 0, 0, 200, 400), r(2, 200, 0, 400, 200), r(3, 200, 200, 400, 400)],
+                vec![1, 2, 3],
+            ),
+            // Widths two cells apart.
+            (vec![r(1, 0, 0, 199, 400), r(2, 199, 0, 400, 400)], vec![1, 2]),
+            // A shard without a region.
+            (vec![r(1, 0, 0, 200, 400), r(2, 200, 0, 400, 400)], vec![1, 2, 3]),
+            // Two columns for five shards.
+            (
+                vec![
+                    r(1, 0, 0, 200, 133),
+                    r(2, 0, 133, 200, 266),
+                    r(3, 0, 266, 200, 400),
+                    r(4, 200, 0, 400, 200),
+                    r(5, 200, 200, 400, 400),
+                ],
+                vec![1, 2, 3, 4, 5],
+            ),
+        ];
+        for (regions, ids) in broken {
+            let p = map(regions);
+            assert!(!problems(&p, &ids).is_empty(), "{ids:?}: {p} passed the checks");
+        }
+    }
+
+    #[test]
+    fn nine_shards_make_a_three_by_three_grid_with_four_four_way_corners() {
+        let p = Partition::expected(&(1..=9).collect::<Vec<_>>(), 400, 400);
+        assert_eq!(
+            p.corners(),
+            vec![((133, 133), 4), ((133, 266), 4), ((266, 133), 4), ((266, 266), 4)]
+        );
+        assert_eq!(p.owner((0, 0)), Some(1));
+        assert_eq!(p.owner((0, 399)), Some(3));
+        assert_eq!(p.owner((399, 0)), Some(7));
+        assert_eq!(p.owner((399, 399)), Some(9));
+    }
+
+    #[test]
+    fn five_to_eight_shards_put_the_spare_rows_in_the_first_columns() {
+        // Three columns; a shard alone in the last column for five, three rows in the
+        // first column for seven and in the first two for eight.
+        let five = Partition::expected(&[1, 2, 3, 4, 5], 400, 400);
+        assert_eq!(five.region_of((300, 0)), five.region_of((300, 399)));
+        assert_eq!(five.corners(), vec![((133, 200), 4), ((266, 200), 3)]);
+        let seven = Partition::expected(&[1, 2, 3, 4, 5, 6, 7], 400, 400);
+        assert_eq!(seven.owner((0, 133)), Some(2));
+        assert_eq!(seven.owner((132, 399)), Some(3));
+        assert_eq!(seven.owner((133, 0)), Some(4));
+        let eight = Partition::expected(&[1, 2, 3, 4, 5, 6, 7, 8], 400, 400);
+        assert_eq!(eight.owner((200, 200)), Some(5));
+        assert_eq!(eight.owner((399, 199)), Some(7));
+        assert_eq!(eight.owner((399, 200)), Some(8));
+    }
+
+    #[test]
+    fn sparse_ids_take_the_places_in_id_order_and_unknown_sizes_have_no_layout() {
+        let p = Partition::expected(&[30, 10, 20, 10], 400, 400);
+        assert_eq!(p.owner((0, 0)), Some(10));
+        assert_eq!(p.owner((0, 399)), Some(20));
+        assert_eq!(p.owner((399, 0)), Some(30));
+        assert!(Partition::expected(&[], 400, 400).regions.is_empty());
+        assert!(Partition::promised(&[1, 2], 300, 400).is_none());
+        assert!(Partition::promised(&(1..=10).collect::<Vec<_>>(), 400, 400).is_none());
+    }
 
     #[test]
     fn four_shards_make_a_two_by_two_grid_with_a_four_way_corner() {
