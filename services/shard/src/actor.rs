@@ -126,6 +126,8 @@ impl WorldActor {
                         break;
                     }
                     let view = self.view.borrow_and_update().clone();
+                    // Rounds kept for a peer that has left the cluster will never go.
+                    self.pending.retain(|peer, _| view.shards.contains_key(peer));
                     self.core.handle(Instant::now(), Event::View(view));
                 }
                 _ = tick.tick() => {

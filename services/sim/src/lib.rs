@@ -477,7 +477,16 @@ impl Sim {
             if self.t > end + QUIESCE_LIMIT {
                 let busy: Vec<u64> =
                     self.clients.iter().filter(|c| c.busy()).map(|c| c.id).take(8).collect();
-                self.fail("the cluster never quiesced after the workload".into(), busy);
+                let streams: Vec<String> = self
+                    .streams
+                    .iter()
+                    .filter(|(_, s)| !s.queue.is_empty())
+                    .map(|(key, s)| format!("{key:?} ({} queued, open {})", s.queue.len(), s.open))
+                    .collect();
+                let what = format!(
+                    "the cluster never quiesced after the workload: clients waiting for answers {busy:?}, streams with messages {streams:?}"
+                );
+                self.fail(what, busy);
                 return Err(self.violation.take().expect("just set"));
             }
         }
@@ -509,6 +518,14 @@ impl Sim {
             Ev::Connect(g, s) => self.connect(g, s),
             Ev::PeerConnect(a, b) => self.peer_connect(a, b),
             Ev::LeaseExpiry(s) => {
+                // Gone for good: every peer drops its stream to it, and what it had sent
+                // but nobody took is lost with it.
+                for (key, stream) in self.streams.iter_mut() {
+                    if matches!(key, Key::Peer(a, b) if *a == s || *b == s) {
+                        stream.queue.clear();
+                        stream.open = false;
+                    }
+                }
                 if self.etcd.remove(s) {
                     self.outcome.epochs += 1;
                     self.publish();
@@ -604,6 +621,12 @@ impl Sim {
     fn send(&mut self, key: Key, payload: Payload) {
         let delay = self.delay();
         let ready = self.t + delay;
+        if let Key::Peer(_, to) = key {
+            if !self.etcd.has(to) {
+                // Not (or no longer) a member: the shell has no stream to it.
+                return;
+            }
+        }
         let stream = self.streams.entry(key).or_default();
         if !stream.open && !matches!(key, Key::Peer(..)) {
             return;

@@ -28,6 +28,10 @@ struct Args {
     /// Print each seed's settings and outcome.
     #[arg(long)]
     verbose: bool,
+    /// Go on after a violation; print one line per failing seed (`seed<TAB>what`), the
+    /// format of `services/sim/known-gaps.txt`.
+    #[arg(long)]
+    keep_going: bool,
 }
 
 mod humantime_like {
@@ -80,6 +84,9 @@ fn main() -> ExitCode {
                 if args.verbose || args.seed.is_some() {
                     println!("seed {seed}: ok {outcome:?}");
                 }
+            }
+            Err(violation) if args.keep_going => {
+                println!("{seed}\t{}", violation.what);
             }
             Err(violation) => {
                 println!("VIOLATION {violation}");
