@@ -25,13 +25,27 @@ pub enum ClusterError {
 impl ClusterError {
     pub(crate) fn from_etcd(error: etcd_client::Error) -> Self {
         match error {
+            // `Unknown` is how tonic reports a connection that broke under a request (an
+            // HTTP/2 keep-alive that timed out on a stalled etcd): etcd did not answer.
             etcd_client::Error::GRpcStatus(ref status)
-                if status.code() != tonic::Code::Unavailable
-                    && status.code() != tonic::Code::DeadlineExceeded =>
+                if !matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+                ) =>
             {
                 ClusterError::Refused(error)
             }
             other => ClusterError::Unreachable(other),
         }
+    }
+
+    /// Whether etcd refused because the lease named in the request no longer exists (it
+    /// expired, or was revoked).
+    pub fn is_lease_not_found(&self) -> bool {
+        matches!(
+            self,
+            ClusterError::Refused(etcd_client::Error::GRpcStatus(status))
+                if status.code() == tonic::Code::NotFound
+        )
     }
 }

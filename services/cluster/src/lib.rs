@@ -3,12 +3,15 @@
 //! Members register under a cluster key prefix on leases ([`Registration`]); everyone
 //! watches the prefix ([`ClusterWatch`]) and reads the result lock-free through an
 //! [`EpochCell`]; one elected [`Coordinator`] computes and publishes the [`PartitionMap`]
-//! with a strictly increasing epoch; player ids come from [`IdAllocator`] blocks.
+//! with a strictly increasing epoch; player ids come from [`IdAllocator`] blocks. A node's
+//! [`EtcdContact`] remembers when etcd last failed to answer it, so that leases etcd lets
+//! lapse while it stalls are not taken for deaths (see `watch.rs`).
 //!
 //! This crate never touches client traffic and never blocks a hot path: readers of the
 //! cluster view pin an epoch and read, writers swap a whole new view in.
 
 mod balance;
+mod contact;
 mod coordinator;
 mod epoch_cell;
 mod error;
@@ -19,6 +22,7 @@ mod registration;
 mod watch;
 
 pub use balance::rebalance;
+pub use contact::{lapse_grace, EtcdContact};
 pub use coordinator::{compute_partition, Coordinator};
 pub use epoch_cell::EpochCell;
 pub use error::ClusterError;

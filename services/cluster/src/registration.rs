@@ -1,8 +1,11 @@
 //! A member's key on a lease, kept alive for as long as the member lives.
 //!
 //! The key disappears within the TTL after the process dies (that is how the cluster
-//! learns of a death). If etcd is unreachable the member keeps serving; when etcd comes
-//! back the registration is renewed, on a new lease if the old one expired meanwhile.
+//! learns of a death). If etcd is unreachable or stalls, the member keeps serving (whether
+//! it is registered is reported, not a condition of readiness); as soon as etcd answers
+//! again the registration is renewed: on the same lease if etcd kept it, else on a new one
+//! (a stalled etcd expires every lease that fell due while it was stopped the moment it
+//! resumes). Every failure to hear from etcd is recorded in the node's [`EtcdContact`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,9 +15,10 @@ use etcd_client::{Client, PutOptions};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::ClusterError;
+use crate::{ClusterError, EtcdContact};
 
-/// Whether the member's key is currently held in etcd (for `/readyz`).
+/// Whether the member's key is currently held in etcd (the `etcd_registered` gauge; not a
+/// condition of readiness: a node serves its players whether or not etcd answers).
 #[derive(Debug, Clone, Default)]
 pub struct RegistrationStatus {
     registered: Arc<AtomicBool>,
@@ -44,14 +48,16 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Puts `key = value` on a fresh lease of `ttl`, then keeps it alive in the background.
-    /// Fails only if the very first registration fails, so a node that cannot reach etcd
-    /// at start says so instead of running unseen.
+    /// Puts `key = value` on a fresh lease of `ttl`, then keeps it alive in the background,
+    /// recording in `contact` every time etcd does not answer in time. Fails only if the
+    /// very first registration fails, so a node that cannot reach etcd at start says so
+    /// instead of running unseen.
     pub async fn start(
         client: Client,
         key: String,
         value: String,
         ttl: Duration,
+        contact: EtcdContact,
     ) -> Result<Self, ClusterError> {
         let ttl_secs = ttl.as_secs().max(1) as i64;
         let mut first_client = client.clone();
@@ -67,6 +73,7 @@ impl Registration {
             ttl_secs,
             Arc::clone(&lease),
             status.clone(),
+            contact,
         ));
         Ok(Registration { value: sender, status, lease, client, task })
     }
@@ -137,44 +144,103 @@ async fn keep_alive(
     ttl_secs: i64,
     lease: Arc<std::sync::atomic::AtomicI64>,
     status: RegistrationStatus,
+    contact: EtcdContact,
 ) {
     let period = Duration::from_millis((ttl_secs as u64 * 1000 / 3).max(200));
     loop {
         let lease_id = lease.load(Ordering::Relaxed);
-        let outcome = renew_until_lost(&mut client, &key, &mut value, lease_id, period).await;
+        let outcome =
+            renew_until_lost(&mut client, &key, &mut value, lease_id, period, &contact).await;
+        contact.lost();
         status.registered.store(false, Ordering::Relaxed);
-        if matches!(outcome, ClusterError::LeaseExpired) {
+        let mut expired = matches!(outcome, ClusterError::LeaseExpired);
+        if expired {
             status.expirations.fetch_add(1, Ordering::Relaxed);
         }
-        warn!(key, error = %outcome, "registration lost; re-registering");
+        warn!(key, error = %outcome, "registration lost; renewing it as soon as etcd answers");
         let mut backoff = Duration::from_millis(100);
         loop {
-            tokio::time::sleep(backoff).await;
             let current = value.borrow_and_update().clone();
-            match put_on_new_lease(&mut client, &key, &current, ttl_secs).await {
+            // The lease we had first: if etcd kept it (a keep-alive answer was only late),
+            // the key stays put, and so does everything else on that lease (the
+            // coordinator's election key). The put also writes a value that changed while
+            // etcd did not answer. A lease etcd no longer has makes the put fail with
+            // "lease not found", and the key goes on a new lease.
+            let renewed = if expired {
+                None
+            } else {
+                match put_on_lease(&mut client, &key, &current, lease_id).await {
+                    Ok(()) => Some(lease_id),
+                    Err(error) if error.is_lease_not_found() => {
+                        info!(key, %error, "the lease expired while etcd did not answer");
+                        status.expirations.fetch_add(1, Ordering::Relaxed);
+                        expired = true;
+                        None
+                    }
+                    Err(error) => {
+                        tracing::debug!(key, %error, "etcd still unreachable");
+                        contact.lost();
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
+                        continue;
+                    }
+                }
+            };
+            let renewed = match renewed {
+                Some(lease) => Ok(lease),
+                None => put_on_new_lease(&mut client, &key, &current, ttl_secs).await,
+            };
+            match renewed {
                 Ok(new_lease) => {
                     lease.store(new_lease, Ordering::Relaxed);
                     status.registered.store(true, Ordering::Relaxed);
-                    info!(key, lease = new_lease, "re-registered");
+                    if new_lease == lease_id {
+                        info!(key, lease = new_lease, "registration renewed on the same lease");
+                    } else {
+                        info!(key, lease = new_lease, "re-registered on a new lease");
+                    }
                     break;
                 }
                 Err(error) => {
                     tracing::debug!(key, %error, "etcd still unreachable");
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    contact.lost();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
                 }
             }
         }
     }
 }
 
+/// The longest wait between two attempts to renew a lost registration: short, so a member
+/// is back in etcd within a fraction of a second of etcd answering again (an attempt
+/// already waiting on a stalled etcd is answered the moment it resumes).
+const MAX_RETRY_BACKOFF: Duration = Duration::from_millis(500);
+
+async fn put_on_lease(
+    client: &mut Client,
+    key: &str,
+    value: &str,
+    lease_id: i64,
+) -> Result<(), ClusterError> {
+    client
+        .put(key, value, Some(PutOptions::new().with_lease(lease_id)))
+        .await
+        .map_err(ClusterError::from_etcd)?;
+    Ok(())
+}
+
 /// Refreshes the lease every `period` and rewrites the value when it changes. Returns
-/// why it stopped (etcd unreachable, or the lease is gone).
+/// why it stopped (etcd unreachable, or the lease is gone). An answer that comes later than
+/// a period is recorded in `contact` too: etcd stalled for that long, and other members'
+/// leases may have lapsed meanwhile even though this one was renewed in time.
 async fn renew_until_lost(
     client: &mut Client,
     key: &str,
     value: &mut watch::Receiver<String>,
     lease_id: i64,
     period: Duration,
+    contact: &EtcdContact,
 ) -> ClusterError {
     let (mut keeper, mut responses) = match client.lease_keep_alive(lease_id).await {
         Ok(pair) => pair,
@@ -184,11 +250,16 @@ async fn renew_until_lost(
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                let asked = tokio::time::Instant::now();
                 if let Err(error) = keeper.keep_alive().await {
                     return ClusterError::from_etcd(error);
                 }
                 match tokio::time::timeout(period * 2, responses.message()).await {
-                    Ok(Ok(Some(response))) if response.ttl() > 0 => {}
+                    Ok(Ok(Some(response))) if response.ttl() > 0 => {
+                        if asked.elapsed() > period {
+                            contact.lost();
+                        }
+                    }
                     Ok(Ok(Some(_))) => return ClusterError::LeaseExpired,
                     Ok(Ok(None)) => return ClusterError::Conflict("keep-alive stream closed".into()),
                     Ok(Err(error)) => return ClusterError::from_etcd(error),

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meridian_cluster::{
-    ClusterError, ClusterKeys, ClusterWatch, GatewayId, GatewayRecord, Registration,
+    ClusterError, ClusterKeys, ClusterWatch, EtcdContact, GatewayId, GatewayRecord, Registration,
 };
 use meridian_observe::{serve_admin_with, Readiness, Registry};
 use tokio::net::TcpListener;
@@ -147,7 +147,11 @@ pub async fn run(
     let admin_addr = admin.local_addr().map_err(GatewayError::Listener)?;
     let keys = ClusterKeys::new(&config.cluster);
     let client = meridian_cluster::connect(&config.etcd).await?;
-    let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
+    // Shared by the watch and the registration: records that lapse while etcd stalls are
+    // kept for a grace period instead of being taken for deaths (which would close the
+    // relay streams to every shard).
+    let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
+    let watch = ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone()).await?;
 
     let registry = Registry::default();
     let io = select_backend(config.io);
@@ -194,16 +198,22 @@ pub async fn run(
         admin: config.advertise_admin.clone().unwrap_or_else(|| admin_addr.to_string()),
         quic: quic_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
     };
-    let registration =
-        Registration::start(client, keys.gateway(config.id), record.to_json(), config.lease_ttl)
-            .await?;
+    let registration = Registration::start(
+        client,
+        keys.gateway(config.id),
+        record.to_json(),
+        config.lease_ttl,
+        contact,
+    )
+    .await?;
     let status = registration.status();
     metrics.watch_cluster(&registry, config.id, status.clone(), watch.view());
     let table = Arc::clone(&shared.routing);
+    // Ready means able to serve players: able to route them. Not whether etcd answered
+    // lately: the gateway relays from its last view while etcd is away or stalled, and a
+    // 503 then would take every gateway out of its Service at once. Whether it is
+    // registered is the `etcd_registered` gauge.
     let readiness: Readiness = Arc::new(move || {
-        if !status.is_registered() {
-            return Err("not registered in etcd".into());
-        }
         // Able to route: a partition is known and every shard owning a region is linked.
         table.read(|t| {
             let owners = t.partition.as_ref().map(|p| p.owners()).unwrap_or_default();

@@ -45,6 +45,9 @@ pub async fn maintain_links(
         // its players' last output and handoff markers until it leaves.
         let wanted: HashMap<ShardId, String> =
             view.shards.values().map(|record| (record.id, record.grpc.clone())).collect();
+        // A shard back under the same id (a lapsed lease renewed, a restart) is not dead:
+        // restoring its players later, when its region changes, would pull them off it.
+        dead.retain(|id| !wanted.contains_key(id));
         tasks.retain(|id, task| {
             let keep = wanted.get(id) == Some(&task.addr);
             if !keep && !view.shards.contains_key(id) {
@@ -54,6 +57,18 @@ pub async fn maintain_links(
                 info!(shard = %id, "closing relay link");
                 task.link.set_up(false);
                 task.task.abort();
+                // The aborted task cannot answer what its stream took: the workers do, as
+                // after a stream failure (every move in flight gets UNAVAILABLE, its players
+                // are restored), instead of leaving those moves unanswered for good.
+                let (link, mailboxes) = (Arc::clone(&task.link), Arc::clone(&mailboxes));
+                tokio::spawn(async move {
+                    let confirmations =
+                        mailboxes.iter().map(|mailbox| mailbox.link_down(Arc::clone(&link)));
+                    let all = futures_join_all(confirmations);
+                    if tokio::time::timeout(Duration::from_secs(2), all).await.is_err() {
+                        warn!(shard = %link.id, "a worker did not confirm a closed link in time");
+                    }
+                });
             }
             keep
         });

@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use meridian_cluster::EpochCell;
 use meridian_cluster::{
-    ClusterError, ClusterKeys, ClusterWatch, Coordinator, Registration, ShardId, ShardRecord,
-    ShardState,
+    ClusterError, ClusterKeys, ClusterWatch, Coordinator, EtcdContact, Registration, ShardId,
+    ShardRecord, ShardState,
 };
 use meridian_observe::{serve_admin_with, Readiness, Registry, Reply, ReplyFuture, Routes};
 use meridian_world::WorldConfig;
@@ -111,7 +111,10 @@ pub async fn run(
     let admin_addr: SocketAddr = admin.local_addr().map_err(ShardError::Listener)?;
     let keys = ClusterKeys::new(&config.cluster);
     let client = meridian_cluster::connect(&config.etcd).await?;
-    let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
+    // Shared by the watch and the registration: records that lapse while etcd stalls are
+    // kept for a grace period instead of being taken for deaths.
+    let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
+    let watch = ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone()).await?;
     let record = ShardRecord {
         id: config.id,
         grpc: config.advertise.clone().unwrap_or_else(|| grpc_addr.to_string()),
@@ -125,6 +128,7 @@ pub async fn run(
         keys.shard(config.id),
         record.to_json(),
         config.lease_ttl,
+        contact,
     )
     .await?;
     info!(shard = %config.id, %grpc_addr, %admin_addr, "shard registered");
@@ -158,10 +162,12 @@ pub async fn run(
     metrics.watch_registration(&registry, config.id, status.clone());
     tokio::spawn(watch_expiry(status.clone(), commands.clone()));
     let me = config.id;
+    // Ready means able to serve players: a region in the newest partition this shard knows.
+    // Not whether etcd answered lately: a shard whose lease lapsed only because etcd stalled
+    // keeps serving what it owns until the coordinator gives it away (epochs fence that
+    // change), and taking it out of its Service meanwhile would cut players for nothing.
+    // Whether it is registered is the `etcd_registered` gauge.
     let readiness: Readiness = Arc::new(move || {
-        if !status.is_registered() {
-            return Err("not registered in etcd".into());
-        }
         let holds_region =
             view.read(|v| v.partition.as_ref().is_some_and(|p| p.regions_of(me).next().is_some()));
         if holds_region {

@@ -41,13 +41,13 @@ fn member_ids(status: &serde_json::Value, what: &str) -> BTreeSet<u64> {
 
 /// Waits until `meridian status --json` lists every shard and gateway of the cluster and a
 /// partition giving a region to each shard.
-fn wait_members_back(cluster: &Cluster) -> anyhow::Result<Partition> {
+pub(crate) fn wait_members_back(cluster: &Cluster, within: Duration) -> anyhow::Result<Partition> {
     let shards: BTreeSet<u64> = cluster.shards().iter().map(|s| u64::from(s.id)).collect();
     let gateways: BTreeSet<u64> = cluster.gateways().iter().map(|g| u64::from(g.id)).collect();
     let mut last = String::from("no answer");
     let mut partition = None;
     wait_until(
-        Instant::now() + RECOVER_WITHIN,
+        Instant::now() + within,
         &format!("`meridian status` to list shards {shards:?} and gateways {gateways:?} again"),
         || match cluster.status_json() {
             Ok(status) => {
@@ -122,7 +122,7 @@ pub fn etcd_outage_is_invisible(io: Io) {
         walkers
             .walk_for(2 * DEFAULT_LEASE_TTL)
             .context("after etcd came back, while the old leases expire")?;
-        let after = wait_members_back(cluster).context("after etcd came back")?;
+        let after = wait_members_back(cluster, RECOVER_WITHIN).context("after etcd came back")?;
         let members_back = restarted_at.elapsed();
         let nodes: Vec<(String, std::net::SocketAddr)> = cluster
             .shards()

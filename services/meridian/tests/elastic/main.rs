@@ -9,6 +9,8 @@
 //!   nobody lost or duplicated.
 //! - `etcd_outage`: etcd killed for 10 s under 60 bots and started again: nobody notices,
 //!   every member comes back in `meridian status` and ready.
+//! - `etcd_stall`: etcd frozen (SIGSTOP) for 30 s under 48 bots and continued: nobody
+//!   notices, no move is refused, every node stays ready, every member is back on a lease.
 //! - `hotspot`: 120 bots crowd one quadrant of a 2x2 cluster: the borders move until the
 //!   busiest shard carries at most 1.3x the mean, and stay there.
 //!
@@ -22,6 +24,7 @@
 //! with `--nocapture` to see them.
 
 mod etcd_outage;
+mod etcd_stall;
 mod hotspot;
 mod scale;
 mod shard_kill;
@@ -143,6 +146,11 @@ fn shard_kill_restores_players() {
 #[test]
 fn etcd_outage_is_invisible() {
     etcd_outage::etcd_outage_is_invisible(Io::Uring);
+}
+
+#[test]
+fn etcd_stall_is_invisible() {
+    etcd_stall::etcd_stall_is_invisible(Io::Uring);
 }
 
 #[test]
