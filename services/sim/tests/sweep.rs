@@ -36,9 +36,9 @@ fn a_sweep_of_seeds_breaks_no_invariant() {
         match (run(seed, &settings), gap) {
             (Ok(_), None) => {}
             (Err(violation), Some((_, what))) if violation.what == *what => {}
-            (Ok(_), Some((_, what))) => {
-                failures.push(format!("seed {seed} no longer fails ({what}): take it out of known-gaps.txt"))
-            }
+            (Ok(_), Some((_, what))) => failures.push(format!(
+                "seed {seed} no longer fails ({what}): take it out of known-gaps.txt"
+            )),
             (Err(violation), _) => failures.push(format!("{violation}\nsettings: {settings:?}")),
         }
     }
