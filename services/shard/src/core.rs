@@ -56,8 +56,9 @@ const FORWARD_FOR: Duration = Duration::from_secs(30);
 /// handoff happened) for this long: the gateways have all switched.
 const FORWARD_QUIET: Duration = Duration::from_secs(1);
 /// Handoffs waiting for their player's gateway to open a stream here, at most; and how
-/// long one waits. Past either, the handoff is given up: the gateway restores the player
-/// once its old owner's stream tells it the player is gone.
+/// long one waits. Past either, the handoff is given up with a warning, and its player is
+/// in no shard: nothing tells its gateway (a gateway that cannot reach a region owner
+/// for 10 s has lost that region's players already).
 const AWAITING_GATEWAY_LIMIT: usize = 65_536;
 const AWAITING_GATEWAY_FOR: Duration = Duration::from_secs(10);
 

@@ -253,25 +253,17 @@ impl PeerRounds {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use meridian_cluster::{ClusterView, EpochCell, ShardId};
+pub(crate) mod tests {
     use meridian_protocol::server;
-    use meridian_rpc::pb::{shard_client::ShardClient, shard_server::ShardServer, GatewayBatch};
-    use meridian_rpc::{MAX_BATCH_BYTES, MAX_DELIVERIES_PER_BATCH, MAX_GRPC_MESSAGE_BYTES};
+    use meridian_rpc::MAX_DELIVERIES_PER_BATCH;
     use prost::Message;
-    use tokio::sync::{mpsc, watch};
 
     use super::*;
-    use crate::actor::Command;
-    use crate::service::ShardService;
 
-    const LINK: LinkId = LinkId(1);
+    pub(crate) const LINK: LinkId = LinkId(1);
 
     /// Every batch of the round for `LINK`, in order.
-    fn drained(outbox: &mut Outbox) -> Vec<ShardBatch> {
+    pub(crate) fn drained(outbox: &mut Outbox) -> Vec<ShardBatch> {
         outbox
             .drain()
             .filter(|(link, _, _)| *link == LINK)
@@ -281,7 +273,7 @@ mod tests {
 
     /// What one connection is sent in the big round: chats, with a move answer (the
     /// connection's own ack) after every 16th and its position tracked with it.
-    fn big_round(outbox: &mut Outbox, session: u64, chats: u64) -> Vec<u8> {
+    pub(crate) fn big_round(outbox: &mut Outbox, session: u64, chats: u64) -> Vec<u8> {
         let text = "x".repeat(256);
         let mut expected = Vec::new();
         for i in 1..=chats {
@@ -404,88 +396,5 @@ mod tests {
             batches.iter().flat_map(|b| b.deliveries.iter().map(|d| d.session)).collect();
         assert_eq!(sessions, (1..=MAX_DELIVERIES_PER_BATCH as u64 + 10).collect::<Vec<_>>());
         assert!(drained(&mut outbox).is_empty(), "the outbox is empty after a drain");
-    }
-
-    /// A round's output for one gateway bigger than the gRPC message limit both ends
-    /// configure (and than a batch's byte budget per connection) goes through a real
-    /// `Relay` stream whole and in order.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_round_bigger_than_the_grpc_limit_reaches_the_gateway() {
-        const SESSIONS: u64 = 64;
-        const CHATS: u64 = 4200;
-        let mut outbox = Outbox::default();
-        let mut expected = Vec::new();
-        for session in 1..=SESSIONS {
-            expected.push(big_round(&mut outbox, session, CHATS));
-        }
-        let total: usize = expected.iter().map(Vec::len).sum();
-        assert!(total > MAX_GRPC_MESSAGE_BYTES, "the round is over the limit: {total} bytes");
-        assert!(expected[0].len() > MAX_BATCH_BYTES, "so is one connection's part of it");
-        let batches = drained(&mut outbox);
-
-        // The shard's real service; this test plays the world task.
-        let (commands, mut world) = mpsc::channel(16);
-        let (_view_sender, changes) = watch::channel(ClusterView::default());
-        let view = Arc::new(EpochCell::new(ClusterView::default()));
-        let metrics = Arc::new(crate::ShardMetrics::new(&Default::default(), ShardId(1)));
-        let service = ShardService::new(commands, view, changes, metrics);
-        let server = ShardServer::new(service)
-            .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("a bound address");
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let serve = tonic::transport::Server::builder().add_service(server);
-        tokio::spawn(serve.serve_with_incoming(incoming));
-        tokio::spawn(async move {
-            let mut batches = Some(batches);
-            while let Some(command) = world.recv().await {
-                if let (Command::Open { out, .. }, Some(batches)) = (command, batches.take()) {
-                    for batch in batches {
-                        let _ = out.send(Ok(batch)).await;
-                    }
-                }
-            }
-        });
-
-        // The gateway's side, configured as the gateway configures it.
-        let mut client = ShardClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect")
-            .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-        let (upstream, upstream_rx) = mpsc::channel(1);
-        upstream.send(GatewayBatch { gateway_id: 1, inputs: Vec::new() }).await.expect("hello");
-        let stream = tokio_stream::wrappers::ReceiverStream::new(upstream_rx);
-        let mut downstream = client.relay(stream).await.expect("relay").into_inner();
-        let mut received: Vec<Vec<u8>> = vec![Vec::new(); SESSIONS as usize];
-        let mut move_answers = vec![0u32; SESSIONS as usize];
-        let mut positions = vec![None; SESSIONS as usize];
-        let mut got = 0;
-        while got < total {
-            let batch = tokio::time::timeout(Duration::from_secs(60), downstream.message())
-                .await
-                .expect("the next batch within a minute")
-                .expect("the stream carries the whole round")
-                .expect("the stream stays open");
-            assert!(batch.encoded_len() <= MAX_BATCH_BYTES, "a batch within the byte budget");
-            assert!(batch.deliveries.len() <= MAX_DELIVERIES_PER_BATCH, "and the count");
-            for delivery in batch.deliveries {
-                let index = delivery.session as usize - 1;
-                got += delivery.frames.len();
-                received[index].extend_from_slice(&delivery.frames);
-                move_answers[index] += delivery.move_answers;
-                if delivery.position.is_some() {
-                    positions[index] = delivery.position;
-                }
-            }
-        }
-        for (index, frames) in received.iter().enumerate() {
-            assert!(*frames == expected[index], "session {}: every frame, in order", index + 1);
-            assert_eq!(move_answers[index], (CHATS / 16) as u32, "every move answer counted");
-            let last = (CHATS / 16 * 16) as u32;
-            assert_eq!(positions[index], Some(meridian_protocol::pb::Position { x: last, y: 0 }));
-        }
-        drop(upstream);
     }
 }

@@ -37,7 +37,7 @@ pub struct CoreConfig {
     pub unix_start: u64,
 }
 
-/// Something that happened to the shard, handed to [`crate::core::ShardCore::handle`] with
+/// Something that happened to the shard, handed to the core (`ShardCore::handle`) with
 /// the time it happened.
 pub enum Event {
     /// A gateway opened its stream.
@@ -56,7 +56,7 @@ pub enum Event {
     PeersUp(Vec<ShardId>),
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
-    /// The periodic timer ([`crate::core::TICK`]).
+    /// The periodic timer (every `core::TICK`).
     Tick,
 }
 

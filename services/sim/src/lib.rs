@@ -6,8 +6,9 @@
 //! Every stream (gateway to shard, shard to gateway, shard to shard) delivers in order;
 //! streams interleave arbitrarily, with delays drawn from the seed. Faults (a shard killed,
 //! a gateway stream cut, a peer stream stalled, a shard joining, borders moved) happen at
-//! times drawn from the seed. Nothing reads a clock or a thread-local random source, so a
-//! seed replays exactly: `meridian-sim --seed S`.
+//! times drawn from the seed. Nothing depends on the clock (one `Instant` taken at the start
+//! is only the origin of simulated time) or on a thread-local random source, so a seed
+//! replays exactly: `meridian-sim --seed S`.
 //!
 //! Invariants are checked as the run goes (every Move gets exactly one answer, in order;
 //! a client is never told about a player it does not know, or twice about one it does) and
