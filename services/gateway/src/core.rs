@@ -808,6 +808,7 @@ impl Ctx {
             spawn: Some(meridian_protocol::pb::Position { x, y }),
             restore: true,
             generation: conn.generation,
+            gateway_id: 0,
         };
         conn.held.clear();
         conn.held_bytes = 0;
@@ -1180,7 +1181,13 @@ impl Ctx {
             session,
             player,
             conn.take_seq(),
-            Input::Join(Join { name: login.name.clone(), spawn, restore: false, generation: 0 }),
+            Input::Join(Join {
+                name: login.name.clone(),
+                spawn,
+                restore: false,
+                generation: 0,
+                gateway_id: 0,
+            }),
         );
         conn.name = login.name;
         conn.session = Session::Playing { player, link };

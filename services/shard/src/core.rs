@@ -172,6 +172,7 @@ impl ShardCore {
                 {
                     self.handoff_in(from, player, generation, handoff);
                 }
+                self.restores_for(gateway);
             }
             Event::Inputs { link, inputs } => {
                 self.metrics.batches_in.inc();
@@ -348,6 +349,21 @@ impl ShardCore {
         let player = PlayerId(input.player_id);
         match (link, &input.kind) {
             (Some(link), Some(Input::Join(_))) => return self.join(link, input),
+            // A restore passed on by the shard the player was handed off from: taken on
+            // the player's own seat (see `restore`); held or passed on like any input if
+            // the player is not here.
+            (None, Some(Input::Join(join))) if join.restore => {
+                if let Some(link) = self.seats.get(&player).map(|seat| seat.link) {
+                    return self.join(link, input);
+                }
+                // Not here any more either (its stream here broke too, say): restored here,
+                // answering through its gateway's stream, unless it went on from here.
+                if !self.handed_off.contains_key(&player) {
+                    if let Some(&link) = self.gateway_links.get(&join.gateway_id) {
+                        return self.join(link, input);
+                    }
+                }
+            }
             (Some(link), Some(Input::Resume(_))) => return self.resume(link, input),
             _ => {}
         }
@@ -516,6 +532,29 @@ impl ShardCore {
         self.handed_off.retain(|_, h| now - h.since < FORWARD_FOR);
         let window = self.resume_window;
         self.parked.retain(|_, p| now - p.since <= window);
+    }
+
+    /// Restores passed on to this shard that waited for `gateway`'s stream (see
+    /// `on_input`) are taken now, with what was held behind them, in seq order.
+    fn restores_for(&mut self, gateway: u32) {
+        let waiting: Vec<PlayerId> = self
+            .early
+            .iter()
+            .filter(|(_, (_, inputs))| {
+                inputs.iter().any(|(link, input)| {
+                    link.is_none()
+                        && matches!(&input.kind, Some(Input::Join(join)) if join.restore && join.gateway_id == gateway)
+                })
+            })
+            .map(|(player, _)| *player)
+            .collect();
+        for player in waiting {
+            let Some((_, mut inputs)) = self.early.remove(&player) else { continue };
+            inputs.sort_by_key(|(_, input)| input.seq);
+            for (link, input) in inputs {
+                self.on_input(link, input);
+            }
+        }
     }
 
     /// Handoffs that waited too long for their gateway's stream are given up, and so is

@@ -64,7 +64,13 @@ impl Harness {
 
     fn join(&mut self, player: u64, seq: u64) {
         let spawn = Some(client_pb::Position { x: 10, y: 10 });
-        let join = Join { name: format!("p{player}"), spawn, restore: false, generation: 0 };
+        let join = Join {
+            name: format!("p{player}"),
+            spawn,
+            restore: false,
+            generation: 0,
+            gateway_id: 0,
+        };
         self.direct(player, seq, Input::Join(join));
     }
 

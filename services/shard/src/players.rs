@@ -510,6 +510,7 @@ impl ShardCore {
                     spawn: Some(client_pb::Position { x: parked.at.x, y: parked.at.y }),
                     restore: true,
                     generation: parked.generation,
+                    gateway_id: 0,
                 };
                 self.metrics.resumes.inc();
                 self.restore(link, input.seq, input.session, player, join);
@@ -528,9 +529,37 @@ impl ShardCore {
     fn restore(&mut self, link: LinkId, seq: u64, session: u64, player: PlayerId, join: Join) {
         let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
         let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        if !self.seats.contains_key(&player) {
+            if let Some(handed) = self.handed_off.get(&player) {
+                if join.generation <= handed.generation && self.peer_ready(handed.to) {
+                    // Handed off from here just as the gateway's stream broke, before the
+                    // gateway read the release marker: the player is on the shard it went
+                    // to (or further on). The gateway is told to follow it, and the restore
+                    // goes there too, where the player is re-seated on its own session;
+                    // restoring it here as well would make two of it. (If the shard it went
+                    // to is dead or out of reach, the handoff is lost with it: the player is restored
+                    // here.)
+                    let (to, next) = (handed.to, handed.generation + 1);
+                    debug!(%player, %to, "restore of a player handed off from here passed on");
+                    self.outbox.release(link, session, to.0);
+                    let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+                    let join =
+                        Join { gateway_id: gateway, generation: join.generation.max(next), ..join };
+                    let kind = Some(Input::Join(join));
+                    let input = PlayerInput { session, player_id: player.0, seq, kind };
+                    self.peer_out.push(to, peer(player, next, Peer::Forwarded(input)));
+                    return;
+                }
+            }
+        }
         // Restored here, it is no longer waiting to be resumed.
         self.parked.remove(&player);
         if let Some(seat) = self.seats.get_mut(&player).filter(|seat| seat.session == session) {
+            if seq < seat.inputs.next() {
+                // A restore this seat has taken already (passed on, and resent by the
+                // gateway after it followed the player): nothing to do twice.
+                return;
+            }
             // The same connection, re-joining over a new stream after its gateway's stream
             // broke before this shard noticed: the player stays where it is and its seat
             // moves to the new stream. Its view is sent whole (ViewReset), like any restore.

@@ -98,6 +98,11 @@ impl InputSequence {
         InputSequence { next, held: BTreeMap::new(), consumed: SeqSet::default(), limit }
     }
 
+    /// The seq applied next.
+    pub fn next(&self) -> u64 {
+        self.next
+    }
+
     pub fn offer(&mut self, input: PlayerInput) -> Offered {
         let seq = input.seq;
         if seq < self.next || self.consumed.contains(seq) || self.held.contains_key(&seq) {
