@@ -430,7 +430,21 @@ impl ShardCore {
         handoff: Handoff,
     ) {
         if self.world.is_local(player) == Some(true) {
+            // Two copies met (a resume answered by a stale parked copy elsewhere, say):
+            // the one here stays. The sender demoted its copy to a ghost it expects this
+            // shard to mirror; it is told to drop it (keeping it if its players see it,
+            // as for any removal) and its handoff is confirmed, so it does not wait.
             warn!(%player, %from, "handoff for a player already owned here; ignored");
+            if let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) {
+                if !seat.ghosted_at.contains(&from) {
+                    // At the generation the sender demoted its copy to, or it would be
+                    // dropped there as stale.
+                    let version = (seat.generation.max(generation), seat.subject_seq);
+                    let remove = GhostRemove { left_world: false, position: wire(at) };
+                    self.peer_out.push(from, peer_at(player, version, Peer::Remove(remove)));
+                }
+            }
+            self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
             return;
         }
         let Some(&link) = self.gateway_links.get(&handoff.gateway_id) else {
