@@ -43,6 +43,8 @@ pub enum ClientState {
 pub struct Client {
     pub gateway: u32,
     slot: Option<u32>,
+    /// The session id shards address the current connection by.
+    pub session: u64,
     pub id: u64,
     name: String,
     pub state: ClientState,
@@ -77,6 +79,7 @@ impl Client {
         Client {
             gateway,
             slot: None,
+            session: 0,
             id: 0,
             name: format!("p{index}"),
             state: ClientState::Idle,
@@ -126,9 +129,12 @@ impl Sim {
             ClientState::Gone => return,
             ClientState::Idle => {
                 let g = self.clients[i].gateway;
-                let slot = self.gateways.get_mut(&g).expect("exists").harness.connect();
+                let harness = &mut self.gateways.get_mut(&g).expect("exists").harness;
+                let slot = harness.connect();
+                let session = harness.session(slot).unwrap_or(0);
                 let client = &mut self.clients[i];
                 client.slot = Some(slot);
+                client.session = session;
                 client.read.clear();
                 client.state = ClientState::LoggingIn;
                 let spawn = Some(client_pb::Position { x: client.spawn.0, y: client.spawn.1 });
@@ -219,6 +225,7 @@ impl Sim {
         let _ = node.harness.take_output(slot);
         node.harness.closed(slot);
         let slot = node.harness.connect();
+        self.clients[i].session = node.harness.session(slot).unwrap_or(0);
         self.clients[i].slot = Some(slot);
         self.note(&[id], || format!("client {id} drops its connection and resumes"));
         let token = self.clients[i].token.clone();

@@ -674,6 +674,23 @@ impl Sim {
                 }
             }
             (Key::Down(s, g), Payload::Batch(batch)) => {
+                if self.focus.is_some() {
+                    for delivery in &batch.deliveries {
+                        let Some(client) = self
+                            .clients
+                            .iter()
+                            .find(|c| c.gateway == g && c.session == delivery.session)
+                        else {
+                            continue;
+                        };
+                        let id = client.id;
+                        let line = format!(
+                            "shard {s} -> gateway {g} for client {id}: {}",
+                            model::describe_delivery(delivery)
+                        );
+                        self.note(&[id], || line);
+                    }
+                }
                 let Some(node) = self.gateways.get_mut(&g) else { return };
                 node.harness.set_now(now);
                 node.harness.deliver_batch(s, batch.deliveries);

@@ -197,3 +197,32 @@ pub fn describe_input(input: &PlayerInput) -> String {
     };
     format!("player {} seq {} {kind}", input.player_id, input.seq)
 }
+
+/// A shard's delivery for one connection, briefly, for traces: its frames decoded.
+pub fn describe_delivery(delivery: &meridian_rpc::pb::Delivery) -> String {
+    use meridian_protocol::pb::{server_message::Kind as S, ServerMessage};
+    use prost::Message;
+    let mut frames = &delivery.frames[..];
+    let mut shown = Vec::new();
+    while let Ok(Some(header)) = meridian_protocol::next_frame(frames, usize::MAX) {
+        let text = match ServerMessage::decode(header.body(frames)).ok().and_then(|m| m.kind) {
+            Some(S::Entered(e)) => format!("Entered {}", e.player_id),
+            Some(S::Moved(m)) => format!("Moved {} t{}", m.player_id, m.client_time),
+            Some(S::Left(l)) => format!("Left {}", l.player_id),
+            Some(S::ViewReset(_)) => "ViewReset".into(),
+            Some(S::LoginOk(_)) => "LoginOk".into(),
+            Some(S::Error(e)) => format!("Error t{}", e.client_time),
+            Some(other) => format!("{other:?}").chars().take(20).collect(),
+            None => "?".into(),
+        };
+        shown.push(text);
+        frames = &frames[header.total_len()..];
+    }
+    format!(
+        "[{}] answers {} released_to {} close {}",
+        shown.join(", "),
+        delivery.move_answers,
+        delivery.released_to,
+        delivery.close
+    )
+}
