@@ -42,7 +42,9 @@
 //! - a player handed over whose old owner's release marker was lost with the old owner's
 //!   stream: the gateway refuses the Moves in flight on the link failure, the new owner
 //!   applies them (forwarded) and answers, and its answers reach the client once the
-//!   connection is closing, so such a connection may see a Move answered twice;
+//!   connection is closing, so such a connection may see a Move answered twice (no
+//!   longer while the player is being restored: output before the restore's ViewReset is
+//!   dropped; still after the restore has completed);
 //! - a player handed over again before the previous release marker reached the gateway
 //!   (1 -> 2 -> 3, with 3's and 2's output arriving before 1's marker): on 1's marker the
 //!   core releases only the held output before the first one from another shard, so 2's

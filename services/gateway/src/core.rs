@@ -409,6 +409,12 @@ impl<T> Core<T> {
                         None => continue,
                     }
                 }
+                if delivery.resume_refused {
+                    // A shard that did not hold the player, answering a resume another shard
+                    // has taken already: nothing for the client. (Held like a new owner's
+                    // output, it would block every later delivery behind it.)
+                    continue;
+                }
                 let owner = match &conn.session {
                     Session::Playing { link, .. } => Some(link.id),
                     _ => None,
@@ -741,11 +747,40 @@ impl<T> Core<T> {
     }
 }
 
+/// Where the first `ViewReset` frame starts in a run of whole frames, if there is one.
+/// Only each frame's first body byte is looked at: a `ServerMessage` is one oneof field,
+/// and `view_reset` is field 8, length-delimited.
+fn view_reset_at(frames: &[u8]) -> Option<usize> {
+    const VIEW_RESET_TAG: u8 = (8 << 3) | 2;
+    let mut at = 0;
+    while let Ok(Some(header)) = next_frame(&frames[at..], usize::MAX) {
+        if header.body(&frames[at..]).first() == Some(&VIEW_RESET_TAG) {
+            return Some(at);
+        }
+        at += header.total_len();
+    }
+    None
+}
+
 impl Ctx {
     /// Writes a shard's delivery for a connection and follows a handoff marker, then
     /// releases anything the new owner sent meanwhile.
-    fn deliver<T>(&mut self, conn: &mut Conn<T>, slot: u32, delivery: Delivery) {
-        conn.restoring = false;
+    fn deliver<T>(&mut self, conn: &mut Conn<T>, slot: u32, mut delivery: Delivery) {
+        if conn.restoring && !delivery.frames.is_empty() {
+            // Restoring, the client's view starts over at the ViewReset that answers the
+            // restore: output before it was against a view the client never got (lost with
+            // the broken stream; say, from the shard a player was handed to just as its
+            // stream broke, which the restore was passed on to). Every move in flight was
+            // answered when the stream broke, and moves wait while restoring, so no
+            // answer is among what is dropped.
+            let start = view_reset_at(&delivery.frames).unwrap_or(delivery.frames.len());
+            delivery.frames = delivery.frames.slice(start..);
+        }
+        // A restore is answered by output (its ViewReset); a bare marker is not an answer
+        // (the shard passed the restore on to the player's new owner).
+        if !delivery.frames.is_empty() {
+            conn.restoring = false;
+        }
         conn.out.extend_from_slice(&delivery.frames);
         if let Some(at) = delivery.position {
             conn.last_position = Some((at.x, at.y));
