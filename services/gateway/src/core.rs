@@ -491,11 +491,15 @@ impl<T> Core<T> {
                 self.ctx.close(conn, slot, session, Closing::AfterFlush);
                 continue;
             }
-            let on_link =
-                matches!(&conn.session, Session::Playing { link: l, .. } if Arc::ptr_eq(l, link));
+            // A player handed to this shard whose gateway had no link to it yet when the
+            // release marker came (`pending_owner`) is on it too: the shard owns it, and
+            // let go of it with the stream.
+            let on_link = matches!(&conn.session, Session::Playing { link: l, .. } if Arc::ptr_eq(l, link))
+                || conn.pending_owner == Some(link.id);
             if !on_link {
                 continue;
             }
+            conn.pending_owner = None;
             // The shard let go of the player with the stream (or died): it is restored on
             // the owner of its last acknowledged cell once a link is up (`tick`), and until
             // its ViewReset its moves are refused.

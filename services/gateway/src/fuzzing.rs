@@ -604,6 +604,21 @@ mod tests {
         (slot, session, join.player)
     }
 
+    /// Vertical strips of the map, one per shard, in the order given.
+    fn harness_partition(ids: &[u32]) -> PartitionMap {
+        let strip = MAP_SIDE / ids.len() as u32;
+        let regions = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let x0 = i as u32 * strip;
+                let x1 = if i + 1 == ids.len() { MAP_SIDE } else { x0 + strip };
+                Region { shard: ShardId(id), x0, x1, y0: 0, y1: MAP_SIDE }
+            })
+            .collect();
+        PartitionMap { epoch: 9, width: MAP_SIDE, height: MAP_SIDE, regions }
+    }
+
     fn step(harness: &mut Harness, slot: u32, client_time: u64) {
         harness.bytes(slot, &frame(C::Move(Move { direction: 4, client_time })));
         harness.flush();
@@ -671,6 +686,37 @@ mod tests {
         harness.deliver(1, vec![ShardOutput { session, released_to: 2, ..Default::default() }]);
         harness.flush();
         assert_eq!(answers(&mut harness, slot), vec![1]);
+    }
+
+    /// Shard 1 hands the player to 3, a shard this gateway has no link to yet; 3's stream
+    /// opens, 3 answers a move (forwarded to it by 1), and the stream breaks before the
+    /// gateway follows the player: 3 let go of the player with the stream, so the player
+    /// is restored, its move answered once (found by `meridian-sim`: the move was
+    /// answered twice and the player lost).
+    #[test]
+    fn a_player_handed_to_a_shard_whose_stream_breaks_before_the_switch_is_restored() {
+        let mut harness = Harness::new(HarnessConfig { shards: 2, ..HarnessConfig::default() });
+        let (slot, session, player) = logged_in(&mut harness);
+        step(&mut harness, slot, 1);
+        harness.deliver(1, vec![ShardOutput { session, released_to: 3, ..Default::default() }]);
+        harness.flush();
+        let partition = harness_partition(&[1, 2, 3]);
+        harness.set_cluster(Some(partition), &[1, 2, 3]);
+        harness.link_up(3);
+        harness.deliver(3, vec![ack(session, player, 1)]);
+        harness.flush();
+        harness.link_down(3);
+        harness.flush();
+        harness.link_up(3);
+        harness.tick();
+        harness.flush();
+        assert_eq!(answers(&mut harness, slot), vec![1], "answered once, by the link failure");
+        let restore = harness
+            .relayed(1)
+            .into_iter()
+            .chain(harness.relayed(3))
+            .find(|input| matches!(input.kind, RelayedKind::Join { restore: true, .. }));
+        assert!(restore.is_some(), "the player is restored");
     }
 
     // Known gaps, found by the fuzz target `gateway_core` (which exempts them; see the
