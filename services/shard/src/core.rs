@@ -237,6 +237,13 @@ impl ShardCore {
         self.world.ghosts().collect()
     }
 
+    /// Players with inputs held for them here (their handoff has not arrived).
+    pub fn players_waited_for(&self) -> Vec<PlayerId> {
+        let mut players: Vec<PlayerId> = self.early.keys().copied().collect();
+        players.sort_unstable();
+        players
+    }
+
     /// Sizes of the core's internal maps and queues, for bounds checks.
     pub fn sizes(&self) -> CoreSizes {
         CoreSizes {
@@ -481,7 +488,7 @@ impl ShardCore {
         }
     }
 
-    /// A player arrived (handed over): inputs refused while it was not here are stepped
+    /// A player arrived (handed over, restored or resumed): inputs refused while it was not here are stepped
     /// over, a `Leave` among them is applied in its turn, and the inputs held for it are
     /// offered in arrival order.
     pub(crate) fn take_early_inputs(&mut self, player: PlayerId, session: u64) {

@@ -587,6 +587,7 @@ impl ShardCore {
             self.reconcile_view(player, link, session, &[]);
             self.outbox.track(link, session, here.x, here.y, generation);
             self.metrics.restores.inc();
+            self.take_early_inputs(player, session);
             return;
         }
         let name: Arc<str> = join.name.into();
@@ -618,6 +619,9 @@ impl ShardCore {
         self.mirror(player);
         self.metrics.restores.inc();
         self.metrics.players.set(self.seats.len() as i64);
+        // Inputs that waited here for the player: this session's are applied in turn,
+        // an earlier session's (forwarded late by a shard it left) are dropped.
+        self.take_early_inputs(player, session);
         if !self.geometry.owns(at) {
             self.hand_off(player);
         }

@@ -431,6 +431,13 @@ impl Sim {
         }
     }
 
+    /// A trace line about the cluster itself (streams, views, faults), in every trace.
+    fn note_all(&mut self, what: impl FnOnce() -> String) {
+        let Some(focus) = &self.focus else { return };
+        let players: Vec<u64> = focus.iter().copied().collect();
+        self.note(&players, what);
+    }
+
     pub(crate) fn note(&mut self, players: &[u64], what: impl FnOnce() -> String) {
         let Some(focus) = &self.focus else { return };
         if players.iter().any(|p| focus.contains(p)) {
@@ -783,6 +790,7 @@ impl Sim {
         }
         let link = LinkId(self.next_link);
         self.next_link += 1;
+        self.note_all(|| format!("gateway {g} <-> shard {s}: stream open"));
         for key in [Key::Up(g, s), Key::Down(s, g)] {
             let stream = self.streams.entry(key).or_default();
             stream.open = true;
@@ -805,6 +813,7 @@ impl Sim {
 
     /// The stream between a gateway and a shard failed: both ends see it at once.
     fn cut_link(&mut self, g: u32, s: u32, reconnect: bool) {
+        self.note_all(|| format!("gateway {g} <-> shard {s}: stream broken"));
         for key in [Key::Up(g, s), Key::Down(s, g)] {
             if let Some(stream) = self.streams.get_mut(&key) {
                 stream.open = false;
@@ -854,6 +863,8 @@ impl Sim {
 
     fn view_to(&mut self, node: Node, version: usize) {
         let view = self.etcd.view(version).clone();
+        let epoch = view.partition.as_ref().map_or(0, |p| p.epoch);
+        self.note_all(|| format!("{node:?} sees view {version} (epoch {epoch})"));
         let now = self.now();
         match node {
             Node::Shard(s) => {
@@ -1006,6 +1017,7 @@ impl Sim {
     /// A shard dies: its streams fail (gateways see it at once), in-flight output it
     /// sent may or may not arrive, and its lease expires after the TTL.
     fn kill(&mut self, s: u32) {
+        self.note_all(|| format!("shard {s} killed"));
         if let Some(node) = self.shards.get_mut(&s) {
             node.core = None;
             node.links.clear();
@@ -1059,7 +1071,8 @@ impl Sim {
             let sizes = core.sizes();
             if sizes.early > 0 || sizes.awaiting_gateway > 0 {
                 let what = format!("shard {s} still holds inputs or handoffs at rest: {sizes:?}");
-                broken = Some((what, Vec::new()));
+                let players = core.players_waited_for().into_iter().map(|p| p.0).collect();
+                broken = Some((what, players));
                 break;
             }
         }
