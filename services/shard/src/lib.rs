@@ -35,7 +35,11 @@ use meridian_cluster::{
 use meridian_observe::{serve_admin_with, Readiness, Registry, Reply, ReplyFuture, Routes};
 use meridian_world::WorldConfig;
 use tokio::net::TcpListener;
-use tracing::info;
+use tracing::{info, warn};
+
+/// How long the gRPC server may take to close its connections once every stream was ended
+/// from this side (HTTP/2 goodbyes): past it the shard exits anyway.
+const SERVER_STOP_WITHIN: Duration = Duration::from_secs(2);
 
 pub use metrics::ShardMetrics;
 pub use types::{CoreConfig, Event, LinkId, Transmit};
@@ -190,11 +194,13 @@ pub async fn run(
     health_reporter
         .set_serving::<meridian_rpc::pb::shard_server::ShardServer<service::ShardService>>()
         .await;
+    let (stop_streams, streams_stopping) = tokio::sync::watch::channel(false);
     let service = service::ShardService::new(
         commands.clone(),
         watch.view(),
         watch.changes(),
         Arc::clone(&metrics),
+        streams_stopping,
     );
     let server = meridian_rpc::pb::shard_server::ShardServer::new(service)
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
@@ -223,9 +229,16 @@ pub async fn run(
     let _ = client.clone().delete(keys.drain(me), None).await;
     info!(shard = %me, "shard stopping; deregistering");
     registration.revoke().await;
+    // Every stream ends from this side: peers and gateways that have not noticed this
+    // shard leave yet (a lagging etcd watch, say) must not hold its exit.
+    let _ = stop_streams.send(true);
     let _ = stop_server.send(());
-    if let Ok(result) = server.await {
-        result?;
+    match tokio::time::timeout(SERVER_STOP_WITHIN, server).await {
+        Ok(Ok(result)) => result?,
+        Ok(Err(_)) => {}
+        Err(_) => {
+            warn!(shard = %me, "gRPC connections still open after {SERVER_STOP_WITHIN:?}; exiting anyway")
+        }
     }
     outcome
 }

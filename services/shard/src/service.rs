@@ -24,6 +24,21 @@ pub struct ShardService {
     /// Highest batch sequence number taken from each peer (resends are dropped). Locked
     /// once per peer batch, not per message.
     peer_applied: Arc<std::sync::Mutex<std::collections::HashMap<u32, (u64, u64)>>>,
+    /// Becomes true when the shard stops serving: every stream's task then ends, so the
+    /// server's graceful shutdown does not wait for peers and gateways to hang up first.
+    stopping: watch::Receiver<bool>,
+}
+
+/// The next message of an inbound stream, or `None` once it ended, failed, or the shard
+/// is stopping.
+async fn next_or_stop<T>(
+    inbound: &mut Streaming<T>,
+    stopping: &mut watch::Receiver<bool>,
+) -> Option<Result<T, Status>> {
+    tokio::select! {
+        message = inbound.message() => message.transpose(),
+        _ = stopping.wait_for(|stop| *stop) => None,
+    }
 }
 
 /// How long a peer batch from a newer epoch waits for this shard to see that epoch.
@@ -35,6 +50,7 @@ impl ShardService {
         view: Arc<EpochCell<ClusterView>>,
         changes: watch::Receiver<ClusterView>,
         metrics: Arc<ShardMetrics>,
+        stopping: watch::Receiver<bool>,
     ) -> Self {
         ShardService {
             commands,
@@ -43,6 +59,7 @@ impl ShardService {
             changes,
             metrics,
             peer_applied: Default::default(),
+            stopping,
         }
     }
 }
@@ -71,6 +88,7 @@ impl Shard for ShardService {
         info!(link = link.0, gateway, "gateway relay opened");
         let commands = self.commands.clone();
         let first = hello.inputs;
+        let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
             if !first.is_empty()
                 && commands.send(Command::Inputs { link, inputs: first }).await.is_err()
@@ -78,8 +96,8 @@ impl Shard for ShardService {
                 return;
             }
             loop {
-                match inbound.message().await {
-                    Ok(Some(batch)) => {
+                match next_or_stop(&mut inbound, &mut stopping).await {
+                    Some(Ok(batch)) => {
                         // Awaiting here is the backpressure policy: a full world queue slows
                         // the gateway's stream through HTTP/2 flow control; nothing is dropped.
                         let inputs = batch.inputs;
@@ -87,8 +105,8 @@ impl Shard for ShardService {
                             return;
                         }
                     }
-                    Ok(None) => break,
-                    Err(status) => {
+                    None => break,
+                    Some(Err(status)) => {
                         debug!(link = link.0, %status, "gateway relay failed");
                         break;
                     }
@@ -113,11 +131,12 @@ impl Shard for ShardService {
         let mut changes = self.changes.clone();
         let metrics = Arc::clone(&self.metrics);
         let applied = Arc::clone(&self.peer_applied);
+        let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
             loop {
-                let batch = match inbound.message().await {
-                    Ok(Some(batch)) => batch,
-                    Ok(None) | Err(_) => return,
+                let batch = match next_or_stop(&mut inbound, &mut stopping).await {
+                    Some(Ok(batch)) => batch,
+                    None | Some(Err(_)) => return,
                 };
                 let mine = view.read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
                 if batch.epoch < mine {
@@ -193,7 +212,9 @@ mod tests {
     use std::time::Duration;
 
     use meridian_cluster::{ClusterView, EpochCell, ShardId};
-    use meridian_rpc::pb::{shard_client::ShardClient, shard_server::ShardServer, GatewayBatch};
+    use meridian_rpc::pb::{
+        shard_client::ShardClient, shard_server::ShardServer, GatewayBatch, PeerBatch,
+    };
     use meridian_rpc::{MAX_BATCH_BYTES, MAX_DELIVERIES_PER_BATCH, MAX_GRPC_MESSAGE_BYTES};
     use prost::Message;
     use tokio::sync::{mpsc, watch};
@@ -225,7 +246,8 @@ mod tests {
         let (_view_sender, changes) = watch::channel(ClusterView::default());
         let view = Arc::new(EpochCell::new(ClusterView::default()));
         let metrics = Arc::new(crate::ShardMetrics::new(&Default::default(), ShardId(1)));
-        let service = ShardService::new(commands, view, changes, metrics);
+        let (_stop, stopping) = watch::channel(false);
+        let service = ShardService::new(commands, view, changes, metrics, stopping);
         let server = ShardServer::new(service)
             .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
@@ -284,5 +306,76 @@ mod tests {
             assert_eq!(positions[index], Some(meridian_protocol::pb::Position { x: last, y: 0 }));
         }
         drop(upstream);
+    }
+
+    /// A peer (and a gateway) that keep their streams open and never hang up do not hold
+    /// the shard's exit: once it stops, it ends every stream itself and the server's
+    /// graceful shutdown completes (found by the etcd-stall test: a shard whose peers'
+    /// etcd watch lagged waited for them until `meridian up` killed it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn open_streams_do_not_hold_a_stopping_shard() {
+        let (commands, mut world) = mpsc::channel(16);
+        let (_view_sender, changes) = watch::channel(ClusterView::default());
+        let view = Arc::new(EpochCell::new(ClusterView::default()));
+        let metrics = Arc::new(crate::ShardMetrics::new(&Default::default(), ShardId(1)));
+        let (stop, stopping) = watch::channel(false);
+        let service = ShardService::new(commands, view, changes, metrics, stopping);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("a bound address");
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ShardServer::new(service))
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = server_stopped.await;
+                }),
+        );
+        // The world task keeps every link's output sender until the link is closed, as the
+        // real one does.
+        let (opened, mut links) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut outs = std::collections::HashMap::new();
+            while let Some(command) = world.recv().await {
+                match command {
+                    Command::Open { link, out, .. } => {
+                        outs.insert(link, out);
+                        let _ = opened.send(()).await;
+                    }
+                    Command::Closed { link } => {
+                        outs.remove(&link);
+                    }
+                    Command::Peer { .. } => {
+                        let _ = opened.send(()).await;
+                    }
+                    _ => {}
+                }
+            }
+        });
+
+        let mut client = ShardClient::connect(format!("http://{addr}")).await.expect("connect");
+        let (gateway, gateway_rx) = mpsc::channel(1);
+        gateway.send(GatewayBatch { gateway_id: 1, inputs: Vec::new() }).await.expect("hello");
+        let relay = client.relay(tokio_stream::wrappers::ReceiverStream::new(gateway_rx));
+        let mut relay = relay.await.expect("relay").into_inner();
+        let (peer, peer_rx) = mpsc::channel(1);
+        let batch =
+            PeerBatch { from_shard: 2, epoch: 0, seq: 1, incarnation: 1, messages: Vec::new() };
+        peer.send(batch).await.expect("a batch");
+        let acks = client.peer(tokio_stream::wrappers::ReceiverStream::new(peer_rx));
+        let mut acks = acks.await.expect("peer").into_inner();
+        for _ in 0..2 {
+            links.recv().await.expect("the relay opened and the peer batch arrived");
+        }
+        assert!(acks.message().await.expect("an ack").is_some());
+
+        let _ = stop.send(true);
+        let _ = stop_server.send(());
+        let stopped = tokio::time::timeout(Duration::from_secs(20), server).await;
+        assert!(stopped.is_ok(), "the server stopped with both streams still open at the far end");
+        // The shard ended both streams while their far ends still had them open.
+        assert!(!matches!(relay.message().await, Ok(Some(_))), "the relay stream ended");
+        assert!(!matches!(acks.message().await, Ok(Some(_))), "the peer stream ended");
+        drop((peer, gateway));
     }
 }
