@@ -335,6 +335,8 @@ impl ShardCore {
                     self.now,
                     &mut self.envelopes,
                 );
+                let (me, live) = (self.id, &self.live);
+                self.ghosts.orphan_unless_live(player, |s| s == me || live.contains(&s), self.now);
                 self.route_envelopes();
                 for (owner, player, version) in std::mem::take(&mut self.ghosts.needed) {
                     let needed = PeerMessage {

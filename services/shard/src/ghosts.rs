@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::ShardId;
-use meridian_rpc::pb::{peer_message::Kind, PeerMessage};
+use meridian_rpc::pb::{peer_message::Kind, GhostRemove, PeerMessage};
 use meridian_world::{Envelope, PlayerId, Position, World};
 
 use crate::history::History;
@@ -129,7 +129,8 @@ impl Ghosts {
             debug!(player = %id, generation = message.generation, "stale ghost message dropped");
             return;
         }
-        if message.generation > track.generation {
+        let fresh = message.generation > track.generation;
+        if fresh {
             let next = message.generation == track.generation + 1;
             if track.present && !force && (!track.closed || !next) {
                 if track.held.len() >= MAX_HELD {
@@ -146,9 +147,42 @@ impl Ghosts {
         }
         track.source = from;
         track.orphaned = None;
+        if let (true, Some(Kind::Released(released))) = (fresh && track.present, &message.kind) {
+            // A generation's end with none of its messages before it (they would have come
+            // first, on the same stream): its owner never mirrored the player here, and the
+            // copy shown is an older owner's that nobody updates any more (that owner died,
+            // say, and the player was restored elsewhere). The copy is treated as removed
+            // by its owner: kept while players here see it, and the new owner asked for it.
+            track.source = ShardId(released.new_owner);
+            let at = world.position(id).map(|p| meridian_protocol::pb::Position { x: p.x, y: p.y });
+            let remove = PeerMessage {
+                kind: Some(Kind::Remove(GhostRemove { left_world: false, position: at })),
+                ..message.clone()
+            };
+            apply_now(track, world, history, id, remove, now, out, &mut self.needed);
+        }
         let released = apply_now(track, world, history, id, message, now, out, &mut self.needed);
-        if released {
+        if let Some(new_owner) = released {
+            // The next generation's messages come from the new owner: it is the shard whose
+            // death orphans this copy from now on.
+            track.source = new_owner;
             self.release(world, history, id, now, out, force);
+        }
+    }
+
+    /// After a message about `id`: a copy whose source is not a live shard (a message that
+    /// was on the way when its sender died, or a `Released` naming an owner that is gone)
+    /// is orphaned, so it goes if nobody restores the player.
+    pub fn orphan_unless_live(
+        &mut self,
+        id: PlayerId,
+        live: impl Fn(ShardId) -> bool,
+        now: Instant,
+    ) {
+        if let Some(track) = self.tracks.get_mut(&id) {
+            if track.present && track.orphaned.is_none() && !live(track.source) {
+                track.orphaned = Some(now);
+            }
         }
     }
 
@@ -239,7 +273,7 @@ impl Ghosts {
     }
 }
 
-/// Applies a message of the track's own generation. Returns whether it closed it.
+/// Applies a message of the track's own generation. Returns the new owner if it closed it.
 fn apply_now(
     track: &mut Track,
     world: &mut World,
@@ -249,7 +283,7 @@ fn apply_now(
     now: Instant,
     out: &mut Vec<Envelope>,
     needed: &mut Vec<(ShardId, PlayerId, (u64, u64))>,
-) -> bool {
+) -> Option<ShardId> {
     let position = |p: Option<meridian_protocol::pb::Position>| {
         p.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default()
     };
@@ -289,27 +323,27 @@ fn apply_now(
                     // back: a newer owner's first message need not wait for a `Released`.
                     track.closed = true;
                     needed.push((track.source, id, version));
-                    return false;
+                    return None;
                 }
             }
             track.present = false;
             history.forget(id, remove.left_world, now);
             world.remove_ghost(id, out)
         }
-        Some(Kind::Released(_)) => return true,
+        Some(Kind::Released(released)) => return Some(ShardId(released.new_owner)),
         _ => Ok(()),
     };
     if let Err(error) = result {
         warn!(player = %id, %error, "ghost message refused by the world");
     }
-    false
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use meridian_protocol::pb::Position as WirePosition;
-    use meridian_rpc::pb::{GhostRemove, GhostUpsert, Released};
+    use meridian_rpc::pb::{GhostUpsert, Released};
     use meridian_world::{Notification, WorldConfig};
 
     const GHOST: u64 = 100;
@@ -560,6 +594,80 @@ mod tests {
         // Out of the watcher's sight (5 cells): removed, nothing asked.
         ghosts.apply(&mut world, &mut history, ShardId(9), out_of_reach(0, 16), now, &mut out);
         assert_eq!(told(&mut out), [("left", 0)]);
+        assert!(ghosts.needed.is_empty());
+        assert_eq!(ghosts.len(), 0);
+        assert_eq!(world.position(PlayerId(GHOST)), None);
+    }
+
+    /// The owner died with a copy here (orphaned); its `Released`, already on the way, then
+    /// arrives. The copy belongs to the owner that `Released` names: if that one is gone
+    /// too, the copy stays orphaned and goes when nobody restores the player.
+    #[test]
+    fn a_late_released_does_not_save_an_orphaned_copy() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut history = History::default();
+        let mut out = Vec::new();
+        let start = Instant::now();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        let live = |s: ShardId| s != ShardId(9) && s != ShardId(2);
+        ghosts.sources_gone(&mut world, &mut history, live, start, &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), start, &mut out);
+        ghosts.orphan_unless_live(PlayerId(GHOST), live, start);
+        ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT / 2, &mut out);
+        assert_eq!(told(&mut out), [], "kept a while for a restore");
+        ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT * 2, &mut out);
+        assert_eq!(told(&mut out), [("left", 0)], "nobody took the player over");
+
+        // The same, but the new owner lives: the copy waits for its updates.
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
+        let live = |s: ShardId| s != ShardId(9);
+        ghosts.sources_gone(&mut world, &mut history, live, start, &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), start, &mut out);
+        ghosts.orphan_unless_live(PlayerId(GHOST), live, start);
+        ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT * 2, &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)], "owned by shard 2 now, which lives");
+    }
+
+    /// The owner of generation 0 died; the player was restored elsewhere (generation 1),
+    /// whose owner never mirrored it here, and handed on to shard 2: generation 1's
+    /// `Released` is all that arrives. The copy shown is nobody's any more: like a removal
+    /// by its owner, it stays while the watcher sees it and shard 2 is asked for it
+    /// (found by `meridian-sim`, seed 589: the copy stayed for good, its owner's messages
+    /// never coming).
+    #[test]
+    fn a_release_of_a_generation_never_mirrored_here_ends_the_older_copy() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut history = History::default();
+        let mut out = Vec::new();
+        let start = Instant::now();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(3), released(1), start, &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)], "held: generation 0 was not released");
+        ghosts.expire(&mut world, &mut history, start + HOLD_LIMIT * 2, &mut out);
+        assert_eq!(told(&mut out), [], "still seen by the watcher: kept");
+        assert_eq!(ghosts.needed, vec![(ShardId(2), PlayerId(GHOST), (1, 0))]);
+
+        // Out of everyone's sight, the copy goes.
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), start, &mut out);
+        let mut moved_away = Vec::new();
+        world
+            .upsert_ghost(
+                PlayerId(GHOST),
+                "ghost".into(),
+                Position { x: 30, y: 10 },
+                &mut moved_away,
+            )
+            .unwrap();
+        told(&mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(3), released(1), start, &mut out);
         assert!(ghosts.needed.is_empty());
         assert_eq!(ghosts.len(), 0);
         assert_eq!(world.position(PlayerId(GHOST)), None);
