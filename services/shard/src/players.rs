@@ -514,6 +514,12 @@ impl ShardCore {
         let player = PlayerId(input.player_id);
         if let Some(seat) = self.seats.get(&player) {
             let (old_link, old_session) = (seat.link, seat.session);
+            if old_session == input.session {
+                // This resume placed the player here already (it reached this shard twice,
+                // say passed on and sent again): the seat is the resuming session's own.
+                // Taking the player away from it would close the very client resuming.
+                return self.outbox.refuse_resume(link, input.session);
+            }
             self.remove(player, true);
             self.outbox.close(old_link, old_session);
         }
