@@ -143,6 +143,10 @@ pub struct Conn<T> {
     restoring: bool,
     /// A shard this player was handed to that the routing table did not know yet.
     pending_owner: Option<ShardId>,
+    /// The owner this player was handed from, until the new owner's first output shows
+    /// it took the player: if the old owner dies before then, its `Handoff` may have died
+    /// with it, and the player is restored like one of the dead shard's own.
+    handed_from: Option<ShardId>,
     /// Output from a shard that is taking the player over, held until the current owner's
     /// `released_to` marker, so the player's messages stay in order across a handoff.
     held: Vec<(ShardId, Delivery)>,
@@ -268,6 +272,7 @@ impl<T> Core<T> {
             generation: 0,
             restoring: false,
             pending_owner: None,
+            handed_from: None,
             held: Vec::new(),
             held_bytes: 0,
             closing: Closing::No,
@@ -442,9 +447,10 @@ impl<T> Core<T> {
         for slot in 0..self.slots.len() as u32 {
             let Some(conn) = self.slots[slot as usize].as_mut() else { continue };
             let Session::Playing { link, .. } = &conn.session else { continue };
-            if link.id != dead {
+            if link.id != dead && conn.handed_from != Some(dead) {
                 continue;
             }
+            conn.handed_from = None;
             let session = session_id(self.ctx.worker, slot, conn.generation_slot);
             conn.restore_due.get_or_insert(now);
             if self.ctx.restore_on_owner(conn, slot, session) {
@@ -785,6 +791,11 @@ impl Ctx {
         if !delivery.frames.is_empty() {
             conn.restoring = false;
         }
+        if delivery.position.is_some() {
+            // Only a shard that holds the player says where it stands (a refusal for a
+            // player it does not have says nothing of the kind): the handoff is complete.
+            conn.handed_from = None;
+        }
         conn.out.extend_from_slice(&delivery.frames);
         if let Some(at) = delivery.position {
             conn.last_position = Some((at.x, at.y));
@@ -935,27 +946,24 @@ impl Ctx {
         conn.pending_owner = None;
         if let Session::Playing { link: old, .. } = &conn.session {
             debug!(player, from = %old.id, to = %link.id, "session follows its player to a new owner");
+            conn.handed_from = Some(old.id);
         }
         for input in &conn.unconfirmed {
             self.enqueue(&link, input.clone());
         }
         conn.session = Session::Playing { player, link };
-        let held = std::mem::take(&mut conn.held);
-        conn.held_bytes = 0;
-        let mut rest = Vec::new();
-        for (from, delivery) in held {
-            let current = match &conn.session {
-                Session::Playing { link, .. } => Some(link.id),
-                _ => None,
+        // Everything the new owner sent while held goes out now, oldest first; a delivery
+        // among it can hand the player on again (A -> B -> C), and then C's held output
+        // follows in turn. Output of an owner further on stays held for its release.
+        while let Session::Playing { link, .. } = &conn.session {
+            let current = link.id;
+            let Some(next) = conn.held.iter().position(|(from, _)| *from == current) else {
+                break;
             };
-            if rest.is_empty() && current == Some(from) {
-                self.deliver(conn, slot, delivery);
-            } else {
-                rest.push((from, delivery));
-            }
+            let (_, delivery) = conn.held.remove(next);
+            conn.held_bytes -= delivery.frames.len();
+            self.deliver(conn, slot, delivery);
         }
-        conn.held.extend(rest);
-        conn.held_bytes = conn.held.iter().map(|(_, delivery)| delivery.frames.len()).sum();
     }
 
     /// Handles every whole frame at the front of `data` that the connection's input budget

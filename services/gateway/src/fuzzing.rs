@@ -719,18 +719,13 @@ mod tests {
         assert!(restore.is_some(), "the player is restored");
     }
 
-    // Known gaps, found by the fuzz target `gateway_core` (which exempts them; see the
-    // doc of fuzz/src/gateway_core.rs). Each test pins what the core does today and says
-    // what it should do: when a fix makes one fail, assert the correct behaviour instead
-    // and drop the matching exemption in the fuzz target.
-
     /// The player goes 1 -> 2 -> 3 faster than the release markers: 3 speaks first, then 2
-    /// answers move 1 (forwarded to it by 1), then 1's marker arrives, then 2's. On 1's
-    /// marker the core releases only the held output before the first from another shard
-    /// (3's), so 2's answer stays held, 3's answer to move 2 pops move 1's entry, and the
-    /// link failure refuses "move 2" again.
+    /// answers move 1 (forwarded to it by 1), then 1's marker arrives, then 2's. Each owner's
+    /// held output goes out when the gateway follows the player to it, in order, even
+    /// behind a later owner's (found by the fuzz target `gateway_core`: 2's answer stayed
+    /// held behind 3's output, 3's answer popped move 1, and move 2 was answered twice).
     #[test]
-    fn known_gap_a_chained_handoff_answers_one_move_twice_and_another_never() {
+    fn a_chained_handoff_answers_each_move_once_in_order() {
         let config = HarnessConfig { shards: 3, ..HarnessConfig::default() };
         let mut harness = Harness::new(config);
         let (slot, session, player) = logged_in(&mut harness);
@@ -745,7 +740,49 @@ mod tests {
         harness.flush();
         harness.link_down(3);
         harness.flush();
-        assert_eq!(answers(&mut harness, slot), vec![2, 2], "should be [1, 2]");
+        assert_eq!(answers(&mut harness, slot), vec![1, 2]);
+    }
+
+    /// Shard 1 hands the player to 2 and dies before 2 got the `Handoff` (it died with
+    /// it): the gateway had followed the release marker to 2, which never speaks for the
+    /// player. When 1 is declared dead, the player is restored like one of 1's own
+    /// (found by `meridian-sim`: a player connected but in no shard).
+    #[test]
+    fn a_player_whose_handoff_died_with_its_old_owner_is_restored() {
+        let mut harness = Harness::new(HarnessConfig { shards: 2, ..HarnessConfig::default() });
+        let (slot, session, _) = logged_in(&mut harness);
+        harness.deliver(1, vec![ShardOutput { session, released_to: 2, ..Default::default() }]);
+        harness.flush();
+        assert!(harness.shard_gone(1));
+        harness.flush();
+        let restores: Vec<_> = harness
+            .relayed(2)
+            .into_iter()
+            .filter(|input| matches!(input.kind, RelayedKind::Join { restore: true, .. }))
+            .collect();
+        assert_eq!(restores.len(), 1, "restored on the shard that owns its cell now");
+        assert!(harness.is_open(slot));
+    }
+
+    /// The same, but 2 has spoken for the player (its first delivery carries the player's
+    /// position): the handoff completed, and 1's death changes nothing for the player.
+    #[test]
+    fn a_player_whose_handoff_was_confirmed_is_not_restored_when_its_old_owner_dies() {
+        let mut harness = Harness::new(HarnessConfig { shards: 2, ..HarnessConfig::default() });
+        let (slot, session, _) = logged_in(&mut harness);
+        harness.deliver(1, vec![ShardOutput { session, released_to: 2, ..Default::default() }]);
+        let taken = ShardOutput { session, position: Some((1, 1)), ..Default::default() };
+        harness.deliver(2, vec![taken]);
+        harness.flush();
+        assert!(harness.shard_gone(1));
+        harness.flush();
+        let restores = harness
+            .relayed(2)
+            .into_iter()
+            .filter(|input| matches!(input.kind, RelayedKind::Join { restore: true, .. }))
+            .count();
+        assert_eq!(restores, 0);
+        assert!(harness.is_open(slot));
     }
 
     /// A Move in flight at a Logout and a Move after it are both answered, in order, when
