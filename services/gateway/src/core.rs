@@ -147,6 +147,11 @@ pub struct Conn<T> {
     /// it took the player: if the old owner dies before then, its `Handoff` may have died
     /// with it, and the player is restored like one of the dead shard's own.
     handed_from: Option<ShardId>,
+    /// A shard other than the owner that said it holds the player at a newer generation
+    /// (a held delivery with its position): a handoff whose release marker has not come,
+    /// or died with the old owner. A restore goes there, where the player is, rather than
+    /// making a second copy at the owner of its last acknowledged cell.
+    claim: Option<(ShardId, u64)>,
     /// Output from a shard that is taking the player over, held until the current owner's
     /// `released_to` marker, so the player's messages stay in order across a handoff.
     held: Vec<(ShardId, Delivery)>,
@@ -273,6 +278,7 @@ impl<T> Core<T> {
             restoring: false,
             pending_owner: None,
             handed_from: None,
+            claim: None,
             held: Vec::new(),
             held_bytes: 0,
             closing: Closing::No,
@@ -408,6 +414,17 @@ impl<T> Core<T> {
                         }
                         continue;
                     }
+                    if view_reset_at(&delivery.frames).is_none() {
+                        // Not the answer to the resume (that starts with a ViewReset): output
+                        // of a shard the player was handed on to from the one that took it
+                        // back, which overtook that one's answer and release marker. Held
+                        // for the marker, like any new owner's early output.
+                        conn.held_bytes += delivery.frames.len();
+                        conn.held.push((from, delivery));
+                        let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+                        self.ctx.bound_output(conn, slot, session);
+                        continue;
+                    }
                     // The shard that held the player took it back: it owns the player now.
                     match self.ctx.shared.routing.read(|t| t.link(from).cloned()) {
                         Some(link) => conn.session = Session::Playing { player, link },
@@ -428,6 +445,12 @@ impl<T> Core<T> {
                     // A new owner already speaking: wait for the old owner's release. What
                     // waits counts toward the output bound: an old owner that never
                     // releases costs the client its connection, not the gateway its memory.
+                    if delivery.position.is_some()
+                        && delivery.generation > conn.generation
+                        && conn.claim.is_none_or(|(_, g)| delivery.generation > g)
+                    {
+                        conn.claim = Some((from, delivery.generation));
+                    }
                     conn.held_bytes += delivery.frames.len();
                     conn.held.push((from, delivery));
                     let session = session_id(self.ctx.worker, slot, conn.generation_slot);
@@ -451,6 +474,9 @@ impl<T> Core<T> {
                 continue;
             }
             conn.handed_from = None;
+            if conn.claim.is_some_and(|(shard, _)| shard == dead) {
+                conn.claim = None;
+            }
             let session = session_id(self.ctx.worker, slot, conn.generation_slot);
             conn.restore_due.get_or_insert(now);
             if self.ctx.restore_on_owner(conn, slot, session) {
@@ -506,23 +532,14 @@ impl<T> Core<T> {
                 continue;
             }
             conn.pending_owner = None;
-            // The shard let go of the player with the stream (or died): it is restored on
-            // the owner of its last acknowledged cell once a link is up (`tick`), and until
-            // its ViewReset its moves are refused.
-            conn.restoring = true;
-            conn.restore_due.get_or_insert(self.ctx.now);
-            conn.held.clear();
-            conn.held_bytes = 0;
-            conn.unconfirmed.clear();
-            let unanswered = std::mem::take(&mut conn.inflight);
-            for (client_time, ..) in unanswered {
-                self.ctx.refuse(
-                    conn,
-                    slot,
-                    ErrorCode::Unavailable,
-                    "shard unavailable",
-                    client_time,
-                );
+            self.ctx.let_go(conn, slot);
+            // The shard parked the player (or takes it over from a handoff once the stream
+            // is back): the restore goes back to it, so that no parked copy is left behind
+            // to answer a later resume. Should it die instead, its link leaves the routing
+            // table and the restore goes to the owner of the player's last cell.
+            // (A shard that said it holds the player at a newer generation keeps the claim.)
+            if conn.claim.is_none_or(|(_, g)| g <= conn.generation) {
+                conn.claim = Some((link.id, conn.generation));
             }
         }
     }
@@ -773,6 +790,21 @@ fn view_reset_at(frames: &[u8]) -> Option<usize> {
 }
 
 impl Ctx {
+    /// The player's shard let go of it with its stream (or died): it is restored on the
+    /// owner of its last acknowledged cell once a link is up (`tick`), and until its
+    /// ViewReset its moves are refused.
+    fn let_go<T>(&mut self, conn: &mut Conn<T>, slot: u32) {
+        conn.restoring = true;
+        conn.restore_due.get_or_insert(self.now);
+        conn.held.clear();
+        conn.held_bytes = 0;
+        conn.unconfirmed.clear();
+        let unanswered = std::mem::take(&mut conn.inflight);
+        for (client_time, ..) in unanswered {
+            self.refuse(conn, slot, ErrorCode::Unavailable, "shard unavailable", client_time);
+        }
+    }
+
     /// Writes a shard's delivery for a connection and follows a handoff marker, then
     /// releases anything the new owner sent meanwhile.
     fn deliver<T>(&mut self, conn: &mut Conn<T>, slot: u32, mut delivery: Delivery) {
@@ -800,6 +832,18 @@ impl Ctx {
         if let Some(at) = delivery.position {
             conn.last_position = Some((at.x, at.y));
             conn.generation = delivery.generation;
+            match &conn.session {
+                // Its owner says it holds the player while a restore waits to be sent (the
+                // owner took the player over once its stream was back, say): the restore
+                // goes to it.
+                Session::Playing { link, .. } if conn.restore_due.is_some() => {
+                    conn.claim = Some((link.id, delivery.generation));
+                }
+                _ if conn.claim.is_some_and(|(_, g)| g <= delivery.generation) => {
+                    conn.claim = None;
+                }
+                _ => {}
+            }
         }
         if delivery.move_answers > 0 {
             let now = self.now;
@@ -827,10 +871,23 @@ impl Ctx {
             return;
         }
         let to = ShardId(delivery.released_to);
+        let delivery_generation = delivery.generation;
         let Session::Playing { player, .. } = conn.session else {
             return;
         };
         match self.shared.routing.read(|table| table.link(to).cloned()) {
+            Some(link) if !link.accepts_inputs() => {
+                // Handed to a shard whose stream failed: it let go of the player with the
+                // stream (or takes it over when the stream is back): either way the player
+                // is restored there, as if it had been on that stream when it broke. (A
+                // stream not opened yet is another matter: the shard holds the handoff
+                // until it opens.)
+                debug!(%to, player, "player handed to a shard whose stream is down");
+                let generation = delivery_generation.max(conn.generation);
+                self.switch_owner(conn, slot, player, link);
+                self.let_go(conn, slot);
+                conn.claim = Some((to, generation));
+            }
             Some(link) => self.switch_owner(conn, slot, player, link),
             None => {
                 // The shard is so new that this gateway's view does not have it yet. Inputs
@@ -848,16 +905,27 @@ impl Ctx {
     fn restore_on_owner<T>(&mut self, conn: &mut Conn<T>, slot: u32, session: u64) -> bool {
         let Session::Playing { player, .. } = conn.session else { return false };
         let Some((x, y)) = conn.last_position else { return false };
-        let target = self.shared.routing.read(|t| t.owner_link(x, y).cloned());
+        let claimed = conn.claim.and_then(|(shard, generation)| {
+            let link = self.shared.routing.read(|t| t.link(shard).cloned());
+            link.map(|link| (link, generation))
+        });
+        let (target, generation) = match claimed {
+            // It holds the player, or let go of it with its stream, or takes it over once
+            // the stream is back: the restore waits for that stream.
+            Some((link, _)) if !link.is_up() => return false,
+            Some((link, generation)) => (Some(link), generation.max(conn.generation)),
+            None => (self.shared.routing.read(|t| t.owner_link(x, y).cloned()), conn.generation),
+        };
         let Some(target) = target.filter(|l| l.accepts_inputs()) else {
             debug!(player, x, y, "no shard to restore a player on yet");
             return false;
         };
+        conn.claim = None;
         let join = Join {
             name: conn.name.clone(),
             spawn: Some(meridian_protocol::pb::Position { x, y }),
             restore: true,
-            generation: conn.generation,
+            generation,
             gateway_id: 0,
         };
         conn.held.clear();
@@ -1938,6 +2006,48 @@ mod tests {
         mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![late] }).unwrap();
         core.process_mail(Instant::now());
         assert!(replies(&mut core, slot).is_empty());
+    }
+
+    /// Shard 1 takes a resume back and hands the player on to shard 2 at once; 2's first
+    /// output overtakes 1's answer (ViewReset and release marker). The session plays on 1
+    /// from its ViewReset and follows the marker to 2, whose output comes after it (found
+    /// by `meridian-sim`, seed 5095: 2 was taken for the resume's answer and 1's ViewReset
+    /// held for a marker that never came, the client waiting for ever).
+    #[test]
+    fn a_new_owners_output_overtaking_a_resumes_answer_waits_for_it() {
+        use meridian_protocol::pb::server_message::Kind as S;
+        let (mut core, mut links, mail) = core_limited(64, 2, Limits::default());
+        let t0 = Instant::now();
+        let slot = core.insert((), None, t0).expect("admitted");
+        let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
+        write_all_at(&mut core, slot, vec![C::Resume(meridian_protocol::pb::Resume { token })], t0);
+        for (_, relay) in links.iter_mut() {
+            assert_eq!(relayed(relay), vec![1]);
+        }
+        let session = core.relayed_session(slot);
+        let mut entered = Vec::new();
+        encode_frame(&server::entered(7, 2, 2, "seen from 2"), &mut entered);
+        let position = Some(meridian_protocol::pb::Position { x: 1, y: 1 });
+        let early = Delivery { session, frames: entered.into(), position, ..Default::default() };
+        let mut reset = Vec::new();
+        encode_frame(&server::view_reset(42, 1, 1), &mut reset);
+        let answer =
+            Delivery { session, frames: reset.into(), released_to: 2, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![early] }).unwrap();
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![answer] }).unwrap();
+        core.process_mail(t0);
+        let kinds: Vec<&str> = replies(&mut core, slot)
+            .into_iter()
+            .map(|m| match m.kind {
+                Some(S::ViewReset(_)) => "view reset",
+                Some(S::Entered(_)) => "entered",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, vec!["view reset", "entered"]);
+        // And it plays on 2.
+        write_all_at(&mut core, slot, vec![step(1)], t0);
+        assert_eq!(relayed(&mut links[1].1).len(), 1, "the move goes to shard 2");
     }
 
     #[test]

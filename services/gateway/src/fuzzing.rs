@@ -785,6 +785,62 @@ mod tests {
         assert!(harness.is_open(slot));
     }
 
+    /// Shard 1 hands the player to 2, whose stream breaks before the gateway reads 1's
+    /// release marker (2 let go of the player with it): following the marker to 2, the
+    /// gateway restores the player there once the stream is back (found by
+    /// `meridian-sim`, seeds 3991, 4851 and 5542: moves went to 2, which no longer had the
+    /// player, and were refused for good).
+    #[test]
+    fn a_player_handed_to_a_shard_whose_stream_is_down_is_restored_there() {
+        let mut harness = Harness::new(HarnessConfig { shards: 2, ..HarnessConfig::default() });
+        let (slot, session, _) = logged_in(&mut harness);
+        step(&mut harness, slot, 1);
+        harness.link_down(2);
+        harness.flush();
+        harness.deliver(1, vec![ShardOutput { session, released_to: 2, ..Default::default() }]);
+        harness.flush();
+        assert_eq!(answers(&mut harness, slot), vec![1], "the move in flight is answered");
+        harness.link_up(2);
+        harness.tick();
+        harness.flush();
+        let restores = harness
+            .relayed(1)
+            .into_iter()
+            .chain(harness.relayed(2))
+            .filter(|input| matches!(input.kind, RelayedKind::Join { restore: true, .. }))
+            .count();
+        assert_eq!(restores, 1, "the player is restored");
+    }
+
+    /// Shard 1 hands the player to 2 and dies before its release marker reaches the
+    /// gateway; 2 has already spoken for the player (its output carries the player's
+    /// position at the new generation). The restore goes to 2, where the player is,
+    /// not to the owner of its last acknowledged cell, which would make a second copy
+    /// (found by `meridian-sim`, seed 4824: the player local on two shards).
+    #[test]
+    fn a_restore_goes_to_the_shard_that_said_it_holds_the_player() {
+        let mut harness = Harness::new(HarnessConfig { shards: 3, ..HarnessConfig::default() });
+        let (slot, session, _) = logged_in(&mut harness);
+        let taken =
+            ShardOutput { session, position: Some((1, 2)), generation: 1, ..Default::default() };
+        harness.deliver(2, vec![taken]);
+        harness.link_down(1);
+        harness.flush();
+        harness.tick();
+        harness.flush();
+        let restored_on: Vec<u32> = [1, 2, 3]
+            .into_iter()
+            .filter(|&shard| {
+                harness
+                    .relayed(shard)
+                    .iter()
+                    .any(|i| matches!(i.kind, RelayedKind::Join { restore: true, .. }))
+            })
+            .collect();
+        assert_eq!(restored_on, vec![2]);
+        assert!(harness.is_open(slot));
+    }
+
     /// A Move in flight at a Logout and a Move after it are both answered, in order, when
     /// the link then fails, and the connection is closed (found by the fuzzer: neither was
     /// answered, and the connection stayed open waiting for a close that never came).
