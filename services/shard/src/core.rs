@@ -34,7 +34,7 @@ use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
 use crate::sequence::{Offered, Refused};
 use crate::types::{
-    CoreConfig, EarlyInputs, Event, HandedOff, Link, LinkId, Parked, Seat, Transmit,
+    CoreConfig, EarlyInputs, Event, HandedOff, Link, LinkId, Parked, Seat, Transmit, FORWARDED_KEPT,
 };
 
 /// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
@@ -82,6 +82,11 @@ pub struct ShardCore {
     pub(crate) gateway_links: FxHashMap<u32, LinkId>,
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
     pub(crate) handed_off: FxHashMap<PlayerId, HandedOff>,
+    /// Sessions whose player left the world here (a Leave or a logout), with when, kept
+    /// `FORWARD_FOR`: that session's inputs still arriving (forwarded copies coming back
+    /// from a shard the player was handed to) were all applied before its Leave, and are
+    /// dropped rather than held for a player that will not come back on that session.
+    pub(crate) ended: FxHashMap<PlayerId, (u64, Instant)>,
     pub(crate) early: FxHashMap<PlayerId, EarlyInputs>,
     /// Inputs refused while their player was not here, by player and session, with when
     /// the last was: kept `FORWARD_FOR`, so a player that arrives late steps over them.
@@ -127,6 +132,7 @@ impl ShardCore {
             gateway_links: FxHashMap::default(),
             seats: FxHashMap::default(),
             handed_off: FxHashMap::default(),
+            ended: FxHashMap::default(),
             early: FxHashMap::default(),
             refused: FxHashMap::default(),
             ghosts: Ghosts::default(),
@@ -379,7 +385,11 @@ impl ShardCore {
         if self.seats.contains_key(&player) {
             return self.sequence(player, input);
         }
-        if let Some(handed) = self.handed_off.get(&player) {
+        if let Some(handed) = self.handed_off.get_mut(&player) {
+            if handed.forwarded.len() == FORWARDED_KEPT {
+                handed.forwarded.remove(0);
+            }
+            handed.forwarded.push(input.clone());
             self.metrics.inputs_forwarded.inc();
             self.last_forward = Some(self.now);
             debug!(%player, seq = input.seq, to = %handed.to, "input forwarded");
@@ -390,6 +400,10 @@ impl ShardCore {
                 kind: Some(Peer::Forwarded(input)),
             };
             self.peer_out.push(handed.to, message);
+            return;
+        }
+        if self.ended.get(&player).is_some_and(|(session, _)| *session == input.session) {
+            debug!(%player, seq = input.seq, "input of a session that left the world here dropped");
             return;
         }
         let now = self.now;
@@ -408,7 +422,7 @@ impl ShardCore {
     /// (this one or a held one) is refused at once, ahead of its turn (its answer may come
     /// before those of older inputs still missing), and its seq consumed, so later inputs
     /// still flow.
-    fn sequence(&mut self, player: PlayerId, input: PlayerInput) {
+    pub(crate) fn sequence(&mut self, player: PlayerId, input: PlayerInput) {
         let Some(seat) = self.seats.get_mut(&player) else {
             return;
         };
@@ -539,6 +553,7 @@ impl ShardCore {
         }
         self.refused.retain(|_, (since, _)| now - *since < FORWARD_FOR);
         self.handed_off.retain(|_, h| now - h.since < FORWARD_FOR);
+        self.ended.retain(|_, (_, since)| now - *since < FORWARD_FOR);
         let window = self.resume_window;
         self.parked.retain(|_, p| now - p.since <= window);
     }

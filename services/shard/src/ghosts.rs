@@ -64,6 +64,11 @@ impl Ghosts {
         self.tracks.values().filter(|t| t.present).count()
     }
 
+    /// The newest ownership generation seen for a player owned elsewhere, if it has a track.
+    pub fn generation(&self, id: PlayerId) -> Option<u64> {
+        self.tracks.get(&id).map(|t| t.generation)
+    }
+
     /// The player is now owned here: its ghost track ends.
     pub fn forget(&mut self, id: PlayerId) {
         self.tracks.remove(&id);

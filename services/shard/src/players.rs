@@ -76,6 +76,7 @@ impl ShardCore {
                 self.outbox.push(link, session, &login_ok);
                 self.outbox.track(link, session, at.x, at.y, 0);
                 self.seats.insert(player, Seat::new(link, session, gateway, 0, input.seq + 1));
+                self.ended.remove(&player);
                 self.history.record(player, (0, 0), at);
                 self.metrics.logins.inc();
                 self.metrics.players.set(self.seats.len() as i64);
@@ -194,6 +195,7 @@ impl ShardCore {
         let Some(seat) = self.seats.remove(&player) else {
             return;
         };
+        self.ended.insert(player, (seat.session, self.now));
         if park {
             if let (Some(name), Some(at)) = (self.world.name(player), self.world.position(player)) {
                 let parked = Parked {
@@ -415,7 +417,14 @@ impl ShardCore {
         let now = self.now;
         self.handed_off.insert(
             player,
-            HandedOff { to, generation: seat.generation, at, acked: None, since: now },
+            HandedOff {
+                to,
+                generation: seat.generation,
+                at,
+                acked: None,
+                since: now,
+                forwarded: Vec::new(),
+            },
         );
         self.metrics.handoffs_out.inc();
         self.metrics.players.set(self.seats.len() as i64);
@@ -447,6 +456,16 @@ impl ShardCore {
             self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
             return;
         }
+        let passed_on = self.handed_off.get(&player).is_some_and(|h| h.generation >= generation);
+        if passed_on || self.ghosts.generation(player).is_some_and(|g| g > generation) {
+            // Stale: the player has been here at this generation or later already and moved
+            // on (this handoff was held up on its stream while the player was restored here
+            // and handed on, say), or is known at a newer generation elsewhere. Taking it
+            // would make a second copy. Confirmed, so the sender does not wait for it.
+            warn!(%player, %from, generation, "stale handoff ignored");
+            self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
+            return;
+        }
         let Some(&link) = self.gateway_links.get(&handoff.gateway_id) else {
             // The player's gateway has not opened its stream here yet (this shard just
             // joined): take the player over when it does.
@@ -473,8 +492,9 @@ impl ShardCore {
         let seat =
             Seat::new(link, handoff.session, handoff.gateway_id, generation, handoff.next_seq);
         self.seats.insert(player, Seat { subject_seq: handoff.subject_seq, ..seat });
+        self.ended.remove(&player);
         self.history.record(player, (generation, handoff.subject_seq), at);
-        self.handed_off.remove(&player);
+        let returned = self.handed_off.remove(&player);
         self.route_envelopes();
         self.outbox.track(link, handoff.session, at.x, at.y, generation);
         // ...and the player's view follows this world from what it was told: replayed where
@@ -500,6 +520,25 @@ impl ShardCore {
         self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
         self.metrics.handoffs_in.inc();
         self.metrics.players.set(self.seats.len() as i64);
+        // Inputs this shard forwarded while the player was away that the shard handing it
+        // back had not applied: they may never come back (that shard dies with them).
+        // What does come back later is a duplicate, dropped by the sequence.
+        // They join the inputs that waited here, one of each (the same input may have come
+        // back already), in seq order.
+        let forwarded = returned.map(|r| r.forwarded).unwrap_or_default();
+        if forwarded.iter().any(|input| input.seq >= handoff.next_seq) {
+            let now = self.now;
+            let (_, waiting) = self.early.entry(player).or_insert_with(|| (now, Vec::new()));
+            for input in forwarded.into_iter().filter(|i| i.seq >= handoff.next_seq) {
+                let known = |(_, w): &(Option<LinkId>, PlayerInput)| {
+                    w.session == input.session && w.seq == input.seq
+                };
+                if !waiting.iter().any(known) {
+                    waiting.push((None, input));
+                }
+            }
+            waiting.sort_by_key(|(_, input)| input.seq);
+        }
         self.take_early_inputs(player, handoff.session);
         if !self.geometry.owns(at) {
             self.hand_off(player);
@@ -616,6 +655,7 @@ impl ShardCore {
             return self.outbox.push(link, session, &message);
         }
         self.seats.insert(player, Seat::new(link, session, gateway, generation, seq + 1));
+        self.ended.remove(&player);
         self.divergent.remove(&player);
         self.history.record(player, (generation, 0), at);
         self.route_envelopes();

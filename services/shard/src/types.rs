@@ -127,7 +127,14 @@ pub(crate) struct HandedOff {
     pub at: Position,
     pub acked: Option<Instant>,
     pub since: Instant,
+    /// Inputs forwarded from here since (at most [`FORWARDED_KEPT`]): should the player come
+    /// back before the shard they went to applied them (it died with them, say), those
+    /// after the returning handoff's `next_seq` are applied here.
+    pub forwarded: Vec<PlayerInput>,
 }
+
+/// Forwarded inputs a [`HandedOff`] keeps at most (the oldest are dropped first).
+pub(crate) const FORWARDED_KEPT: usize = 256;
 
 /// The world's direction for a wire value; `DIRECTION_UNSPECIFIED` and unknown values are
 /// refused (proto3 enums are open, so any i32 can arrive).
