@@ -322,7 +322,8 @@ const SETTLE: Duration = Duration::from_secs(1);
 const SETTLE_AFTER_FAULTS: Duration = Duration::from_secs(12);
 /// A run that has not quiesced this long after the workload is a violation (a loop).
 const QUIESCE_LIMIT: Duration = Duration::from_secs(60);
-const TRACE_LINES: usize = 120;
+/// How many trace lines a failing seed's replay keeps (its last ones); `--trace-lines`.
+pub static TRACE_LINES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(120);
 
 impl Sim {
     fn new(seed: u64, settings: Settings, focus: Option<BTreeSet<u64>>) -> Sim {
@@ -441,7 +442,8 @@ impl Sim {
     pub(crate) fn note(&mut self, players: &[u64], what: impl FnOnce() -> String) {
         let Some(focus) = &self.focus else { return };
         if players.iter().any(|p| focus.contains(p)) {
-            if self.trace.len() == TRACE_LINES {
+            let keep = TRACE_LINES.load(std::sync::atomic::Ordering::Relaxed).max(1);
+            while self.trace.len() >= keep {
                 self.trace.pop_front();
             }
             let line = format!("{:>9.3}s {}", self.t.as_secs_f64(), what());

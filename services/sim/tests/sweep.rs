@@ -46,6 +46,30 @@ fn a_sweep_of_seeds_breaks_no_invariant() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// Seeds beyond the sweep's range that each found a race, now fixed: regressions run on
+/// every test run (the sweep's own range covers those it found below 2,000).
+const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
+    (2322, "an input forwarded to an owner that died with it, the player handed back"),
+    (2550, "a handoff held up on its stream, arriving after the player moved on"),
+    (3991, "a player handed to a shard whose gateway stream was down"),
+    (4824, "a restore at the old cell while a handoff's new owner held the player"),
+    (4851, "a player handed to a shard whose gateway stream was down"),
+    (5095, "a new owner's output overtaking a resume's answer"),
+    (5542, "a player handed to a shard whose gateway stream was down"),
+];
+
+#[test]
+fn seeds_that_found_races_beyond_the_sweep_pass() {
+    let failures: Vec<String> = FOUND_BEYOND_THE_SWEEP
+        .iter()
+        .filter_map(|(seed, found)| {
+            let settings = Settings::swarm(*seed);
+            run(*seed, &settings).err().map(|v| format!("seed {seed} (found: {found}): {v}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 /// The stale-neighbour workload, scaled to the simulator: a crowd on the corners
 /// of four shards, borders moving under it, views compared one second after the last
 /// message. With the 2 s borders-settling window this failed (a neighbour that left sight

@@ -11,6 +11,8 @@
 //!   disconnect, observers' streams exact.
 //! - `border`: deterministic walks across borders and around corners, every message of
 //!   every bot checked against the single-world rules.
+//! - `stale_neighbour`: issue 11's workload: a crowd moving fast across four shards while
+//!   the balancer moves the borders; every view exact one second after the last move.
 //!
 //! Seeded tests print their seed; `MERIDIAN_TEST_SEED=<seed> cargo test -p meridian --test
 //! sharding` reruns them with it. The heavy tests run on the io_uring gateway only (the
@@ -21,6 +23,7 @@ mod border;
 mod conservation;
 mod crossing;
 mod differential;
+mod stale_neighbour;
 
 use std::path::Path;
 
@@ -84,6 +87,7 @@ tests! {
         crossing::crossing_under_load_single_world,
         crossing::crossing_under_load_2_shards,
         border::single_world_walks,
+        stale_neighbour::stale_neighbour_workload,
     ],
     both: [
         border::sight_across_a_shard_border,

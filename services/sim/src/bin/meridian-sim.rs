@@ -32,6 +32,9 @@ struct Args {
     /// format of `services/sim/known-gaps.txt`.
     #[arg(long)]
     keep_going: bool,
+    /// How many of the last trace lines a violation prints.
+    #[arg(long, default_value_t = 120)]
+    trace_lines: usize,
 }
 
 mod humantime_like {
@@ -60,6 +63,7 @@ mod humantime_like {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    meridian_sim::TRACE_LINES.store(args.trace_lines, std::sync::atomic::Ordering::Relaxed);
     let seeds = match args.seed {
         Some(seed) => seed..seed + 1,
         None => args.first..args.first + args.seeds,

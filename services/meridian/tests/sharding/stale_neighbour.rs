@@ -1,0 +1,86 @@
+//! The stale-neighbour workload of issue 11, as a new user tried it: four shards from
+//! `meridian up --shards 4` with the load balancer on, a crowd logged in at uniformly random
+//! cells of the box 150..=250 x 150..=250 (so it straddles the borders, and the balancer
+//! moves them under it), each bot making moves in random directions at about 16 a second,
+//! one in flight at a time; then nothing is sent, and one second later every bot's view must
+//! equal the truth. With the old 2 s "borders settling" window, one bot in about six runs
+//! still showed a neighbour that had left its sight 1.0 to 1.9 s after everything went quiet.
+//!
+//! The suite runs a smaller crowd twice; the issue's figures are one environment variable
+//! away (`MERIDIAN_STALE_BOTS=300 MERIDIAN_STALE_RUNS=50`, best in a release build: `cargo
+//! test --release -p meridian --test sharding stale_neighbour -- --nocapture`). Every run
+//! uses a fresh crowd on the same cluster, whose borders keep whatever the runs before
+//! made of them.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use meridian_testkit::{
+    settle, test_seed, Area, ClusterOptions, Io, Rng, WalkOptions, WalkerSpec, Walkers, SEED_ENV,
+};
+
+use crate::{with_cluster, SIGHT};
+
+/// The box of the issue: it straddles the borders of a 2x2 split of the 400x400 map.
+const BOX: (std::ops::RangeInclusive<u32>, std::ops::RangeInclusive<u32>) = (150..=250, 150..=250);
+/// About 16 moves a second per bot.
+const MOVE_EVERY: Duration = Duration::from_millis(62);
+/// Moves each bot makes per run.
+const MOVES: u64 = 30;
+/// What the issue allows after the last move: one second of quiet.
+const QUIET: Duration = Duration::from_secs(1);
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+pub fn stale_neighbour_workload(io: Io) {
+    let seed = test_seed("sharding::stale_neighbour", 11);
+    let bots = env_or("MERIDIAN_STALE_BOTS", 100);
+    let runs = env_or("MERIDIAN_STALE_RUNS", 2);
+    let label = format!("seed {seed} ({SEED_ENV}={seed}), {bots} bots, {runs} runs");
+    let options = ClusterOptions::new(io).shards(4).gateways(2);
+    with_cluster(&label.clone(), options, |cluster| {
+        let gateways: Vec<_> = cluster.gateways().iter().map(|g| g.game).collect();
+        let area = Area::new(BOX.0, BOX.1);
+        let mut rng = Rng::new(seed);
+        for run in 1..=runs {
+            let started = Instant::now();
+            let run_label = format!("{label}, run {run}");
+            let specs: Vec<WalkerSpec> = (0..bots)
+                .map(|i| WalkerSpec {
+                    name: format!("r{run:02}b{i:03}"),
+                    spawn: area.random_cell(&mut rng),
+                    area,
+                    gateway: i % gateways.len(),
+                })
+                .collect();
+            let mut walk = WalkOptions::new(gateways.clone(), seed ^ run as u64, run_label.clone());
+            walk.move_every = MOVE_EVERY;
+            walk.momentum = 0.0;
+            let walkers = Walkers::start(&specs, walk)?;
+            walkers.wait_logged_in(Duration::from_secs(30)).context(run_label.clone())?;
+            walkers.wait_for_acks(MOVES, Duration::from_secs(60)).context(run_label.clone())?;
+            let (mut players, statuses) = walkers.stop(Duration::from_secs(10))?;
+            let moves: u64 = statuses.iter().map(|s| s.acks).sum();
+            settle(&mut players, SIGHT, QUIET)
+                .with_context(|| format!("{run_label}: views one second after the last move"))?;
+            println!(
+                "{run_label}: {} bots, {moves} moves acknowledged, views exact within {:.1} s \
+                 of the last move ({:.1} s in all)",
+                players.len(),
+                QUIET.as_secs_f64(),
+                started.elapsed().as_secs_f64()
+            );
+            // Logged out, not parked: the next run's crowd starts from an empty box.
+            for player in &mut players {
+                player.bot.send(&meridian_testkit::msg::logout()).context("logout")?;
+            }
+            for player in &mut players {
+                let by = Instant::now() + Duration::from_secs(10);
+                player.bot.expect_closed(by).context("closed after its logout")?;
+            }
+        }
+        Ok(())
+    });
+}
