@@ -628,6 +628,9 @@ impl ShardCore {
             let generation = seat.generation;
             let here = self.world.position(player).unwrap_or(at);
             debug!(%player, "restored on a new stream of its own session");
+            // The client's view starts over at the ViewReset: what a handoff here said it
+            // was told is void (resyncing from it would repeat what the ViewReset sends).
+            self.divergent.remove(&player);
             self.outbox.push(link, session, &server::view_reset(player.0, here.x, here.y));
             self.reconcile_view(player, link, session, &[]);
             self.outbox.track(link, session, here.x, here.y, generation);

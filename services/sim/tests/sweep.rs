@@ -51,7 +51,10 @@ fn a_sweep_of_seeds_breaks_no_invariant() {
 const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
     (2322, "an input forwarded to an owner that died with it, the player handed back"),
     (2550, "a handoff held up on its stream, arriving after the player moved on"),
+    (2625, "a restore on the player's own session resyncing from a handoff's told view"),
+    (3354, "a restore on the player's own session resyncing from a handoff's told view"),
     (3991, "a player handed to a shard whose gateway stream was down"),
+    (4780, "a restore on the player's own session resyncing from a handoff's told view"),
     (4824, "a restore at the old cell while a handoff's new owner held the player"),
     (4851, "a player handed to a shard whose gateway stream was down"),
     (5095, "a new owner's output overtaking a resume's answer"),
