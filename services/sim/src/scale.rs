@@ -17,7 +17,12 @@
 //!
 //! Alongside each run, [`predict`] gives what border length, sight and density alone say
 //! the counts should be, so the measurement can be checked against something.
+//!
+//! This file is longer than most (about 930 lines): the model, the prediction it is checked
+//! against and the renderings of its output (the Markdown tables, and an SVG plot written
+//! by hand, because a plotting crate would add to every cold build) change together.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -613,4 +618,313 @@ fn distance(region: &Region, x: u32, y: u32) -> u32 {
         }
     };
     axis(x, region.x0, region.x1).max(axis(y, region.y0, region.y1))
+}
+
+/// The two Markdown tables of `BENCHMARKS.md`: peer messages per player per second by kind
+/// against the prediction, and the per-shard figures.
+pub fn markdown(reports: &[ScaleReport]) -> String {
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "| shards | players | sight | peer msgs / player / s | Released | Moved | Upsert | Remove | Handoff + Ack | other | predicted | measured / predicted |"
+    );
+    let _ = writeln!(text, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for report in reports {
+        let c = &report.config;
+        let p = predict(c);
+        let rate = |kinds: &[PeerKind]| {
+            report.per_player(kinds.iter().map(|k| report.count(*k).messages).sum())
+        };
+        let total = report.per_player(report.total().messages);
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.4} | {:.4} | {:.4} | {:.4} | {:.3} | {:.2} |",
+            c.shards,
+            c.players,
+            c.view_range,
+            total,
+            rate(&[PeerKind::Released]),
+            rate(&[PeerKind::Moved]),
+            rate(&[PeerKind::Upsert]),
+            rate(&[PeerKind::Remove]),
+            rate(&[PeerKind::Handoff, PeerKind::HandoffAck]),
+            rate(&[PeerKind::Forwarded, PeerKind::Needed, PeerKind::Chat]),
+            p.total_per_player,
+            total / p.total_per_player,
+        );
+    }
+    let _ = writeln!(text);
+    let _ = writeln!(
+        text,
+        "| shards | players | sight | handoffs / shard / s (predicted) | ghosts / shard, mean (predicted) | ghosts, largest shard | ghost tracks / shard at the end of the run | peer KB/s sent per shard, mean / largest | peer batches / shard / s (only Released) | Released bytes, share | Released to shards near the player | gateway KB/s per shard |"
+    );
+    let _ = writeln!(text, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for report in reports {
+        let c = &report.config;
+        let p = predict(c);
+        let (mean, max) = report.peer_bytes_per_shard();
+        let released = report.count(PeerKind::Released);
+        let total = report.total();
+        let gateway = report.gateway_bytes as f64 / f64::from(c.shards) / c.measure.as_secs_f64();
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {:.2} ({:.2}) | {:.0} ({:.0}) | {} | {:.0} | {:.1} / {:.1} | {:.0} ({:.0}) | {:.0}% | {:.1}% | {:.0} |",
+            c.shards,
+            c.players,
+            c.view_range,
+            report.handoffs_per_shard(),
+            p.handoffs_per_shard,
+            report.ghosts_mean,
+            p.ghosts_per_shard,
+            report.ghosts_max,
+            report.tracks_mean,
+            mean / 1000.0,
+            max / 1000.0,
+            report.peer_batches as f64 / f64::from(c.shards) / c.measure.as_secs_f64(),
+            report.released_only_batches as f64 / f64::from(c.shards) / c.measure.as_secs_f64(),
+            100.0 * released.bytes as f64 / total.bytes.max(1) as f64,
+            100.0 * report.released_near as f64 / released.messages.max(1) as f64,
+            gateway / 1000.0,
+        );
+    }
+    text
+}
+
+/// One run's peer traffic by kind: messages and bytes each shard sends per second, the
+/// mean size of a message, the share of all peer bytes.
+pub fn kinds_markdown(report: &ScaleReport) -> String {
+    let c = &report.config;
+    let per_shard = f64::from(c.shards) * c.measure.as_secs_f64();
+    let total = report.total();
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "| kind | msgs / shard / s | bytes / msg | bytes / shard / s | share of peer bytes |"
+    );
+    let _ = writeln!(text, "|---|---:|---:|---:|---:|");
+    for kind in PeerKind::ALL {
+        let count = report.count(kind);
+        if count.messages == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            text,
+            "| {} | {:.1} | {:.1} | {:.0} | {:.1}% |",
+            kind.name(),
+            count.messages as f64 / per_shard,
+            count.bytes as f64 / count.messages as f64,
+            count.bytes as f64 / per_shard,
+            100.0 * count.bytes as f64 / total.bytes.max(1) as f64
+        );
+    }
+    text
+}
+
+/// One column of the plot: which runs it shows (the value on its x axis for a run that
+/// varies its quantity only), and how a tick is written.
+struct Axis {
+    label: &'static str,
+    pick: fn(&ScaleConfig) -> Option<f64>,
+    tick: fn(f64) -> String,
+}
+
+/// One line of a plot.
+struct Series {
+    label: &'static str,
+    color: &'static str,
+    dashed: bool,
+    points: Vec<(f64, f64)>,
+}
+
+/// The plot of `docs/bench/scale-model.svg`: peer messages per player per second (top)
+/// and ghosts per shard (bottom), against shards, players and sight, each measured and
+/// predicted. Hand-written SVG: no plotting crate in the build.
+pub fn svg(reports: &[ScaleReport]) -> String {
+    let (width, height) = (960.0, 600.0);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        out,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">Scale model: real shard cores, 4,000 x 4,000 map, random walkers at 1 move/s</text>"#,
+        width / 2.0
+    );
+    let axes = [
+        Axis {
+            label: "shards (100k players, sight 20)",
+            pick: |c| {
+                (c.players == BASE_PLAYERS && c.view_range == BASE_SIGHT)
+                    .then_some(f64::from(c.shards))
+            },
+            tick: |v| format!("{v}"),
+        },
+        Axis {
+            label: "players (144 shards, sight 20)",
+            pick: |c| {
+                (c.shards == BASE_SHARDS && c.view_range == BASE_SIGHT)
+                    .then_some(f64::from(c.players))
+            },
+            tick: |v| format!("{}k", v / 1000.0),
+        },
+        Axis {
+            label: "sight (144 shards, 100k players)",
+            pick: |c| {
+                (c.shards == BASE_SHARDS && c.players == BASE_PLAYERS)
+                    .then_some(f64::from(c.view_range))
+            },
+            tick: |v| format!("{v}"),
+        },
+    ];
+    for (column, Axis { label: x_label, pick, tick }) in axes.iter().enumerate() {
+        let mut chosen: Vec<(f64, &ScaleReport)> =
+            reports.iter().filter_map(|r| Some((pick(&r.config)?, r))).collect();
+        chosen.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let series = |label: &'static str, color, dashed, f: &dyn Fn(&ScaleReport) -> f64| Series {
+            label,
+            color,
+            dashed,
+            points: chosen.iter().map(|(x, r)| (*x, f(r))).collect(),
+        };
+        let (black, orange, green, purple) = ("#222222", "#d95f02", "#1b9e77", "#7570b3");
+        let messages = [
+            series("all peer messages", black, false, &|r| r.per_player(r.total().messages)),
+            series("predicted", black, true, &|r| predict(&r.config).total_per_player),
+            series("Released", orange, false, &|r| {
+                r.per_player(r.count(PeerKind::Released).messages)
+            }),
+            series("Moved", green, false, &|r| r.per_player(r.count(PeerKind::Moved).messages)),
+        ];
+        let ghosts = [
+            series("ghosts per shard", purple, false, &|r| r.ghosts_mean),
+            series("predicted", purple, true, &|r| predict(&r.config).ghosts_per_shard),
+        ];
+        let x = 70.0 + column as f64 * 300.0;
+        let ticks: Vec<(f64, String)> = chosen.iter().map(|(v, _)| (*v, tick(*v))).collect();
+        let y_label = if column == 0 { "peer msgs / player / s" } else { "" };
+        panel(&mut out, (x, 70.0, 240.0, 180.0), &ticks, x_label, y_label, &messages);
+        let y_label = if column == 0 { "ghosts per shard" } else { "" };
+        panel(&mut out, (x, 350.0, 240.0, 180.0), &ticks, x_label, y_label, &ghosts);
+        if column == 2 {
+            legend(&mut out, 70.0, 48.0, &messages);
+            legend(&mut out, 70.0, 328.0, &ghosts);
+        }
+    }
+    let _ = writeln!(out, "</svg>");
+    out
+}
+
+fn legend(out: &mut String, x: f64, y: f64, series: &[Series]) {
+    let mut at = x;
+    for s in series {
+        let dash = if s.dashed { r#" stroke-dasharray="5,4""# } else { "" };
+        let _ = writeln!(
+            out,
+            r#"<line x1="{at}" y1="{y}" x2="{}" y2="{y}" stroke="{}" stroke-width="2"{dash}/><text x="{}" y="{}">{}</text>"#,
+            at + 24.0,
+            s.color,
+            at + 30.0,
+            y + 4.0,
+            s.label
+        );
+        at += 40.0 + 7.0 * s.label.len() as f64;
+    }
+}
+
+/// One chart: axes from zero, a tick per measured x, lines with dots.
+fn panel(
+    out: &mut String,
+    (x, y, w, h): (f64, f64, f64, f64),
+    ticks: &[(f64, String)],
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) {
+    let (Some(first), Some(last)) = (ticks.first(), ticks.last()) else { return };
+    let (x_min, x_max) = (0.0, last.0.max(first.0 + 1.0) * 1.05);
+    let y_top = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0, f64::max);
+    let step = nice_step(y_top / 4.0);
+    let y_max = (y_top / step).ceil().max(1.0) * step;
+    let px = |v: f64| x + (v - x_min) / (x_max - x_min) * w;
+    let py = |v: f64| y + h - v / y_max * h;
+    let _ = writeln!(
+        out,
+        r##"<path d="M{x},{y} V{} H{}" fill="none" stroke="#444444"/>"##,
+        y + h,
+        x + w
+    );
+    let mut v = 0.0;
+    while v <= y_max + step / 2.0 {
+        let _ = writeln!(
+            out,
+            r##"<line x1="{x}" y1="{0}" x2="{1}" y2="{0}" stroke="#dddddd"/><text x="{2}" y="{3}" text-anchor="end">{4}</text>"##,
+            py(v),
+            x + w,
+            x - 6.0,
+            py(v) + 4.0,
+            trim(v)
+        );
+        v += step;
+    }
+    for (value, label) in ticks {
+        let _ = writeln!(
+            out,
+            r##"<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="#444444"/><text x="{0}" y="{3}" text-anchor="middle">{label}</text>"##,
+            px(*value),
+            y + h,
+            y + h + 5.0,
+            y + h + 19.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{}" y="{}" text-anchor="middle">{x_label}</text>"#,
+        x + w / 2.0,
+        y + h + 38.0
+    );
+    if !y_label.is_empty() {
+        let (lx, ly) = (x - 48.0, y + h / 2.0);
+        let _ = writeln!(
+            out,
+            r#"<text x="{lx}" y="{ly}" text-anchor="middle" transform="rotate(-90 {lx} {ly})">{y_label}</text>"#
+        );
+    }
+    for s in series {
+        let points: Vec<String> =
+            s.points.iter().map(|(a, b)| format!("{:.1},{:.1}", px(*a), py(*b))).collect();
+        let dash = if s.dashed { r#" stroke-dasharray="5,4""# } else { "" };
+        let _ = writeln!(
+            out,
+            r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"{dash}/>"#,
+            points.join(" "),
+            s.color
+        );
+        if !s.dashed {
+            for (a, b) in &s.points {
+                let _ = writeln!(
+                    out,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{}"/>"#,
+                    px(*a),
+                    py(*b),
+                    s.color
+                );
+            }
+        }
+    }
+}
+
+/// 1, 2 or 5 times a power of ten, at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if raw <= 0.0 || !raw.is_finite() {
+        return 1.0;
+    }
+    let power = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * power).find(|s| *s >= raw).unwrap_or(10.0 * power)
+}
+
+fn trim(v: f64) -> String {
+    let text = format!("{v:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
