@@ -20,6 +20,7 @@
 
 mod client;
 mod model;
+pub mod scale;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};

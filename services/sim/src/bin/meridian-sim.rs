@@ -3,11 +3,17 @@
 //! `meridian-sim --seed S` replays one seed (its settings are drawn from the seed, as in
 //! the sweep); `meridian-sim --seeds N` runs seeds `--first`..`--first + N` and stops at
 //! the first violation, printing its seed, what broke, and the messages that led to it.
+//!
+//! `meridian-sim --scale` runs the scale model instead (`meridian_sim::scale`): 100,000
+//! random walkers over 64 to 256 real shard cores, counting the messages between shards,
+//! and prints the tables of `BENCHMARKS.md` (`--svg PATH` writes the plot). Run it in
+//! release mode; `--shards`, `--players` and `--sight` run one configuration instead.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use meridian_sim::scale::{self, ScaleConfig};
 use meridian_sim::{run, Settings};
 
 #[derive(Parser)]
@@ -35,6 +41,25 @@ struct Args {
     /// How many of the last trace lines a violation prints.
     #[arg(long, default_value_t = 120)]
     trace_lines: usize,
+    /// Run the scale model (counting only) instead of seeds; `--seed` seeds its walkers.
+    #[arg(long)]
+    scale: bool,
+    /// Scale model: one run with this many shards (other sizes default to 144 shards,
+    /// 100,000 players, sight 20).
+    #[arg(long, requires = "scale")]
+    shards: Option<u32>,
+    /// Scale model: one run with this many players.
+    #[arg(long, requires = "scale")]
+    players: Option<u32>,
+    /// Scale model: one run with this sight range.
+    #[arg(long, requires = "scale")]
+    sight: Option<u32>,
+    /// Scale model: simulated seconds counted per run (after 3 s of warm-up).
+    #[arg(long, requires = "scale", default_value_t = 10)]
+    measure: u64,
+    /// Scale model: write the plot (SVG) here.
+    #[arg(long, requires = "scale")]
+    svg: Option<std::path::PathBuf>,
 }
 
 mod humantime_like {
@@ -64,6 +89,9 @@ mod humantime_like {
 fn main() -> ExitCode {
     let args = Args::parse();
     meridian_sim::TRACE_LINES.store(args.trace_lines, std::sync::atomic::Ordering::Relaxed);
+    if args.scale {
+        return scale_model(&args);
+    }
     let seeds = match args.seed {
         Some(seed) => seed..seed + 1,
         None => args.first..args.first + args.seeds,
@@ -111,5 +139,66 @@ fn main() -> ExitCode {
         simulated.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
+    ExitCode::SUCCESS
+}
+
+/// Runs the scale model's configurations and prints the tables.
+fn scale_model(args: &Args) -> ExitCode {
+    if args.measure == 0 {
+        eprintln!("--measure must be at least 1 (seconds)");
+        return ExitCode::FAILURE;
+    }
+    let single = args.shards.is_some() || args.players.is_some() || args.sight.is_some();
+    let mut configs = if single {
+        vec![ScaleConfig::new(
+            args.shards.unwrap_or(scale::BASE_SHARDS),
+            args.players.unwrap_or(scale::BASE_PLAYERS),
+            args.sight.unwrap_or(scale::BASE_SIGHT),
+        )]
+    } else {
+        ScaleConfig::standard()
+    };
+    for config in &mut configs {
+        config.measure = Duration::from_secs(args.measure);
+        config.seed = args.seed.unwrap_or(config.seed);
+    }
+    let mut reports = Vec::new();
+    for config in &configs {
+        let report = scale::run(config);
+        eprintln!(
+            "{} shards, {} players, sight {}: {:.1} s, {} moves, {} answered, {} placed, {} passes at most",
+            config.shards,
+            config.players,
+            config.view_range,
+            report.wall.as_secs_f64(),
+            report.moves_sent,
+            report.move_answers,
+            report.placed,
+            report.passes_max
+        );
+        reports.push(report);
+    }
+    println!("{}", scale::markdown(&reports));
+    // By kind, for the run with the most shards (the base players and sight, if run).
+    let widest = reports.iter().max_by_key(|r| {
+        let c = &r.config;
+        (c.players == scale::BASE_PLAYERS && c.view_range == scale::BASE_SIGHT, c.shards)
+    });
+    if let Some(report) = widest {
+        let c = &report.config;
+        println!(
+            "By kind, {} shards, {} players, sight {}:\n\n{}",
+            c.shards,
+            c.players,
+            c.view_range,
+            scale::kinds_markdown(report)
+        );
+    }
+    if let Some(path) = &args.svg {
+        if let Err(error) = std::fs::write(path, scale::svg(&reports)) {
+            eprintln!("cannot write {}: {error}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
     ExitCode::SUCCESS
 }
