@@ -38,6 +38,9 @@ struct Args {
     /// format of `services/sim/known-gaps.txt`.
     #[arg(long)]
     keep_going: bool,
+    /// Let the swarm pause shards past their lease too (see `meridian_sim::PAUSES`).
+    #[arg(long)]
+    pauses: bool,
     /// How many of the last trace lines a violation prints.
     #[arg(long, default_value_t = 120)]
     trace_lines: usize,
@@ -89,6 +92,7 @@ mod humantime_like {
 fn main() -> ExitCode {
     let args = Args::parse();
     meridian_sim::TRACE_LINES.store(args.trace_lines, std::sync::atomic::Ordering::Relaxed);
+    meridian_sim::PAUSES.store(args.pauses, std::sync::atomic::Ordering::Relaxed);
     if args.scale {
         return scale_model(&args);
     }
