@@ -545,7 +545,7 @@ impl Sim {
                 if !self.shard_alive(s) {
                     return;
                 }
-                self.to_shard(s, now, Event::Tick);
+                self.hand_shard(s, now, Event::Tick);
                 self.pump_shard(s);
                 self.after(meridian_shard::core::TICK, Ev::ShardTick(s));
             }
@@ -634,7 +634,7 @@ impl Sim {
 
     /// Hands a shard's core an event, or keeps it for when the shard wakes if it is paused
     /// (what reaches a stopped process waits in its sockets and its watch).
-    fn to_shard(&mut self, s: u32, now: Instant, event: Event) {
+    fn hand_shard(&mut self, s: u32, now: Instant, event: Event) {
         let t = self.t;
         let Some(node) = self.shards.get_mut(&s) else { return };
         if node.paused_until > t {
@@ -764,7 +764,7 @@ impl Sim {
                 let Some(node) = self.shards.get_mut(&s) else { return };
                 let Some(&link) = node.link_of.get(&g) else { return };
                 if node.core.is_some() {
-                    self.to_shard(s, now, Event::Inputs { link, inputs });
+                    self.hand_shard(s, now, Event::Inputs { link, inputs });
                     self.pump_shard(s);
                 }
             }
@@ -819,7 +819,7 @@ impl Sim {
                     self.schedule(key);
                     return;
                 }
-                self.to_shard(b, now, Event::Peer { from: ShardId(a), messages });
+                self.hand_shard(b, now, Event::Peer { from: ShardId(a), messages });
                 self.pump_shard(b);
             }
             _ => unreachable!("each stream carries its own payload"),
@@ -887,7 +887,7 @@ impl Sim {
         let shard = self.shards.get_mut(&s).expect("alive");
         shard.links.insert(link, g);
         shard.link_of.insert(g, link);
-        self.to_shard(s, now, Event::LinkOpened { link, gateway: g });
+        self.hand_shard(s, now, Event::LinkOpened { link, gateway: g });
         self.pump_shard(s);
         let node = self.gateways.get_mut(&g).expect("exists");
         node.harness.link_up(s);
@@ -912,7 +912,7 @@ impl Sim {
             if let Some(link) = node.link_of.remove(&g) {
                 node.links.remove(&link);
                 if node.core.is_some() {
-                    self.to_shard(s, now, Event::LinkClosed { link });
+                    self.hand_shard(s, now, Event::LinkClosed { link });
                     self.pump_shard(s);
                 }
             }
@@ -965,7 +965,7 @@ impl Sim {
                 if shard.core.is_none() {
                     return;
                 }
-                self.to_shard(s, now, Event::View(view.clone()));
+                self.hand_shard(s, now, Event::View(view.clone()));
                 let members: BTreeSet<u32> = view.shards.keys().map(|id| id.0).collect();
                 for &other in &members {
                     if other != s
@@ -1049,7 +1049,7 @@ impl Sim {
         let Some(node) = self.shards.get_mut(&s) else { return };
         let up: Vec<ShardId> = node.peers_up.iter().map(|p| ShardId(*p)).collect();
         if node.core.is_some() {
-            self.to_shard(s, now, Event::PeersUp(up));
+            self.hand_shard(s, now, Event::PeersUp(up));
         }
     }
 
