@@ -12,18 +12,20 @@
 #                                 /map in headless Chromium), python3 (the benchmark suite's
 #                                 unit tests, .ci/chart-check), pip, venv and unzip (the chart
 #                                 check fetches Helm and kubernetes-validate from PyPI), flock,
+#                                 PostgreSQL's server (the player store's tests start their own),
 #                                 rustfmt and clippy (.ci/run).
 #
-# Without an argument it checks everything (`test`). No crate needs pkg-config or a C++
-# compiler (Cargo.lock has no pkg-config, cmake or bindgen); our own protos are compiled with
-# protox, without protoc.
+# Without an argument it checks everything (`test`). No crate needs the pkg-config tool or a
+# C++ compiler (Cargo.lock has no cmake or bindgen; its pkg-config crate is libsqlite3-sys's,
+# which with `bundled` compiles SQLite from source with cc and never runs pkg-config); our own
+# protos are compiled with protox, without protoc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode=${1:-test}
 case $mode in
     run | test) ;;
-    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "usage: deploy/install-deps.sh [run|test]" >&2; exit 2 ;;
 esac
 
@@ -85,6 +87,12 @@ check_pip() { has python3 && python3 -m pip --version >/dev/null 2>&1; }
 check_venv() { has python3 && python3 -c 'import venv, ensurepip; ensurepip.version()' >/dev/null 2>&1; }
 check_unzip() { has unzip; }
 check_flock() { has flock; }
+# The player store's tests start their own PostgreSQL server (services/testkit/src/postgres.rs):
+# Debian's server binaries, run as the package's `postgres` user when the tests run as root.
+check_postgres() {
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || return 1
+    [ "$(id -u)" != 0 ] || { id postgres >/dev/null 2>&1 && has runuser; }
+}
 # .ci/run: `cargo fmt --check` and `cargo clippy`.
 check_rustfmt() { cargo fmt --version >/dev/null 2>&1; }
 check_clippy() { cargo clippy --version >/dev/null 2>&1; }
@@ -116,6 +124,7 @@ if [ "$mode" = test ]; then
     need check_venv "apt:python3-venv" "python3 -m venv with ensurepip (.ci/chart-check's kubernetes-validate venv)"
     need check_unzip "apt:unzip" "unzip (.ci/chart-check unpacks Helm's wheel)"
     need check_flock "apt:util-linux" "flock (.ci/chart-check's cache lock)"
+    need check_postgres "apt:postgresql util-linux" "PostgreSQL's server binaries /usr/lib/postgresql/*/bin (initdb, pg_ctl) and, as root, the postgres user and runuser (the player store's tests)"
     need check_rustfmt "rustup:rustfmt" "rustfmt (cargo fmt in .ci/run)"
     need check_clippy "rustup:clippy" "clippy (cargo clippy in .ci/run)"
 fi

@@ -1,0 +1,188 @@
+//! The clustered store: PostgreSQL through `tokio-postgres`. One connection with its
+//! statements prepared once; a failed connection is dropped and opened again on the next
+//! call. A batch of saves is one execution of a prepared statement over arrays (one round
+//! trip, whatever its size).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, Config, NoTls, Row, Statement};
+use tracing::warn;
+
+use crate::{to_i64, to_u64, Player, Save, SaveReport, Saved, StoreError};
+
+/// How long opening a connection, or one call, may take before the store counts as
+/// unavailable.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+const CALL_WITHIN: Duration = Duration::from_secs(10);
+
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS meridian_players (
+        account    TEXT PRIMARY KEY,
+        player_id  BIGINT NOT NULL UNIQUE,
+        name       TEXT NOT NULL,
+        x          INTEGER,
+        y          INTEGER,
+        state      BYTEA NOT NULL DEFAULT '',
+        generation BIGINT NOT NULL DEFAULT 0
+    );
+";
+
+const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
+
+struct Connected {
+    client: Client,
+    player: Statement,
+    load: Statement,
+    save: Statement,
+}
+
+pub struct PostgresStore {
+    config: Config,
+    connected: Mutex<Option<Connected>>,
+}
+
+impl PostgresStore {
+    pub async fn open(url: &str) -> Result<PostgresStore, StoreError> {
+        let mut config =
+            Config::from_str(url).map_err(|e| StoreError::BadAddress(format!("{url}: {e}")))?;
+        config.connect_timeout(CONNECT_WITHIN);
+        let store = PostgresStore { config, connected: Mutex::new(None) };
+        // Connect (and create the table) now, so a bad address or credentials show at once.
+        let mut connected = store.connected.lock().await;
+        *connected = Some(store.connect().await?);
+        drop(connected);
+        Ok(store)
+    }
+
+    async fn connect(&self) -> Result<Connected, StoreError> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(unavailable)?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                warn!(%error, "player store connection ended");
+            }
+        });
+        client.batch_execute(SCHEMA).await.map_err(unavailable)?;
+        let player = client
+            .prepare(&format!(
+                "INSERT INTO meridian_players (account, player_id, name) VALUES ($1, $2, $3)
+                 ON CONFLICT (account) DO UPDATE SET name = EXCLUDED.name
+                 RETURNING {COLUMNS}"
+            ))
+            .await
+            .map_err(unavailable)?;
+        let load = client
+            .prepare(&format!("SELECT {COLUMNS} FROM meridian_players WHERE player_id = $1"))
+            .await
+            .map_err(unavailable)?;
+        let save = client
+            .prepare(
+                "UPDATE meridian_players AS p
+                 SET x = v.x, y = v.y, state = v.state, generation = v.generation
+                 FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::int[], $5::bytea[])
+                     AS v(player_id, generation, x, y, state)
+                 WHERE p.player_id = v.player_id AND p.generation <= v.generation
+                 RETURNING p.player_id",
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(Connected { client, player, load, save })
+    }
+
+    /// Runs `call` on the connection (opened first if there is none), bounded by
+    /// [`CALL_WITHIN`]; a connection that failed is dropped, for the next call to open.
+    async fn call<T>(
+        &self,
+        call: impl AsyncFnOnce(&Connected) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut connected = self.connected.lock().await;
+        let result = tokio::time::timeout(CALL_WITHIN, async {
+            if connected.as_ref().is_none_or(|c| c.client.is_closed()) {
+                *connected = Some(self.connect().await?);
+            }
+            call(connected.as_ref().expect("just connected")).await
+        })
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("no answer in {CALL_WITHIN:?}"))));
+        if matches!(result, Err(StoreError::Unavailable(_))) {
+            *connected = None;
+        }
+        result
+    }
+
+    pub async fn player(
+        &self,
+        account: &str,
+        name: &str,
+        new_id: u64,
+    ) -> Result<Player, StoreError> {
+        self.call(async |c: &Connected| {
+            let id = to_i64(new_id);
+            match c.client.query_one(&c.player, &[&account, &id, &name]).await {
+                Ok(row) => row_to_player(&row),
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                    Err(StoreError::IdTaken(new_id))
+                }
+                Err(e) => Err(unavailable(e)),
+            }
+        })
+        .await
+    }
+
+    pub async fn load(&self, player_id: u64) -> Result<Option<Player>, StoreError> {
+        self.call(async |c: &Connected| {
+            let row =
+                c.client.query_opt(&c.load, &[&to_i64(player_id)]).await.map_err(unavailable)?;
+            row.as_ref().map(row_to_player).transpose()
+        })
+        .await
+    }
+
+    pub async fn save(&self, saves: &[Save]) -> Result<SaveReport, StoreError> {
+        let ids: Vec<i64> = saves.iter().map(|s| to_i64(s.player_id)).collect();
+        let generations: Vec<i64> = saves.iter().map(|s| to_i64(s.generation)).collect();
+        let xs: Vec<i32> =
+            saves.iter().map(|s| i32::try_from(s.at.0).unwrap_or(i32::MAX)).collect();
+        let ys: Vec<i32> =
+            saves.iter().map(|s| i32::try_from(s.at.1).unwrap_or(i32::MAX)).collect();
+        let states: Vec<&[u8]> = saves.iter().map(|s| s.state.as_slice()).collect();
+        let written = self
+            .call(async |c: &Connected| {
+                let rows = c
+                    .client
+                    .query(&c.save, &[&ids, &generations, &xs, &ys, &states])
+                    .await
+                    .map_err(unavailable)?;
+                Ok(rows.iter().map(|row| to_u64(row.get(0))).collect::<Vec<u64>>())
+            })
+            .await?;
+        let written_ids: std::collections::HashSet<u64> = written.iter().copied().collect();
+        let refused =
+            saves.iter().map(|s| s.player_id).filter(|id| !written_ids.contains(id)).collect();
+        Ok(SaveReport { written: written.len(), refused })
+    }
+}
+
+fn row_to_player(row: &Row) -> Result<Player, StoreError> {
+    let x: Option<i32> = row.try_get(3).map_err(unavailable)?;
+    let y: Option<i32> = row.try_get(4).map_err(unavailable)?;
+    let saved = match (x, y) {
+        (Some(x), Some(y)) => Some(Saved {
+            at: (x.max(0) as u32, y.max(0) as u32),
+            state: row.try_get(5).map_err(unavailable)?,
+            generation: to_u64(row.try_get(6).map_err(unavailable)?),
+        }),
+        _ => None,
+    };
+    Ok(Player {
+        account: row.try_get(0).map_err(unavailable)?,
+        player_id: to_u64(row.try_get(1).map_err(unavailable)?),
+        name: row.try_get(2).map_err(unavailable)?,
+        saved,
+    })
+}
+
+fn unavailable(error: tokio_postgres::Error) -> StoreError {
+    StoreError::Unavailable(error.to_string())
+}

@@ -1,0 +1,164 @@
+//! One test suite, run against both stores: an SQLite file in a temporary directory, and a
+//! real PostgreSQL server of the test's own (`initdb` in a temporary directory).
+
+use std::path::PathBuf;
+
+use meridian_store::{Address, Save, Saved, Store, StoreError, MAX_BATCH};
+use meridian_testkit::TempPostgres;
+
+/// Where a test's store lives; kept alive for as long as the test uses it.
+enum Backend {
+    Sqlite(PathBuf),
+    Postgres(TempPostgres),
+}
+
+impl Backend {
+    fn sqlite(test: &str) -> Backend {
+        let dir =
+            std::env::temp_dir().join(format!("meridian-store-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Backend::Sqlite(dir.join("players.db"))
+    }
+
+    fn postgres() -> Backend {
+        Backend::Postgres(TempPostgres::start().expect("a PostgreSQL server of the test's own"))
+    }
+
+    fn address(&self) -> Address {
+        match self {
+            Backend::Sqlite(path) => Address::Sqlite(path.clone()),
+            Backend::Postgres(pg) => Address::parse(&pg.url()).expect("a postgres:// address"),
+        }
+    }
+
+    async fn open(&self) -> Store {
+        Store::open(&self.address()).await.expect("the store opens")
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Backend::Sqlite(path) = self {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+fn save(player_id: u64, generation: u64, at: (u32, u32), state: &[u8]) -> Save {
+    Save { player_id, generation, at, state: state.to_vec() }
+}
+
+/// An account keeps its player: same id and state on every login; a new account gets the
+/// id offered; an id that belongs to another account is refused as taken.
+async fn an_account_keeps_its_player(backend: Backend) {
+    let store = backend.open().await;
+    let alice = store.player("alice", "Alice", 101).await.unwrap();
+    assert_eq!((alice.player_id, alice.name.as_str(), alice.saved.as_ref()), (101, "Alice", None));
+    let again = store.player("alice", "Alice the Second", 999).await.unwrap();
+    assert_eq!(again.player_id, 101, "the account's id, not the one offered");
+    assert_eq!(again.name, "Alice the Second", "the token's display name wins");
+    match store.player("bob", "Bob", 101).await {
+        Err(StoreError::IdTaken(101)) => {}
+        other => panic!("expected IdTaken(101), got {other:?}"),
+    }
+    let bob = store.player("bob", "Bob", 102).await.unwrap();
+    assert_eq!(bob.player_id, 102);
+    assert_eq!(store.load(102).await.unwrap().map(|p| p.account), Some("bob".to_string()));
+    assert_eq!(store.load(7).await.unwrap(), None);
+}
+
+/// What is saved is what a later login finds, across closing and opening the store again.
+async fn saves_survive_reopening(backend: Backend) {
+    let store = backend.open().await;
+    store.player("alice", "Alice", 1).await.unwrap();
+    store.player("bob", "Bob", 2).await.unwrap();
+    let report =
+        store.save(&[save(1, 3, (10, 20), b"hp=7"), save(2, 1, (300, 301), b"")]).await.unwrap();
+    assert_eq!((report.written, report.refused.len()), (2, 0));
+    drop(store);
+    let store = backend.open().await;
+    let alice = store.player("alice", "Alice", 77).await.unwrap();
+    let expected = Saved { at: (10, 20), state: b"hp=7".to_vec(), generation: 3 };
+    assert_eq!(alice.saved, Some(expected));
+    assert_eq!(store.load(2).await.unwrap().unwrap().saved.unwrap().at, (300, 301));
+}
+
+/// A save from an older owner (a lower generation) never overwrites a newer one; the same
+/// generation saving again does; an unknown player is refused, not created.
+async fn saves_are_fenced_by_generation(backend: Backend) {
+    let store = backend.open().await;
+    store.player("alice", "Alice", 1).await.unwrap();
+    store.save(&[save(1, 5, (50, 50), b"new owner")]).await.unwrap();
+    let late = store.save(&[save(1, 4, (40, 40), b"old owner, woke up late")]).await.unwrap();
+    assert_eq!((late.written, late.refused.clone()), (0, vec![1]));
+    let again = store.save(&[save(1, 5, (51, 50), b"new owner again")]).await.unwrap();
+    assert_eq!(again.written, 1);
+    let unknown = store.save(&[save(404, 1, (1, 1), b"")]).await.unwrap();
+    assert_eq!((unknown.written, unknown.refused), (0, vec![404]));
+    let saved = store.load(1).await.unwrap().unwrap().saved.unwrap();
+    assert_eq!(
+        (saved.at, saved.generation, saved.state),
+        ((51, 50), 5, b"new owner again".to_vec())
+    );
+}
+
+/// A batch bigger than one statement takes is split and written whole; the last save of a
+/// player named twice in a batch is the one kept.
+async fn a_big_batch_is_written_whole(backend: Backend) {
+    let store = backend.open().await;
+    let n = MAX_BATCH as u64 * 2 + 17;
+    for id in 1..=n {
+        store.player(&format!("account-{id}"), "p", id).await.unwrap();
+    }
+    let mut batch: Vec<Save> = (1..=n).map(|id| save(id, 1, (id as u32 % 400, 7), b"s")).collect();
+    batch.push(save(1, 2, (9, 9), b"last"));
+    let report = store.save(&batch).await.unwrap();
+    assert_eq!((report.written as u64, report.refused.len()), (n, 0));
+    let first = store.load(1).await.unwrap().unwrap().saved.unwrap();
+    assert_eq!((first.at, first.generation), ((9, 9), 2));
+    let last = store.load(n).await.unwrap().unwrap().saved.unwrap();
+    assert_eq!(last.at, (n as u32 % 400, 7));
+}
+
+macro_rules! suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test(super::Backend::sqlite(stringify!($test))).await
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test(super::Backend::postgres()).await
+            })*
+        }
+    };
+}
+
+suite! {
+    an_account_keeps_its_player,
+    saves_survive_reopening,
+    saves_are_fenced_by_generation,
+    a_big_batch_is_written_whole,
+}
+
+/// A PostgreSQL store that stops answering reports `Unavailable`, and works again once the
+/// server is back, without being opened again.
+#[tokio::test]
+async fn postgres_comes_back_after_an_outage() {
+    let mut pg = TempPostgres::start().expect("a PostgreSQL server");
+    let store = Store::open(&Address::parse(&pg.url()).unwrap()).await.unwrap();
+    store.player("alice", "Alice", 1).await.unwrap();
+    pg.stop().unwrap();
+    match store.save(&[save(1, 1, (2, 2), b"")]).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable while the server is down, got {other:?}"),
+    }
+    pg.restart().unwrap();
+    let report = store.save(&[save(1, 1, (2, 2), b"")]).await.unwrap();
+    assert_eq!(report.written, 1);
+}
