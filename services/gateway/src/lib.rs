@@ -10,6 +10,7 @@
 //!
 //! Only this crate touches io_uring. It never applies game rules: the shard does.
 
+pub mod accounts;
 mod core;
 mod epoll;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -36,6 +36,22 @@ pub enum Command {
     Status(StatusArgs),
     /// Ask a shard to hand off all its players and exit (what SIGTERM does too).
     Drain(DrainArgs),
+    /// Print a login token for an account, signed with the public development key: accepted
+    /// only by gateways in dev mode (`meridian up`), to try the token path locally.
+    Token(TokenArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TokenArgs {
+    /// The account (the token's `sub`).
+    #[arg(long)]
+    pub sub: String,
+    /// The display name (the token's `name`); without it, the Login's name is used.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// How long the token is valid, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub ttl: u64,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

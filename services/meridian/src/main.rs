@@ -24,6 +24,20 @@ fn main() -> std::process::ExitCode {
         cli::Command::Up(args) => args.validate().and_then(up::run),
         cli::Command::Status(args) => status::run(args),
         cli::Command::Drain(args) => drain::run(args),
+        cli::Command::Token(args) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let token = meridian_gateway::accounts::mint_dev_token(
+                &args.sub,
+                args.name.as_deref(),
+                now,
+                args.ttl,
+            );
+            println!("{token}");
+            Ok(())
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

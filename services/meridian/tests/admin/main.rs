@@ -12,11 +12,14 @@
 //!   the DevTools protocol follows a scale-out (shard 3 joins) and a drain live: new epoch,
 //!   borders moved on the canvas, and the epoch history of the same page lists each change.
 //!
+//! - `token`: `meridian token` mints a dev-key token that dev mode's key set accepts.
+//!
 //! Screenshots are kept in Cargo's target tmp dir (`target/tmp/admin-map-*.png`) for a look.
 
 mod map;
 mod metrics;
 mod readyz;
+mod token;
 
 use std::net::SocketAddr;
 use std::path::Path;
