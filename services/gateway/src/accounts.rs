@@ -116,7 +116,8 @@ impl Keys {
             AlgorithmParameters::RSA(_) => Algorithm::RS256,
             _ => return Ok(()),
         };
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {:?}: {e}", jwk.common.key_id))?;
+        let key =
+            DecodingKey::from_jwk(jwk).map_err(|e| format!("key {:?}: {e}", jwk.common.key_id))?;
         self.keys.push(Key { kid: jwk.common.key_id.clone(), algorithm, key });
         Ok(())
     }
@@ -139,9 +140,10 @@ impl Keys {
         ) {
             return Err(TokenError::Algorithm(header.alg));
         }
-        let candidates = self.keys.iter().filter(|k| {
-            k.algorithm == header.alg && (header.kid.is_none() || k.kid == header.kid)
-        });
+        let candidates = self
+            .keys
+            .iter()
+            .filter(|k| k.algorithm == header.alg && (header.kid.is_none() || k.kid == header.kid));
         // The clock is ours to read, not the library's: exp and nbf are checked below.
         let mut validation = Validation::new(header.alg);
         validation.validate_exp = false;
@@ -157,12 +159,17 @@ impl Keys {
                     claims = Some(data.claims);
                     break;
                 }
-                Err(e) if matches!(e.kind(), jsonwebtoken::errors::ErrorKind::InvalidSignature) => {}
+                Err(e) if matches!(e.kind(), jsonwebtoken::errors::ErrorKind::InvalidSignature) => {
+                }
                 Err(e) => return Err(TokenError::Malformed(e.to_string())),
             }
         }
         let Some(claims) = claims else {
-            return Err(if tried { TokenError::Signature } else { TokenError::UnknownKey(header.kid) });
+            return Err(if tried {
+                TokenError::Signature
+            } else {
+                TokenError::UnknownKey(header.kid)
+            });
         };
         match claims.exp {
             Some(exp) if exp.saturating_add(CLOCK_SKEW) >= unix_now => {}
@@ -192,7 +199,11 @@ impl KeyFile {
     /// Reads the file now: a file that cannot be read or parsed at start is an error.
     pub fn open(path: &Path, dev_mode: bool) -> Result<KeyFile, String> {
         let (modified, keys) = read_keys(path, dev_mode)?;
-        Ok(KeyFile { path: path.to_path_buf(), dev_mode, current: RwLock::new((modified, Arc::new(keys))) })
+        Ok(KeyFile {
+            path: path.to_path_buf(),
+            dev_mode,
+            current: RwLock::new((modified, Arc::new(keys))),
+        })
     }
 
     /// The keys in use.
@@ -214,6 +225,54 @@ impl KeyFile {
     }
 }
 
+/// The keys a gateway checks login tokens against: its JWKS file's (`--jwks`), and in dev
+/// mode the development key as well.
+pub struct LoginKeys {
+    file: Option<KeyFile>,
+    fixed: Arc<Keys>,
+}
+
+impl LoginKeys {
+    pub fn new(file: Option<KeyFile>, dev_mode: bool) -> LoginKeys {
+        let fixed = if dev_mode { Keys::default().with_dev_key() } else { Keys::default() };
+        LoginKeys { file, fixed: Arc::new(fixed) }
+    }
+
+    pub fn keys(&self) -> Arc<Keys> {
+        match &self.file {
+            Some(file) => file.keys(),
+            None => Arc::clone(&self.fixed),
+        }
+    }
+
+    /// See [`KeyFile::refresh`]; `Ok(false)` without a file.
+    pub fn refresh(&self) -> Result<bool, String> {
+        self.file.as_ref().map_or(Ok(false), KeyFile::refresh)
+    }
+}
+
+/// Unix time from the core's `Instant`s: a wall-clock reading taken once, at start.
+#[derive(Debug, Clone, Copy)]
+pub struct UnixClock {
+    at: std::time::Instant,
+    unix: u64,
+}
+
+impl UnixClock {
+    pub fn now() -> UnixClock {
+        let unix = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        UnixClock { at: std::time::Instant::now(), unix }
+    }
+
+    /// Seconds since the Unix epoch at `now`.
+    pub fn unix_at(&self, now: std::time::Instant) -> u64 {
+        self.unix + now.saturating_duration_since(self.at).as_secs()
+    }
+}
+
 fn read_keys(path: &Path, dev_mode: bool) -> Result<(Option<SystemTime>, Keys), String> {
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let json = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -227,7 +286,8 @@ pub fn dev_jwk() -> Jwk {
     let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&DEV_SEED)
         .expect("invariant: any 32 bytes are an Ed25519 seed");
     let x = base64_url(pair.public_key().as_ref());
-    let json = format!(r#"{{"kty":"OKP","crv":"Ed25519","x":"{x}","kid":"{DEV_KID}","alg":"EdDSA"}}"#);
+    let json =
+        format!(r#"{{"kty":"OKP","crv":"Ed25519","x":"{x}","kid":"{DEV_KID}","alg":"EdDSA"}}"#);
     serde_json::from_str(&json).expect("invariant: a well-formed JWK")
 }
 
@@ -275,7 +335,10 @@ mod tests {
         let dev = Keys::default().with_dev_key();
         let account = dev.verify(&token, NOW).unwrap();
         assert_eq!(account, Account { id: "alice".into(), name: Some("Alice".into()) });
-        assert_eq!(Keys::default().verify(&token, NOW), Err(TokenError::UnknownKey(Some(DEV_KID.into()))));
+        assert_eq!(
+            Keys::default().verify(&token, NOW),
+            Err(TokenError::UnknownKey(Some(DEV_KID.into())))
+        );
     }
 
     #[test]
@@ -310,8 +373,8 @@ mod tests {
         use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
         let rng = ring::rand::SystemRandom::new();
         let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
-        let pair =
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .unwrap();
         let point = pair.public_key().as_ref();
         let (x, y) = (base64_url(&point[1..33]), base64_url(&point[33..65]));
         let jwk = format!(
@@ -347,7 +410,10 @@ mod tests {
         let file = KeyFile::open(&path, false).unwrap();
         let check = |token: &str| file.keys().verify(token, NOW);
         assert_eq!(check(&es256_token(&a, "a", "alice")).unwrap().id, "alice");
-        assert_eq!(check(&es256_token(&b, "b", "bob")), Err(TokenError::UnknownKey(Some("b".into()))));
+        assert_eq!(
+            check(&es256_token(&b, "b", "bob")),
+            Err(TokenError::UnknownKey(Some("b".into())))
+        );
         assert_eq!(check(&es256_token(&c, "a", "mallory")), Err(TokenError::Signature));
         assert_eq!(file.refresh(), Ok(false), "unchanged");
 
@@ -358,7 +424,10 @@ mod tests {
 
         write_jwks(&path, &[&b_jwk], 3_000);
         file.refresh().unwrap();
-        assert_eq!(check(&es256_token(&a, "a", "alice")), Err(TokenError::UnknownKey(Some("a".into()))));
+        assert_eq!(
+            check(&es256_token(&a, "a", "alice")),
+            Err(TokenError::UnknownKey(Some("a".into())))
+        );
 
         std::fs::write(&path, "{not json").unwrap();
         assert!(file.refresh().is_err());

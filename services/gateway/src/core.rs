@@ -24,6 +24,7 @@ use meridian_rpc::pb::{
 use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, trace, warn};
 
+use crate::accounts::{Account, TokenError};
 use crate::limits::{Bucket, Refusal};
 use crate::routing::ShardLink;
 use crate::shared::{session_id, session_parts, Inbox, Mail, Shared};
@@ -1204,10 +1205,7 @@ impl Ctx {
         if !matches!(conn.session, Session::Anonymous) {
             return self.refuse(conn, slot, ErrorCode::AlreadyLoggedIn, "already logged in", 0);
         }
-        let unix_now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let unix_now = self.shared.clock.unix_at(now);
         let player = match self.shared.config.resume_key.verify(token, unix_now) {
             Ok(player) => player,
             Err(error) => {
@@ -1238,10 +1236,39 @@ impl Ctx {
         if !matches!(conn.session, Session::Anonymous) {
             return self.refuse(conn, slot, ErrorCode::AlreadyLoggedIn, "already logged in", 0);
         }
+        let dev_mode = self.shared.config.dev_mode;
+        let tokens = &self.shared.metrics.login_tokens;
+        let account = if login.token.is_empty() {
+            if !dev_mode {
+                tokens.inc("missing");
+                let detail = "a login token is required (Login.token, from your login service)";
+                return self.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
+            }
+            // Dev mode: the account is the name the client gives.
+            Account { id: login.name.clone(), name: None }
+        } else {
+            let unix_now = self.shared.clock.unix_at(self.now);
+            match self.shared.login_keys.keys().verify(&login.token, unix_now) {
+                Ok(account) => {
+                    tokens.inc("ok");
+                    account
+                }
+                Err(error) => {
+                    let expired = matches!(error, TokenError::Expired | TokenError::NotYetValid);
+                    tokens.inc(if expired { "expired" } else { "invalid" });
+                    return self.refuse(conn, slot, ErrorCode::InvalidToken, &error.to_string(), 0);
+                }
+            }
+        };
+        // The token's display name, when it gives one, is the player's name.
+        let login = meridian_protocol::pb::Login {
+            name: account.name.clone().unwrap_or(login.name),
+            ..login
+        };
         if let Err(invalid) = validate_name(&login.name) {
             return self.refuse(conn, slot, invalid.code(), &invalid.to_string(), 0);
         }
-        let dev_mode = self.shared.config.dev_mode;
+        debug!(account = %account.id, name = %login.name, "login");
         let spawn = login.spawn.filter(|_| dev_mode);
         let placed = self.shared.routing.read(|table| {
             if let Some(spawn) = spawn {
@@ -1535,6 +1562,15 @@ mod tests {
         n: u32,
         limits: Limits,
     ) -> (Core<()>, Links, std::sync::mpsc::SyncSender<Mail>) {
+        core_configured(room, n, limits, true)
+    }
+
+    fn core_configured(
+        room: usize,
+        n: u32,
+        limits: Limits,
+        dev_mode: bool,
+    ) -> (Core<()>, Links, std::sync::mpsc::SyncSender<Mail>) {
         let links: Links = (1..=n)
             .map(|id| {
                 let (inputs, relay) = mpsc::channel(room);
@@ -1560,11 +1596,12 @@ mod tests {
             max_frame: 4096,
             max_output_bytes: 1 << 20,
             limits: limits.clone(),
-            dev_mode: true,
+            dev_mode,
             lease_ttl: std::time::Duration::from_secs(3),
             resume_key: TokenKey::new(vec![7; 32]).expect("a valid key"),
             advertise_admin: None,
             advertise: None,
+            jwks: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {
@@ -1577,6 +1614,8 @@ mod tests {
             admission: crate::limits::Admission::new(limits),
             output_by_worker: vec![AtomicUsize::new(0)],
             worker_failed: tokio::sync::Notify::new(),
+            login_keys: crate::accounts::LoginKeys::new(None, dev_mode),
+            clock: crate::accounts::UnixClock::now(),
         });
         let (mail, receiver) = sync_channel(16);
         let inbox = Inbox::for_tests(receiver);
@@ -2048,6 +2087,25 @@ mod tests {
         // And it plays on 2.
         write_all_at(&mut core, slot, vec![step(1)], t0);
         assert_eq!(relayed(&mut links[1].1).len(), 1, "the move goes to shard 2");
+    }
+
+    /// Outside dev mode a Login needs a token: without one, or with one no key verifies,
+    /// the client gets INVALID_TOKEN, nothing is relayed, and the connection stays open (a
+    /// Login with a good token then goes through: here, none can, as no keys are set).
+    #[test]
+    fn outside_dev_mode_a_login_without_a_good_token_is_refused_and_stays_open() {
+        let (mut core, mut links, _mail) = core_configured(64, 1, Limits::default(), false);
+        let t0 = Instant::now();
+        let slot = core.insert((), None, t0).expect("admitted");
+        let login = |token: &str| {
+            C::Login(Login { name: "ann".into(), token: token.into(), ..Default::default() })
+        };
+        let dev = crate::accounts::mint_dev_token("ann", None, 1_900_000_000, 60);
+        write_all_at(&mut core, slot, vec![login(""), login("not.a.token"), login(&dev)], t0);
+        let codes = errors(&replies(&mut core, slot));
+        assert_eq!(codes, vec![(ErrorCode::InvalidToken, 0); 3]);
+        assert!(relayed(&mut links[0].1).is_empty(), "nothing reached a shard");
+        assert!(core.get_mut(slot).is_some_and(|c| c.closing == Closing::No));
     }
 
     #[test]

@@ -180,6 +180,7 @@ impl Harness {
             resume_key: resume_key(),
             advertise_admin: None,
             advertise: None,
+            jwks: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {
@@ -192,6 +193,8 @@ impl Harness {
             admission: Admission::new(config.limits),
             output_by_worker: vec![AtomicUsize::new(0)],
             worker_failed: tokio::sync::Notify::new(),
+            login_keys: crate::accounts::LoginKeys::new(None, true),
+            clock: crate::accounts::UnixClock::now(),
         });
         let (mail, receiver) = sync_channel(MAILBOX);
         let core = Core::new(0, Arc::clone(&shared), Inbox::for_tests(receiver));

@@ -97,6 +97,9 @@ pub struct GatewayConfig {
     pub advertise_admin: Option<String>,
     /// The game address clients are told about, if not the listener's own.
     pub advertise: Option<String>,
+    /// The JWKS file of the login service's public keys (`--jwks`); re-read when it
+    /// changes. Without it, only dev mode's development key is accepted.
+    pub jwks: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +114,8 @@ pub enum GatewayError {
     Listener(#[source] std::io::Error),
     #[error("an event loop failed (see the log); the gateway stopped")]
     WorkerFailed,
+    #[error("login keys: {0}")]
+    Keys(String),
 }
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
@@ -164,6 +169,12 @@ pub async fn run(
     let listeners = worker::reuseport_listeners(game, config.workers)
         .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
     let stopping = Arc::new(AtomicBool::new(false));
+    let key_file = match &config.jwks {
+        Some(path) => {
+            Some(accounts::KeyFile::open(path, config.dev_mode).map_err(GatewayError::Keys)?)
+        }
+        None => None,
+    };
     let shared = Arc::new(shared::Shared {
         config: config.clone(),
         routing: Arc::clone(&routing.table),
@@ -174,7 +185,12 @@ pub async fn run(
         admission: limits::Admission::new(config.limits.clone()),
         output_by_worker: (0..loops).map(|_| Default::default()).collect(),
         worker_failed: tokio::sync::Notify::new(),
+        login_keys: accounts::LoginKeys::new(key_file, config.dev_mode),
+        clock: accounts::UnixClock::now(),
     });
+    if config.jwks.is_some() {
+        tokio::spawn(reload_login_keys(Arc::clone(&shared)));
+    }
     let mut workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
     let quic_addr = match quic {
         Some(front) => {
@@ -255,6 +271,26 @@ pub async fn run(
         return Err(GatewayError::WorkerFailed);
     }
     Ok(())
+}
+
+/// Re-reads the JWKS file every second if it changed (key rotation without a restart).
+async fn reload_login_keys(shared: Arc<shared::Shared>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        match shared.login_keys.refresh() {
+            Ok(false) => {}
+            Ok(true) => {
+                shared.metrics.key_reloads.inc("loaded");
+                let keys = shared.login_keys.keys().len();
+                info!(keys, "login keys reloaded");
+            }
+            Err(error) => {
+                shared.metrics.key_reloads.inc("failed");
+                warn!(%error, "login keys not reloaded; the keys in use stay");
+            }
+        }
+    }
 }
 
 /// The QUIC address to publish: the advertised game host (if any) with the QUIC port, so a

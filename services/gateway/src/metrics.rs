@@ -38,6 +38,10 @@ pub struct GatewayMetrics {
     pub rate_limited: CounterFamily,
     /// Connections closed at a deadline, by which (`login`, `idle`).
     pub deadlines: CounterFamily,
+    /// Login token checks, by outcome.
+    pub login_tokens: CounterFamily,
+    /// JWKS file reloads, by outcome (`loaded`, `failed`).
+    pub key_reloads: CounterFamily,
     pub reads_paused: Arc<Counter>,
     pub input_floods_cut: Arc<Counter>,
     pub output_bytes: Arc<Gauge>,
@@ -81,6 +85,20 @@ impl GatewayMetrics {
                 l,
                 "kind",
                 ["move", "chat"],
+            ),
+            login_tokens: registry.counter_family(
+                "meridian_gateway_login_tokens_total",
+                "Login tokens checked, by outcome: ok, missing (none outside dev mode), invalid (malformed, unknown key, bad signature, no sub), expired (exp or nbf).",
+                l,
+                "result",
+                ["ok", "missing", "invalid", "expired"],
+            ),
+            key_reloads: registry.counter_family(
+                "meridian_gateway_key_reloads_total",
+                "Re-reads of the login keys' JWKS file after it changed: loaded, or failed (the keys in use were kept).",
+                l,
+                "result",
+                ["loaded", "failed"],
             ),
             deadlines: registry.counter_family(
                 "meridian_gateway_deadline_closes_total",

@@ -33,6 +33,10 @@ pub struct Shared {
     pub output_by_worker: Vec<AtomicUsize>,
     /// Woken when an event loop fails: the gateway stops and exits non-zero.
     pub worker_failed: tokio::sync::Notify,
+    /// What login tokens are checked against.
+    pub login_keys: crate::accounts::LoginKeys,
+    /// Unix time for the core, from its `Instant`s (token expiries).
+    pub clock: crate::accounts::UnixClock,
 }
 
 impl Shared {

@@ -29,7 +29,7 @@ pub enum Command {
     /// Run a whole local cluster: etcd, shards and gateways as child processes, dev mode on.
     Up(UpArgs),
     /// Run one gateway node.
-    Gateway(GatewayArgs),
+    Gateway(Box<GatewayArgs>),
     /// Run one zone shard node.
     Shard(ShardArgs),
     /// Print members, health and the partition map from etcd.
@@ -155,6 +155,11 @@ pub struct GatewayArgs {
     /// Game address to advertise in etcd (default: the listener's address).
     #[arg(long, env = "MERIDIAN_ADVERTISE")]
     pub advertise: Option<String>,
+    /// The login service's public keys (a JWKS file), checked on every Login's token and
+    /// re-read when the file changes. Outside dev mode every Login needs a token signed by
+    /// one of them; in dev mode a Login without a token is the account named by its name.
+    #[arg(long, env = "MERIDIAN_JWKS")]
+    pub jwks: Option<std::path::PathBuf>,
     /// Event loop: io_uring (falls back to epoll if unavailable) or epoll.
     #[arg(long, env = "MERIDIAN_IO", value_enum, default_value = "uring")]
     pub io: Io,
@@ -353,6 +358,10 @@ pub struct UpArgs {
     /// Write the cluster's addresses and pids as JSON here once everything is ready.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// A JWKS file of login keys for every gateway (see `meridian gateway --jwks`); the
+    /// development key (`meridian token`) is accepted as well.
+    #[arg(long)]
+    pub jwks: Option<PathBuf>,
     /// Addresses the gateways' per-address connection limits do not apply to: loopback by
     /// default, so local load tests with thousands of bots work; `--limit-exempt ''` to
     /// try the limits locally.
@@ -589,6 +598,7 @@ impl GatewayArgs {
             dev_mode: self.common.dev,
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             advertise: self.advertise,
+            jwks: self.jwks,
         };
         finish(GatewayNode { config, listen: self.listen, quic, common: self.common }, problems)
     }

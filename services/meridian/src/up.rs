@@ -160,6 +160,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         if !exempt.is_empty() {
             command.args(["--limit-exempt", &exempt.join(",")]);
         }
+        if let Some(jwks) = &args.jwks {
+            command.arg("--jwks").arg(jwks);
+        }
         common(&mut command, &ready);
         nodes.list.push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
     }

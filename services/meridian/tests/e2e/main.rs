@@ -11,6 +11,7 @@ mod failover;
 mod resume_close;
 mod shard_failure;
 mod stale_epoch;
+mod tokens;
 mod world;
 
 #[macro_use]
@@ -22,4 +23,5 @@ transport_scenarios!(
     for_both_backends,
     cluster_up::up_reports_every_node,
     resume_close::resume_on_a_connection_that_closes_at_once,
+    tokens::login_tokens_are_checked_and_keys_rotate,
 );
