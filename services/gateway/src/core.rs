@@ -27,7 +27,7 @@ use tracing::{debug, trace, warn};
 use crate::accounts::{Account, TokenError};
 use crate::limits::{Bucket, Refusal};
 use crate::routing::ShardLink;
-use crate::shared::{session_id, session_parts, Inbox, Mail, Shared};
+use crate::shared::{session_id, session_parts, AccountAnswer, Inbox, Mail, Shared};
 use crate::Placement;
 
 /// How long a connection being closed after an error may keep its read side open, so the
@@ -144,6 +144,8 @@ pub struct Conn<T> {
     restoring: bool,
     /// A shard this player was handed to that the routing table did not know yet.
     pending_owner: Option<ShardId>,
+    /// A login waiting for the player store's answer (`--store`).
+    pending_login: Option<PendingLogin>,
     /// The owner this player was handed from, until the new owner's first output shows
     /// it took the player: if the old owner dies before then, its `Handoff` may have died
     /// with it, and the player is restored like one of the dead shard's own.
@@ -181,6 +183,20 @@ struct Ctx {
     /// The time of the event being handled (the core reads no clock of its own).
     now: Instant,
 }
+
+/// What a login waiting for its account's player needs to go on.
+struct PendingLogin {
+    account: String,
+    name: String,
+    /// Where the client asked to be (dev mode); wins over the saved cell.
+    spawn: Option<meridian_protocol::pb::Position>,
+    /// Ids offered so far that belonged to other accounts.
+    tries: u8,
+}
+
+/// How many ids a login offers the store before it gives up (each one taken by another
+/// account: only if etcd's id allocator was reset under an old store).
+const ID_TRIES: u8 = 3;
 
 pub struct Core<T> {
     slots: Vec<Option<Conn<T>>>,
@@ -280,6 +296,7 @@ impl<T> Core<T> {
             pending_owner: None,
             handed_from: None,
             claim: None,
+            pending_login: None,
             held: Vec::new(),
             held_bytes: 0,
             closing: Closing::No,
@@ -387,6 +404,16 @@ impl<T> Core<T> {
                 }
                 Mail::Restore { dead } => {
                     self.restore(dead);
+                    continue;
+                }
+                Mail::Account { session, answer } => {
+                    let (_, slot, generation) = session_parts(session);
+                    let conn = self.slots.get_mut(slot as usize).and_then(Option::as_mut);
+                    if let Some(conn) =
+                        conn.filter(|c| c.generation_slot == generation && c.closing == Closing::No)
+                    {
+                        self.ctx.account_answer(conn, slot, answer);
+                    }
                     continue;
                 }
             };
@@ -1233,7 +1260,7 @@ impl Ctx {
         session: u64,
         login: meridian_protocol::pb::Login,
     ) {
-        if !matches!(conn.session, Session::Anonymous) {
+        if !matches!(conn.session, Session::Anonymous) || conn.pending_login.is_some() {
             return self.refuse(conn, slot, ErrorCode::AlreadyLoggedIn, "already logged in", 0);
         }
         let dev_mode = self.shared.config.dev_mode;
@@ -1270,6 +1297,88 @@ impl Ctx {
         }
         debug!(account = %account.id, name = %login.name, "login");
         let spawn = login.spawn.filter(|_| dev_mode);
+        if self.shared.accounts.is_some() {
+            let pending = PendingLogin { account: account.id, name: login.name, spawn, tries: 0 };
+            return self.ask_store(conn, slot, pending);
+        }
+        let Some(player) = self.next_player_id() else {
+            return self.refuse(conn, slot, ErrorCode::Unavailable, "no player ids available", 0);
+        };
+        self.place(conn, slot, session, player, login.name, spawn);
+    }
+
+    /// Asks the player store for the account's player; the answer comes as mail.
+    fn ask_store<T>(&mut self, conn: &mut Conn<T>, slot: u32, pending: PendingLogin) {
+        let Some(new_id) = self.next_player_id() else {
+            return self.refuse(conn, slot, ErrorCode::Unavailable, "no player ids available", 0);
+        };
+        let session = session_id(self.worker, slot, conn.generation_slot);
+        let request = crate::shared::AccountRequest {
+            worker: self.worker,
+            session,
+            account: pending.account.clone(),
+            name: pending.name.clone(),
+            new_id,
+        };
+        let Some(accounts) = &self.shared.accounts else { return };
+        match accounts.try_send(request) {
+            Ok(()) => conn.pending_login = Some(pending),
+            Err(_) => {
+                self.shared.metrics.store_lookups.inc("busy");
+                let detail = "too many logins waiting for the player store; try again";
+                self.refuse(conn, slot, ErrorCode::Unavailable, detail, 0);
+            }
+        }
+    }
+
+    /// The player store answered a login.
+    fn account_answer<T>(&mut self, conn: &mut Conn<T>, slot: u32, answer: AccountAnswer) {
+        let Some(mut pending) = conn.pending_login.take() else { return };
+        if !matches!(conn.session, Session::Anonymous) {
+            return;
+        }
+        let session = session_id(self.worker, slot, conn.generation_slot);
+        let metrics = &self.shared.metrics.store_lookups;
+        match answer {
+            AccountAnswer::Player(player) => {
+                metrics.inc("ok");
+                let size = self.shared.routing.read(|t| t.map_size());
+                let saved = player
+                    .saved
+                    .map(|s| s.at)
+                    .filter(|&(x, y)| size.is_some_and(|(width, height)| x < width && y < height));
+                let saved = saved.map(|(x, y)| meridian_protocol::pb::Position { x, y });
+                let spawn = pending.spawn.or(saved);
+                self.place(conn, slot, session, player.player_id, player.name, spawn);
+            }
+            AccountAnswer::IdTaken if pending.tries + 1 < ID_TRIES => {
+                pending.tries += 1;
+                self.ask_store(conn, slot, pending);
+            }
+            AccountAnswer::IdTaken => {
+                metrics.inc("unavailable");
+                let detail = "no free player id for a new account";
+                self.refuse(conn, slot, ErrorCode::Unavailable, detail, 0);
+            }
+            AccountAnswer::Unavailable(why) => {
+                metrics.inc("unavailable");
+                let detail = format!("player store unavailable: {why}");
+                self.refuse(conn, slot, ErrorCode::Unavailable, &detail, 0);
+            }
+        }
+    }
+
+    /// Places a logged-in player: on the owner of `spawn` if given, else by the placement
+    /// policy; the Join goes to that shard.
+    fn place<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        player: u64,
+        name: String,
+        spawn: Option<meridian_protocol::pb::Position>,
+    ) {
         let placed = self.shared.routing.read(|table| {
             if let Some(spawn) = spawn {
                 let (width, height) = table.map_size()?;
@@ -1314,9 +1423,6 @@ impl Ctx {
             }
             Some(Ok(link)) => link,
         };
-        let Some(player) = self.next_player_id() else {
-            return self.refuse(conn, slot, ErrorCode::Unavailable, "no player ids available", 0);
-        };
         self.shared.metrics.logins.inc();
         self.relay(
             &link,
@@ -1324,14 +1430,14 @@ impl Ctx {
             player,
             conn.take_seq(),
             Input::Join(Join {
-                name: login.name.clone(),
+                name: name.clone(),
                 spawn,
                 restore: false,
                 generation: 0,
                 gateway_id: 0,
             }),
         );
-        conn.name = login.name;
+        conn.name = name;
         conn.session = Session::Playing { player, link };
     }
 
@@ -1602,6 +1708,7 @@ mod tests {
             advertise_admin: None,
             advertise: None,
             jwks: None,
+            store: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {
@@ -1616,6 +1723,7 @@ mod tests {
             worker_failed: tokio::sync::Notify::new(),
             login_keys: crate::accounts::LoginKeys::new(None, dev_mode),
             clock: crate::accounts::UnixClock::now(),
+            accounts: None,
         });
         let (mail, receiver) = sync_channel(16);
         let inbox = Inbox::for_tests(receiver);

@@ -181,6 +181,7 @@ impl Harness {
             advertise_admin: None,
             advertise: None,
             jwks: None,
+            store: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {
@@ -195,6 +196,7 @@ impl Harness {
             worker_failed: tokio::sync::Notify::new(),
             login_keys: crate::accounts::LoginKeys::new(None, true),
             clock: crate::accounts::UnixClock::now(),
+            accounts: None,
         });
         let (mail, receiver) = sync_channel(MAILBOX);
         let core = Core::new(0, Arc::clone(&shared), Inbox::for_tests(receiver));

@@ -100,6 +100,9 @@ pub struct GatewayConfig {
     /// The JWKS file of the login service's public keys (`--jwks`); re-read when it
     /// changes. Without it, only dev mode's development key is accepted.
     pub jwks: Option<std::path::PathBuf>,
+    /// The player store (`--store`): each account keeps its player id (and, once saves
+    /// are wired, its cell and state). Without it every login is a new player.
+    pub store: Option<meridian_store::Address>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +119,8 @@ pub enum GatewayError {
     WorkerFailed,
     #[error("login keys: {0}")]
     Keys(String),
+    #[error("player store: {0}")]
+    Store(#[from] meridian_store::StoreError),
 }
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
@@ -175,6 +180,11 @@ pub async fn run(
         }
         None => None,
     };
+    let store = match &config.store {
+        Some(address) => Some(meridian_store::Store::open(address).await?),
+        None => None,
+    };
+    let (accounts, account_requests) = tokio::sync::mpsc::channel(ACCOUNT_QUEUE);
     let shared = Arc::new(shared::Shared {
         config: config.clone(),
         routing: Arc::clone(&routing.table),
@@ -187,6 +197,7 @@ pub async fn run(
         worker_failed: tokio::sync::Notify::new(),
         login_keys: accounts::LoginKeys::new(key_file, config.dev_mode),
         clock: accounts::UnixClock::now(),
+        accounts: store.is_some().then_some(accounts),
     });
     if config.jwks.is_some() {
         tokio::spawn(reload_login_keys(Arc::clone(&shared)));
@@ -201,6 +212,10 @@ pub async fn run(
         None => None,
     };
     let mailboxes = Arc::new(workers.mailboxes());
+    if let Some(store) = store {
+        info!(store = store.kind(), "accounts keep their players in the player store");
+        tokio::spawn(answer_logins(store, account_requests, Arc::clone(&mailboxes)));
+    }
     tokio::spawn(relay::maintain_links(
         config.id,
         watch.changes(),
@@ -271,6 +286,33 @@ pub async fn run(
         return Err(GatewayError::WorkerFailed);
     }
     Ok(())
+}
+
+/// Logins waiting for the player store at most; past it a login is answered UNAVAILABLE
+/// at once (`meridian_gateway_store_lookups_total{result="busy"}`).
+const ACCOUNT_QUEUE: usize = 4_096;
+
+/// Looks up each login's account in the player store, in arrival order, and hands the
+/// answer to the login's worker.
+async fn answer_logins(
+    store: meridian_store::Store,
+    mut requests: tokio::sync::mpsc::Receiver<shared::AccountRequest>,
+    mailboxes: Arc<Vec<shared::Mailbox>>,
+) {
+    use meridian_store::StoreError;
+    while let Some(request) = requests.recv().await {
+        let answer = match store.player(&request.account, &request.name, request.new_id).await {
+            Ok(player) => shared::AccountAnswer::Player(player),
+            Err(StoreError::IdTaken(_)) => shared::AccountAnswer::IdTaken,
+            Err(error) => {
+                warn!(%error, account = %request.account, "player store lookup failed");
+                shared::AccountAnswer::Unavailable(error.to_string())
+            }
+        };
+        if let Some(mailbox) = mailboxes.get(request.worker) {
+            mailbox.account(request.session, answer).await;
+        }
+    }
 }
 
 /// Re-reads the JWKS file every second if it changed (key rotation without a restart).

@@ -42,6 +42,8 @@ pub struct GatewayMetrics {
     pub login_tokens: CounterFamily,
     /// JWKS file reloads, by outcome (`loaded`, `failed`).
     pub key_reloads: CounterFamily,
+    /// Logins' questions to the player store, by outcome.
+    pub store_lookups: CounterFamily,
     pub reads_paused: Arc<Counter>,
     pub input_floods_cut: Arc<Counter>,
     pub output_bytes: Arc<Gauge>,
@@ -99,6 +101,13 @@ impl GatewayMetrics {
                 l,
                 "result",
                 ["loaded", "failed"],
+            ),
+            store_lookups: registry.counter_family(
+                "meridian_gateway_store_lookups_total",
+                "Logins' lookups of their account's player in the player store: ok, unavailable (the store failed or no id was free: the client got UNAVAILABLE), busy (too many waiting: UNAVAILABLE at once).",
+                l,
+                "result",
+                ["ok", "unavailable", "busy"],
             ),
             deadlines: registry.counter_family(
                 "meridian_gateway_deadline_closes_total",

@@ -37,6 +37,9 @@ pub struct Shared {
     pub login_keys: crate::accounts::LoginKeys,
     /// Unix time for the core, from its `Instant`s (token expiries).
     pub clock: crate::accounts::UnixClock,
+    /// Where logins ask the player store for their account's player (`--store`); without
+    /// a store every login is a new player.
+    pub accounts: Option<tokio::sync::mpsc::Sender<AccountRequest>>,
 }
 
 impl Shared {
@@ -86,6 +89,27 @@ pub enum Mail {
     LinkDown { link: Arc<ShardLink>, done: tokio::sync::oneshot::Sender<()> },
     /// This shard is gone and its region reassigned: restore its players elsewhere.
     Restore { dead: ShardId },
+    /// The player store's answer to a login's [`AccountRequest`].
+    Account { session: u64, answer: AccountAnswer },
+}
+
+/// A login waiting for its account's player from the player store.
+#[derive(Debug, Clone)]
+pub struct AccountRequest {
+    pub worker: usize,
+    pub session: u64,
+    pub account: String,
+    pub name: String,
+    /// The id the player gets if the account is new (from the worker's id block).
+    pub new_id: u64,
+}
+
+#[derive(Debug)]
+pub enum AccountAnswer {
+    Player(meridian_store::Player),
+    /// The id offered belongs to another account: ask again with another.
+    IdTaken,
+    Unavailable(String),
 }
 
 /// A worker's inbox for shard output, and the way to wake its event loop.
@@ -120,6 +144,11 @@ impl Mailbox {
     /// Tells the worker to restore the players of a dead shard.
     pub async fn restore(&self, dead: ShardId) {
         self.send(Mail::Restore { dead }).await;
+    }
+
+    /// Hands a login its account's player (or why not).
+    pub async fn account(&self, session: u64, answer: AccountAnswer) {
+        self.send(Mail::Account { session, answer }).await;
     }
 
     /// Tells the worker a link failed; resolves once the worker has answered for it.

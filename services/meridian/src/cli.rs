@@ -160,6 +160,11 @@ pub struct GatewayArgs {
     /// one of them; in dev mode a Login without a token is the account named by its name.
     #[arg(long, env = "MERIDIAN_JWKS")]
     pub jwks: Option<std::path::PathBuf>,
+    /// The player store: `postgres://...` (a cluster) or `sqlite:PATH` (one machine). Each
+    /// account then keeps its player id across logins. Without it every login is a new
+    /// player.
+    #[arg(long, env = "MERIDIAN_STORE")]
+    pub store: Option<String>,
     /// Event loop: io_uring (falls back to epoll if unavailable) or epoll.
     #[arg(long, env = "MERIDIAN_IO", value_enum, default_value = "uring")]
     pub io: Io,
@@ -362,6 +367,9 @@ pub struct UpArgs {
     /// development key (`meridian token`) is accepted as well.
     #[arg(long)]
     pub jwks: Option<PathBuf>,
+    /// A player store for every gateway (see `meridian gateway --store`).
+    #[arg(long)]
+    pub store: Option<String>,
     /// Addresses the gateways' per-address connection limits do not apply to: loopback by
     /// default, so local load tests with thousands of bots work; `--limit-exempt ''` to
     /// try the limits locally.
@@ -535,6 +543,11 @@ impl GatewayArgs {
         }
         let resume_key = resume_key(&self.common, &mut problems);
         let limits = self.limits.limits(self.max_frame, self.max_output, &mut problems);
+        let store = self.store.as_deref().and_then(|spec| {
+            meridian_store::Address::parse(spec)
+                .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
+                .ok()
+        });
         let quic = self.quic.map(|addr| {
             let timeouts = QuicTimeouts {
                 idle: Duration::from_millis(self.quic_idle_timeout_ms),
@@ -599,6 +612,7 @@ impl GatewayArgs {
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             advertise: self.advertise,
             jwks: self.jwks,
+            store,
         };
         finish(GatewayNode { config, listen: self.listen, quic, common: self.common }, problems)
     }

@@ -163,6 +163,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         if let Some(jwks) = &args.jwks {
             command.arg("--jwks").arg(jwks);
         }
+        if let Some(store) = &args.store {
+            command.args(["--store", store]);
+        }
         common(&mut command, &ready);
         nodes.list.push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
     }

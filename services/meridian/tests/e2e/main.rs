@@ -5,6 +5,7 @@
 //! Every scenario runs once per gateway I/O backend (`mod uring`, `mod epoll`), and every
 //! scenario starts its own cluster with a unique name, so tests run in parallel.
 
+mod accounts;
 mod cluster_up;
 mod errors;
 mod failover;

@@ -1,0 +1,107 @@
+//! Accounts keep their player (issue 12): gateways given a player store (`--store`) look up
+//! each login's account there. The same account gets the same `player_id` every time it
+//! logs in, other accounts other ids; in dev mode the account of a Login without a token is
+//! its name. Run with the SQLite default and with a real PostgreSQL of the test's own, which
+//! is then stopped: logins get `UNAVAILABLE` (the connection stays open) until it is back.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use meridian_testkit::pb::{client_message::Kind as C, server_message::Kind as S, ErrorCode};
+use meridian_testkit::pb::{ClientMessage, Login, Position};
+use meridian_testkit::{Bot, ClusterOptions, GameAddr, Io, TempPostgres};
+
+use crate::with_cluster;
+
+/// Logs in on a fresh connection (token from `meridian token` unless `dev_name` is given,
+/// then no token and that name); the LoginOk's player id, or the Error's code.
+fn login(
+    addr: GameAddr,
+    account: &str,
+    dev_name: Option<&str>,
+) -> anyhow::Result<(Bot, Result<u64, i32>)> {
+    let token = match dev_name {
+        Some(_) => String::new(),
+        None => {
+            let output = std::process::Command::new(crate::meridian_bin())
+                .args(["token", "--sub", account])
+                .output()?;
+            String::from_utf8(output.stdout)?.trim().to_string()
+        }
+    };
+    let name = dev_name.unwrap_or("client-name").to_string();
+    let mut bot = Bot::connect(addr)?;
+    let spawn = Some(Position { x: 20, y: 20 });
+    bot.send(&ClientMessage { kind: Some(C::Login(Login { name, spawn, token })) })?;
+    let by = Instant::now() + Duration::from_secs(10);
+    loop {
+        match bot.recv(by)?.kind {
+            Some(S::LoginOk(ok)) => return Ok((bot, Ok(ok.player_id))),
+            Some(S::Error(e)) => return Ok((bot, Err(e.code))),
+            _ => continue,
+        }
+    }
+}
+
+/// Logs in, then out (the server closes the connection), and returns the player id.
+fn login_and_out(addr: GameAddr, account: &str, dev_name: Option<&str>) -> anyhow::Result<u64> {
+    let (mut bot, answer) = login(addr, account, dev_name)?;
+    let id = answer.map_err(|code| anyhow::anyhow!("{account}: Error {code}"))?;
+    bot.send(&meridian_testkit::msg::logout())?;
+    bot.expect_closed(Instant::now() + Duration::from_secs(10))?;
+    Ok(id)
+}
+
+fn accounts_keep_their_ids(addr: GameAddr) -> anyhow::Result<()> {
+    let alice = login_and_out(addr, "alice", None)?;
+    ensure!(login_and_out(addr, "alice", None)? == alice, "alice again: the same player id");
+    let bob = login_and_out(addr, "bob", None)?;
+    ensure!(bob != alice, "bob is not alice: {bob}");
+    let carol = login_and_out(addr, "", Some("carol"))?;
+    ensure!(login_and_out(addr, "", Some("carol"))? == carol, "dev mode: the name's account");
+    ensure!(carol != alice && carol != bob, "carol has her own id");
+    Ok(())
+}
+
+#[test]
+fn accounts_keep_their_player_ids_in_sqlite() {
+    let dir = std::env::temp_dir().join(format!("meridian-e2e-store-{}", std::process::id()));
+    let store = format!("sqlite:{}", dir.join("players.db").display());
+    let options = ClusterOptions::new(Io::Uring).shards(1).arg("--store").arg(store);
+    with_cluster(options, |cluster| accounts_keep_their_ids(cluster.client_addr(0)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn accounts_keep_their_player_ids_in_postgres_and_logins_wait_out_an_outage() {
+    let mut pg = TempPostgres::start().expect("a PostgreSQL server of the test's own");
+    let options = ClusterOptions::new(Io::Uring).shards(1).arg("--store").arg(pg.url());
+    with_cluster(options, |cluster| {
+        let addr = cluster.client_addr(0);
+        accounts_keep_their_ids(addr)?;
+        let alice = login_and_out(addr, "alice", None)?;
+        pg.stop()?;
+        let (mut bot, answer) = login(addr, "alice", None)?;
+        ensure!(answer == Err(ErrorCode::Unavailable as i32), "store down: {answer:?}");
+        pg.restart()?;
+        // The same connection, still open, logs in once the store is back.
+        let token = String::from_utf8(
+            std::process::Command::new(crate::meridian_bin())
+                .args(["token", "--sub", "alice"])
+                .output()?
+                .stdout,
+        )?;
+        let login = Login { name: "a".into(), spawn: None, token: token.trim().into() };
+        bot.send(&ClientMessage { kind: Some(C::Login(login)) })?;
+        let by = Instant::now() + Duration::from_secs(10);
+        let id = loop {
+            match bot.recv(by).context("after the store came back")?.kind {
+                Some(S::LoginOk(ok)) => break ok.player_id,
+                Some(S::Error(e)) => anyhow::bail!("after the store came back: {e:?}"),
+                _ => continue,
+            }
+        };
+        ensure!(id == alice, "alice keeps her id across the outage: {id} != {alice}");
+        Ok(())
+    });
+}
