@@ -1304,7 +1304,7 @@ impl Ctx {
         let Some(player) = self.next_player_id() else {
             return self.refuse(conn, slot, ErrorCode::Unavailable, "no player ids available", 0);
         };
-        self.place(conn, slot, session, player, login.name, spawn);
+        self.place(conn, slot, session, player, login.name, spawn, 0);
     }
 
     /// Asks the player store for the account's player; the answer comes as mail.
@@ -1343,13 +1343,15 @@ impl Ctx {
             AccountAnswer::Player(player) => {
                 metrics.inc("ok");
                 let size = self.shared.routing.read(|t| t.map_size());
-                let saved = player
-                    .saved
-                    .map(|s| s.at)
-                    .filter(|&(x, y)| size.is_some_and(|(width, height)| x < width && y < height));
+                let saved =
+                    player.saved.as_ref().map(|s| s.at).filter(|&(x, y)| {
+                        size.is_some_and(|(width, height)| x < width && y < height)
+                    });
                 let saved = saved.map(|(x, y)| meridian_protocol::pb::Position { x, y });
                 let spawn = pending.spawn.or(saved);
-                self.place(conn, slot, session, player.player_id, player.name, spawn);
+                // After the generation it was saved at: its saves from now on are newer.
+                let generation = player.saved.as_ref().map_or(0, |s| s.generation + 1);
+                self.place(conn, slot, session, player.player_id, player.name, spawn, generation);
             }
             AccountAnswer::IdTaken if pending.tries + 1 < ID_TRIES => {
                 pending.tries += 1;
@@ -1378,6 +1380,7 @@ impl Ctx {
         player: u64,
         name: String,
         spawn: Option<meridian_protocol::pb::Position>,
+        generation: u64,
     ) {
         let placed = self.shared.routing.read(|table| {
             if let Some(spawn) = spawn {
@@ -1433,11 +1436,12 @@ impl Ctx {
                 name: name.clone(),
                 spawn,
                 restore: false,
-                generation: 0,
+                generation,
                 gateway_id: 0,
             }),
         );
         conn.name = name;
+        conn.generation = generation;
         conn.session = Session::Playing { player, link };
     }
 

@@ -140,6 +140,14 @@ pub struct ShardArgs {
     /// incomplete and the shard exits non-zero.
     #[arg(long, env = "MERIDIAN_DRAIN_TIMEOUT", default_value_t = 60)]
     pub drain_timeout: u64,
+    /// The player store this shard saves its players in: `postgres://...` or `sqlite:PATH`
+    /// (the same one the gateways use). Without it nothing is saved.
+    #[arg(long, env = "MERIDIAN_STORE")]
+    pub store: Option<String>,
+    /// Seconds between saves of the players that moved (they are also saved when they log
+    /// out or their connection drops).
+    #[arg(long, env = "MERIDIAN_SAVE_INTERVAL", default_value_t = 10)]
+    pub save_interval: u64,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -504,6 +512,14 @@ impl ShardArgs {
             problems.push("--listen on an unspecified address needs --advertise".into());
         }
         let resume_key = resume_key(&self.common, &mut problems);
+        let store = self.store.as_deref().and_then(|spec| {
+            meridian_store::Address::parse(spec)
+                .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
+                .ok()
+        });
+        if self.save_interval == 0 {
+            problems.push("--save-interval must be at least 1 second".into());
+        }
         let config = ShardConfig {
             resume_key,
             id: ShardId(self.id),
@@ -517,6 +533,8 @@ impl ShardArgs {
             resume_window: Duration::from_secs(self.resume_window),
             advertise_admin: self.common.advertise_admin.clone(),
             advertise: self.advertise,
+            store,
+            save_interval: Duration::from_secs(self.save_interval),
         };
         finish(ShardNode { config, listen: self.listen, common: self.common }, problems)
     }

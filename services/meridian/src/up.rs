@@ -137,6 +137,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         let mut command = Command::new(&me);
         command.args(["shard", "--id", &id.to_string(), "--listen", "127.0.0.1:0"]);
         command.args(["--resume-window".to_string(), args.resume_window.to_string()]);
+        if let Some(store) = &args.store {
+            command.args(["--store", store]);
+        }
         common(&mut command, &ready);
         nodes.list.push(spawn(&mut command, &format!("shard-{id}"), ready)?);
     }

@@ -79,6 +79,8 @@ pub struct WorldActor {
     peers_up: Vec<ShardId>,
     metrics: Arc<ShardMetrics>,
     out: Vec<Transmit>,
+    /// Where the core's saves go (to the player store's writer, if there is one).
+    saves: crate::saver::Saves,
 }
 
 impl WorldActor {
@@ -87,6 +89,7 @@ impl WorldActor {
         view: watch::Receiver<ClusterView>,
         peer_senders: PeerSenders,
         metrics: Arc<ShardMetrics>,
+        saves: crate::saver::Saves,
     ) -> (mpsc::Sender<Command>, WorldActor) {
         let (sender, commands) = mpsc::channel(COMMAND_QUEUE);
         let core = ShardCore::new(config, Arc::clone(&metrics), Instant::now());
@@ -100,6 +103,7 @@ impl WorldActor {
             peers_up: Vec::new(),
             metrics,
             out: Vec::new(),
+            saves,
         };
         (sender, actor)
     }
@@ -209,6 +213,7 @@ impl WorldActor {
                         }
                     }
                     Transmit::Peer { to, messages } => peers.push((to, messages)),
+                    Transmit::Save(saves) => self.saves.push(saves),
                 }
             }
             self.send_to_peers(peers);

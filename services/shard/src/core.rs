@@ -34,7 +34,8 @@ use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
 use crate::sequence::{Offered, Refused};
 use crate::types::{
-    CoreConfig, EarlyInputs, Event, HandedOff, Link, LinkId, Parked, Seat, Transmit, FORWARDED_KEPT,
+    CoreConfig, EarlyInputs, Event, HandedOff, Link, LinkId, Parked, SaveRecord, Seat, Transmit,
+    FORWARDED_KEPT,
 };
 
 /// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
@@ -69,7 +70,6 @@ type AwaitingHandoff = (ShardId, PlayerId, u64, meridian_rpc::pb::Handoff, Insta
 pub struct ShardCore {
     pub(crate) id: ShardId,
     pub(crate) world: World,
-    pub(crate) dev_mode: bool,
     pub(crate) geometry: Geometry,
     /// Registered shards (alive as far as etcd knows), from the last view.
     live: FxHashSet<ShardId>,
@@ -87,6 +87,12 @@ pub struct ShardCore {
     /// from a shard the player was handed to) were all applied before its Leave, and are
     /// dropped rather than held for a player that will not come back on that session.
     pub(crate) ended: FxHashMap<PlayerId, (u64, Instant)>,
+    /// With a player store: how often changed players are saved, when they last were, the
+    /// cell and generation each was last saved at, and this round's saves.
+    save_interval: Option<Duration>,
+    last_save_round: Instant,
+    saved: FxHashMap<PlayerId, (meridian_world::Position, u64)>,
+    pub(crate) saves: Vec<SaveRecord>,
     pub(crate) early: FxHashMap<PlayerId, EarlyInputs>,
     /// Inputs refused while their player was not here, by player and session, with when
     /// the last was: kept `FORWARD_FOR`, so a player that arrives late steps over them.
@@ -122,7 +128,6 @@ impl ShardCore {
         ShardCore {
             id: config.id,
             world: World::new(config.world.clone()),
-            dev_mode: config.dev_mode,
             geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
             live: FxHashSet::default(),
             peers_up: FxHashSet::default(),
@@ -133,6 +138,10 @@ impl ShardCore {
             seats: FxHashMap::default(),
             handed_off: FxHashMap::default(),
             ended: FxHashMap::default(),
+            save_interval: config.save_interval,
+            last_save_round: now,
+            saved: FxHashMap::default(),
+            saves: Vec::new(),
             early: FxHashMap::default(),
             refused: FxHashMap::default(),
             ghosts: Ghosts::default(),
@@ -521,6 +530,7 @@ impl ShardCore {
     }
 
     fn housekeeping(&mut self) {
+        self.save_changed();
         self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
         self.route_envelopes();
         let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();
@@ -742,6 +752,46 @@ impl ShardCore {
         for (to, messages) in self.peer_out.drain() {
             out.push(Transmit::Peer { to, messages });
         }
+        if !self.saves.is_empty() {
+            out.push(Transmit::Save(std::mem::take(&mut self.saves)));
+        }
+    }
+
+    /// Queues a save of a local player where it stands now (with a player store).
+    pub(crate) fn save(&mut self, player: PlayerId) {
+        if self.save_interval.is_none() {
+            return;
+        }
+        let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) else {
+            return;
+        };
+        let generation = seat.generation;
+        self.saved.insert(player, (at, generation));
+        self.saves.push(SaveRecord { player: player.0, generation, at: (at.x, at.y) });
+    }
+
+    /// Every `save_interval`: saves the local players whose cell changed since their last
+    /// save (or who were never saved).
+    fn save_changed(&mut self) {
+        let Some(interval) = self.save_interval else { return };
+        if self.now.saturating_duration_since(self.last_save_round) < interval {
+            return;
+        }
+        self.last_save_round = self.now;
+        let changed: Vec<PlayerId> = self
+            .seats
+            .iter()
+            .filter(|(player, seat)| {
+                let now = self.world.position(**player).map(|at| (at, seat.generation));
+                now.is_some() && self.saved.get(*player).copied() != now
+            })
+            .map(|(player, _)| *player)
+            .collect();
+        for player in changed {
+            self.save(player);
+        }
+        let seats = &self.seats;
+        self.saved.retain(|player, _| seats.contains_key(player));
     }
 
     /// Back from being taken for dead (a hang, or cut off from etcd past the TTL). If the

@@ -14,7 +14,7 @@ use prost::Message;
 
 use super::ShardCore;
 use crate::types::PENDING_LIMIT;
-use crate::types::{CoreConfig, Event, LinkId, Transmit};
+use crate::types::{CoreConfig, Event, LinkId, SaveRecord, Transmit};
 use crate::ShardMetrics;
 
 const ME: ShardId = ShardId(1);
@@ -31,6 +31,11 @@ struct Harness {
 impl Harness {
     /// A shard owning the whole map with one gateway link open.
     fn new() -> Harness {
+        Harness::saving(None)
+    }
+
+    /// The same, saving its players every `save_interval` (a player store).
+    fn saving(save_interval: Option<Duration>) -> Harness {
         let config = CoreConfig {
             id: ME,
             world: Default::default(),
@@ -39,6 +44,7 @@ impl Harness {
             resume_window: Duration::from_secs(30),
             resume_key: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key"),
             unix_start: 1_800_000_000,
+            save_interval,
         };
         let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
         let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
@@ -273,4 +279,50 @@ fn a_leave_for_a_player_not_here_yet_is_applied_when_it_arrives() {
         !shard.actor.seats.contains_key(&PlayerId(11)),
         "the player whose connection dropped left the world instead of staying on a dead session"
     );
+}
+
+/// Ends the round; the saves it made.
+fn saves(h: &mut Harness) -> Vec<SaveRecord> {
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    out.into_iter()
+        .filter_map(|t| match t {
+            Transmit::Save(saves) => Some(saves),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// With a player store: a player that moved is saved at the next save round (once, at its
+/// generation, the one its Join gave), not again while it stands still, and once more
+/// when it leaves. Without a store nothing is saved.
+#[test]
+fn players_are_saved_when_they_moved_and_when_they_leave() {
+    let interval = Duration::from_secs(10);
+    let mut h = Harness::saving(Some(interval));
+    let join = Join {
+        name: "p1".into(),
+        spawn: Some(client_pb::Position { x: 10, y: 10 }),
+        restore: false,
+        generation: 5,
+        gateway_id: 0,
+    };
+    h.direct(1, 1, Input::Join(join));
+    h.direct(1, 2, a_move(1));
+    assert_eq!(saves(&mut h), vec![], "not before the save round");
+    h.wait(interval + Duration::from_millis(100));
+    let moved = SaveRecord { player: 1, generation: 5, at: (11, 10) };
+    assert_eq!(saves(&mut h), vec![moved]);
+    h.wait(interval + Duration::from_millis(100));
+    assert_eq!(saves(&mut h), vec![], "standing still: nothing to save");
+    h.direct(1, 3, Input::Leave(Leave { logout: true }));
+    assert_eq!(saves(&mut h), vec![moved], "saved as it leaves");
+
+    let mut h = Harness::new();
+    h.join(1, 1);
+    h.direct(1, 2, a_move(1));
+    h.wait(interval * 2);
+    h.direct(1, 3, Input::Leave(Leave { logout: true }));
+    assert_eq!(saves(&mut h), vec![], "no store, no saves");
 }

@@ -17,6 +17,7 @@ mod metrics;
 mod outbox;
 mod peer;
 mod players;
+mod saver;
 mod sequence;
 mod service;
 pub mod types;
@@ -42,7 +43,7 @@ use tracing::{info, warn};
 const SERVER_STOP_WITHIN: Duration = Duration::from_secs(2);
 
 pub use metrics::ShardMetrics;
-pub use types::{CoreConfig, Event, LinkId, Transmit};
+pub use types::{CoreConfig, Event, LinkId, SaveRecord, Transmit};
 
 /// Everything a shard needs, validated by the binary before `run`.
 #[derive(Debug, Clone)]
@@ -66,6 +67,10 @@ pub struct ShardConfig {
     pub resume_key: meridian_protocol::TokenKey,
     /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
     pub advertise: Option<String>,
+    /// The player store its players are saved in (`--store`), and how often players that
+    /// moved are saved (`--save-interval`).
+    pub store: Option<meridian_store::Address>,
+    pub save_interval: Duration,
 }
 
 impl ShardConfig {
@@ -82,6 +87,7 @@ impl ShardConfig {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            save_interval: self.store.as_ref().map(|_| self.save_interval),
         }
     }
 }
@@ -98,6 +104,8 @@ pub enum ShardError {
     /// The drain deadline passed with players still here: they were not handed off.
     #[error("drain incomplete after {waited:?}: {players} players still here, {unconfirmed} handoffs unconfirmed")]
     DrainIncomplete { waited: Duration, players: usize, unconfirmed: usize },
+    #[error("player store: {0}")]
+    Store(#[from] meridian_store::StoreError),
 }
 
 /// Runs a shard on already-bound listeners. When `shutdown` resolves (SIGTERM, as
@@ -147,8 +155,19 @@ pub async fn run(
         Arc::clone(&peer_senders),
         Arc::clone(&metrics),
     ));
-    let (commands, actor) =
-        actor::WorldActor::new(&config.core(), watch.changes(), peer_senders, Arc::clone(&metrics));
+    let saves = saver::Saves::new(Arc::clone(&metrics));
+    if let Some(address) = &config.store {
+        let store = meridian_store::Store::open(address).await?;
+        info!(shard = %config.id, store = store.kind(), "players are saved in the player store");
+        tokio::spawn(saves.clone().write(store));
+    }
+    let (commands, actor) = actor::WorldActor::new(
+        &config.core(),
+        watch.changes(),
+        peer_senders,
+        Arc::clone(&metrics),
+        saves.clone(),
+    );
     tokio::spawn(actor.run());
 
     let lease = registration.lease_source();

@@ -3,11 +3,17 @@
 use std::sync::Arc;
 
 use meridian_cluster::{RegistrationStatus, ShardId};
-use meridian_observe::{Counter, CounterFamily, Gauge, Registry};
+use meridian_observe::{Counter, CounterFamily, Gauge, Histogram, Registry};
 use meridian_protocol::error_codes;
 
 pub struct ShardMetrics {
     pub players: Arc<Gauge>,
+    /// Player saves by outcome: written, refused (a newer owner saved already), failed.
+    pub saves: CounterFamily,
+    /// Saves waiting for the player store.
+    pub saves_pending: Arc<Gauge>,
+    /// How long one batch of saves took to write.
+    pub save_seconds: Arc<Histogram>,
     pub logins: Arc<Counter>,
     pub leaves: Arc<Counter>,
     pub moves: Arc<Counter>,
@@ -40,6 +46,24 @@ impl ShardMetrics {
         let l: &[(&str, &str)] = &[("shard", shard.as_str())];
         ShardMetrics {
             players: registry.gauge("meridian_shard_players", "Players owned by this shard.", l),
+            saves: registry.counter_family(
+                "meridian_shard_saves_total",
+                "Player saves: written, refused (the store holds a save of a newer owner), failed (the write failed; tried again).",
+                l,
+                "result",
+                ["written", "refused", "failed"],
+            ),
+            saves_pending: registry.gauge(
+                "meridian_shard_saves_pending",
+                "Player saves waiting for the player store (the newest per player).",
+                l,
+            ),
+            save_seconds: registry.histogram(
+                "meridian_shard_save_seconds",
+                "How long one batch of player saves took to write.",
+                l,
+                &[0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0],
+            ),
             logins: registry.counter("meridian_shard_logins_total", "Players joined.", l),
             leaves: registry.counter("meridian_shard_leaves_total", "Players left.", l),
             moves: registry.counter("meridian_shard_moves_total", "Moves applied.", l),

@@ -47,10 +47,15 @@ impl ShardCore {
             return self.restore(link, input.seq, session, player, join);
         }
         let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        // The gateway sends a spawn only where the player must go: a dev-mode Login's own,
+        // or the cell its account was saved at.
         let spawn = match join.spawn {
-            Some(p) if self.dev_mode => Some(Position { x: p.x, y: p.y }),
-            _ => self.geometry.random_cell(&mut self.rng),
+            Some(p) => Some(Position { x: p.x, y: p.y }),
+            None => self.geometry.random_cell(&mut self.rng),
         };
+        // A returning account continues from the generation it was saved at, so its saves
+        // are newer than the ones before.
+        let generation = join.generation;
         let Some(at) = spawn else {
             let error = server::error(ErrorCode::Unavailable, "shard holds no region yet", 0);
             self.outbox.push(link, session, &error);
@@ -74,10 +79,11 @@ impl ShardCore {
         match self.world.login(player, Arc::clone(&name), at, now, &mut self.envelopes) {
             Ok(()) => {
                 self.outbox.push(link, session, &login_ok);
-                self.outbox.track(link, session, at.x, at.y, 0);
-                self.seats.insert(player, Seat::new(link, session, gateway, 0, input.seq + 1));
+                self.outbox.track(link, session, at.x, at.y, generation);
+                let seat = Seat::new(link, session, gateway, generation, input.seq + 1);
+                self.seats.insert(player, seat);
                 self.ended.remove(&player);
-                self.history.record(player, (0, 0), at);
+                self.history.record(player, (generation, 0), at);
                 self.metrics.logins.inc();
                 self.metrics.players.set(self.seats.len() as i64);
                 self.route_envelopes();
@@ -192,6 +198,8 @@ impl ShardCore {
     /// The player leaves the world: observers here and on neighbours get Left. With `park`,
     /// its name, cell and generation are kept for the resume window.
     pub(crate) fn remove(&mut self, player: PlayerId, park: bool) {
+        // Leaving (logged out, or its connection dropped): saved where it stands.
+        self.save(player);
         let Some(seat) = self.seats.remove(&player) else {
             return;
         };

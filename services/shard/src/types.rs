@@ -35,6 +35,18 @@ pub struct CoreConfig {
     /// Wall-clock time (seconds since the Unix epoch) at the core's first `now`: resume
     /// tokens carry wall-clock expiries, and the core reads no clock of its own.
     pub unix_start: u64,
+    /// With a player store: how often players whose cell changed are saved (they are
+    /// saved on logout and when their connection drops, too). `None`: nothing is saved.
+    pub save_interval: Option<Duration>,
+}
+
+/// A local player's state for the player store, at its ownership generation (the store
+/// keeps a save only over one of an older or the same generation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveRecord {
+    pub player: u64,
+    pub generation: u64,
+    pub at: (u32, u32),
 }
 
 /// Something that happened to the shard, handed to the core (`ShardCore::handle`) with
@@ -68,6 +80,8 @@ pub enum Transmit {
     Gateway { link: LinkId, batch: ShardBatch },
     /// A round of messages for a peer shard, to be sent in order after earlier rounds.
     Peer { to: ShardId, messages: Vec<PeerMessage> },
+    /// Players to save in the player store (only with `CoreConfig::save_interval`).
+    Save(Vec<SaveRecord>),
 }
 
 pub(crate) struct Link {

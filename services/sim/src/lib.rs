@@ -607,6 +607,7 @@ impl Sim {
             resume_window: Duration::from_secs(30),
             resume_key: meridian_gateway::fuzzing::resume_key(),
             unix_start: 1_800_000_000,
+            save_interval: None,
         };
         let metrics = Arc::new(ShardMetrics::new(&Default::default(), ShardId(id)));
         let core = ShardCore::new(&config, metrics, self.now());
@@ -709,6 +710,8 @@ impl Sim {
                     }
                     self.send(Key::Peer(s, to.0), Payload::Peer { epoch, messages });
                 }
+                // The simulated cluster has no player store.
+                Transmit::Save(_) => {}
             }
         }
         self.out = out;

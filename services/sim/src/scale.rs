@@ -435,6 +435,7 @@ impl Model {
                     resume_window: Duration::from_secs(30),
                     resume_key: meridian_gateway::fuzzing::resume_key(),
                     unix_start: 1_800_000_000,
+                    save_interval: None,
                 };
                 let metrics = Arc::new(ShardMetrics::new(&Default::default(), id));
                 let mut core = ShardCore::new(&core_config, metrics, base);
@@ -600,6 +601,7 @@ impl Model {
                     }
                     pending.push((from, to, messages));
                 }
+                Transmit::Save(_) => {}
             }
         }
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use meridian_testkit::pb::{client_message::Kind as C, server_message::Kind as S, ErrorCode};
-use meridian_testkit::pb::{ClientMessage, Login, Position};
+use meridian_testkit::pb::{ClientMessage, Direction, Login, Position};
 use meridian_testkit::{Bot, ClusterOptions, GameAddr, Io, TempPostgres};
 
 use crate::with_cluster;
@@ -20,6 +20,19 @@ fn login(
     account: &str,
     dev_name: Option<&str>,
 ) -> anyhow::Result<(Bot, Result<u64, i32>)> {
+    let (bot, answer) = login_at(addr, account, dev_name, Some((20, 20)))?;
+    Ok((bot, answer.map(|(id, _)| id)))
+}
+
+/// As [`login`], at `spawn` (None: wherever the cluster puts the player); the LoginOk's
+/// player id and position.
+#[allow(clippy::type_complexity)]
+fn login_at(
+    addr: GameAddr,
+    account: &str,
+    dev_name: Option<&str>,
+    spawn: Option<(u32, u32)>,
+) -> anyhow::Result<(Bot, Result<(u64, (u32, u32)), i32>)> {
     let token = match dev_name {
         Some(_) => String::new(),
         None => {
@@ -31,12 +44,15 @@ fn login(
     };
     let name = dev_name.unwrap_or("client-name").to_string();
     let mut bot = Bot::connect(addr)?;
-    let spawn = Some(Position { x: 20, y: 20 });
+    let spawn = spawn.map(|(x, y)| Position { x, y });
     bot.send(&ClientMessage { kind: Some(C::Login(Login { name, spawn, token })) })?;
     let by = Instant::now() + Duration::from_secs(10);
     loop {
         match bot.recv(by)?.kind {
-            Some(S::LoginOk(ok)) => return Ok((bot, Ok(ok.player_id))),
+            Some(S::LoginOk(ok)) => {
+                let at = ok.position.map_or((0, 0), |p| (p.x, p.y));
+                return Ok((bot, Ok((ok.player_id, at))));
+            }
             Some(S::Error(e)) => return Ok((bot, Err(e.code))),
             _ => continue,
         }
@@ -63,12 +79,36 @@ fn accounts_keep_their_ids(addr: GameAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A player that moved and logged out comes back where it left: its shard saved it.
+fn a_returning_player_is_placed_where_it_left(addr: GameAddr) -> anyhow::Result<()> {
+    let (mut bot, answer) = login_at(addr, "dora", None, None)?;
+    let (id, start) = answer.map_err(|code| anyhow::anyhow!("dora: Error {code}"))?;
+    let mut at = start;
+    for client_time in 1..=3 {
+        let direction = if start.0 < 200 { Direction::Right } else { Direction::Left };
+        at = bot.move_ok(direction, client_time)?;
+    }
+    ensure!(at != start, "dora moved: {start:?} -> {at:?}");
+    bot.send(&meridian_testkit::msg::logout())?;
+    bot.expect_closed(Instant::now() + Duration::from_secs(10))?;
+    let (_bot, again) = login_at(addr, "dora", None, None)?;
+    let (again_id, again_at) = again.map_err(|code| anyhow::anyhow!("dora again: Error {code}"))?;
+    ensure!(
+        (again_id, again_at) == (id, at),
+        "dora back as {again_id} at {again_at:?}, left as {id} at {at:?}"
+    );
+    Ok(())
+}
+
 #[test]
-fn accounts_keep_their_player_ids_in_sqlite() {
+fn accounts_keep_their_player_ids_and_cells_in_sqlite() {
     let dir = std::env::temp_dir().join(format!("meridian-e2e-store-{}", std::process::id()));
     let store = format!("sqlite:{}", dir.join("players.db").display());
-    let options = ClusterOptions::new(Io::Uring).shards(1).arg("--store").arg(store);
-    with_cluster(options, |cluster| accounts_keep_their_ids(cluster.client_addr(0)));
+    let options = ClusterOptions::new(Io::Uring).shards(2).arg("--store").arg(store);
+    with_cluster(options, |cluster| {
+        accounts_keep_their_ids(cluster.client_addr(0))?;
+        a_returning_player_is_placed_where_it_left(cluster.client_addr(0))
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -102,6 +142,6 @@ fn accounts_keep_their_player_ids_in_postgres_and_logins_wait_out_an_outage() {
             }
         };
         ensure!(id == alice, "alice keeps her id across the outage: {id} != {alice}");
-        Ok(())
+        a_returning_player_is_placed_where_it_left(addr)
     });
 }

@@ -1,0 +1,128 @@
+//! Writes the core's saves to the player store, off the world task: the world task only
+//! puts them in a map (the newest save of each player, so what waits is bounded by the
+//! players this shard has had, never by time); this task takes the whole map as one batch,
+//! writes it (one statement per 1,000 rows), and on a failure puts back what no newer save
+//! replaced meanwhile and tries again a second later. A store that is down or slow never
+//! stalls the world: saves wait, counted in `meridian_shard_saves_pending`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::types::SaveRecord;
+use crate::ShardMetrics;
+
+/// How long after a failed write the next try comes.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The world task's side: where saves wait for the writer.
+#[derive(Clone)]
+pub struct Saves {
+    waiting: Arc<Mutex<FxHashMap<u64, SaveRecord>>>,
+    wake: Arc<Notify>,
+    metrics: Arc<ShardMetrics>,
+}
+
+impl Saves {
+    pub fn new(metrics: Arc<ShardMetrics>) -> Saves {
+        Saves { waiting: Default::default(), wake: Arc::new(Notify::new()), metrics }
+    }
+
+    /// Queues a round's saves (one lock per round, not per player).
+    pub fn push(&self, saves: Vec<SaveRecord>) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        for save in saves {
+            keep_newest(&mut waiting, save);
+        }
+        self.metrics.saves_pending.set(waiting.len() as i64);
+        drop(waiting);
+        self.wake.notify_one();
+    }
+
+    /// How many saves wait (a drained shard waits for this to reach 0 before it exits).
+    pub fn pending(&self) -> usize {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The writer: runs until the process ends.
+    pub async fn write(self, store: meridian_store::Store) {
+        loop {
+            let batch: Vec<SaveRecord> = {
+                let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                waiting.drain().map(|(_, save)| save).collect()
+            };
+            if batch.is_empty() {
+                self.wake.notified().await;
+                continue;
+            }
+            let rows: Vec<meridian_store::Save> = batch
+                .iter()
+                .map(|s| meridian_store::Save {
+                    player_id: s.player,
+                    generation: s.generation,
+                    at: s.at,
+                    state: Vec::new(),
+                })
+                .collect();
+            let started = Instant::now();
+            match store.save(&rows).await {
+                Ok(report) => {
+                    self.metrics.saves.add("written", report.written as u64);
+                    self.metrics.saves.add("refused", report.refused.len() as u64);
+                    self.metrics.save_seconds.observe(started.elapsed().as_secs_f64());
+                    if !report.refused.is_empty() {
+                        info!(
+                            players = report.refused.len(),
+                            "saves refused: a newer owner saved those players already"
+                        );
+                    }
+                }
+                Err(error) => {
+                    self.metrics.saves.add("failed", batch.len() as u64);
+                    warn!(%error, saves = batch.len(), "player store write failed; trying again");
+                    {
+                        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                        for save in batch {
+                            // A newer save of the same player, queued meanwhile, wins.
+                            waiting.entry(save.player).or_insert(save);
+                        }
+                    }
+                    tokio::time::sleep(RETRY_AFTER).await;
+                }
+            }
+            let pending = self.pending();
+            self.metrics.saves_pending.set(pending as i64);
+        }
+    }
+}
+
+/// Keeps the newer of two saves of a player: the higher generation, and within one
+/// generation the later.
+fn keep_newest(waiting: &mut FxHashMap<u64, SaveRecord>, save: SaveRecord) {
+    match waiting.get(&save.player) {
+        Some(kept) if kept.generation > save.generation => {}
+        _ => {
+            waiting.insert(save.player, save);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_save_of_a_player_is_kept() {
+        let mut waiting = FxHashMap::default();
+        let save = |generation, x| SaveRecord { player: 7, generation, at: (x, 0) };
+        keep_newest(&mut waiting, save(2, 1));
+        keep_newest(&mut waiting, save(2, 2));
+        keep_newest(&mut waiting, save(1, 3));
+        assert_eq!(waiting[&7], save(2, 2), "later in the same generation; never an older one");
+        keep_newest(&mut waiting, save(3, 4));
+        assert_eq!(waiting[&7], save(3, 4));
+    }
+}
