@@ -39,7 +39,6 @@ impl Harness {
         let config = CoreConfig {
             id: ME,
             world: Default::default(),
-            dev_mode: true,
             seed: 1,
             resume_window: Duration::from_secs(30),
             resume_key: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key"),

@@ -52,7 +52,8 @@ pub struct ShardConfig {
     pub cluster: String,
     pub etcd: Vec<String>,
     pub world: WorldConfig,
-    /// Dev mode honours `Login.spawn`.
+    /// Dev mode (the gateways honour `Login.spawn`; the shard places a player wherever its
+    /// gateway's Join says).
     pub dev_mode: bool,
     pub lease_ttl: Duration,
     /// Seeds random spawns.
@@ -79,7 +80,6 @@ impl ShardConfig {
         types::CoreConfig {
             id: self.id,
             world: self.world.clone(),
-            dev_mode: self.dev_mode,
             seed: self.seed,
             resume_window: self.resume_window,
             resume_key: self.resume_key.clone(),

@@ -24,8 +24,6 @@ pub(crate) const PENDING_LIMIT: usize = 1024;
 pub struct CoreConfig {
     pub id: ShardId,
     pub world: WorldConfig,
-    /// Dev mode honours `Login.spawn`.
-    pub dev_mode: bool,
     /// Seeds random spawns.
     pub seed: u64,
     /// How long a player whose connection dropped can be resumed with its token.

@@ -602,7 +602,6 @@ impl Sim {
                 view_range: self.settings.view_range,
                 ..Default::default()
             },
-            dev_mode: true,
             seed: self.seed,
             resume_window: Duration::from_secs(30),
             resume_key: meridian_gateway::fuzzing::resume_key(),

@@ -430,7 +430,6 @@ impl Model {
                 let core_config = CoreConfig {
                     id,
                     world: world.clone(),
-                    dev_mode: true,
                     seed: config.seed,
                     resume_window: Duration::from_secs(30),
                     resume_key: meridian_gateway::fuzzing::resume_key(),
