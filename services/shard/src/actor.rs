@@ -61,6 +61,10 @@ pub enum Command {
     },
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
+    /// The player store has these players' latest saves.
+    Saved {
+        players: Vec<u64>,
+    },
     /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
     /// for handed-off players have stopped arriving).
     DrainStatus {
@@ -187,6 +191,7 @@ impl WorldActor {
                 let _ = reply.send(self.core.density());
             }
             Command::LeaseExpired => self.core.handle(now, Event::LeaseExpired),
+            Command::Saved { players } => self.core.handle(now, Event::Saved { players }),
             Command::DrainStatus { reply } => {
                 let _ = reply.send(self.core.drain_status(now));
             }

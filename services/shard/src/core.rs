@@ -53,6 +53,8 @@ const EARLY_WAIT: Duration = Duration::from_secs(2);
 /// late inputs are forwarded this long.
 const LISTED_AFTER_ACK: Duration = Duration::from_secs(1);
 const FORWARD_FOR: Duration = Duration::from_secs(30);
+/// How long a logout waits for its save before its connection is closed anyway.
+const CLOSE_AFTER_SAVE_WITHIN: Duration = Duration::from_secs(5);
 /// A draining shard stops only once no input for a handed-off player has arrived (and no
 /// handoff happened) for this long: the gateways have all switched.
 const FORWARD_QUIET: Duration = Duration::from_secs(1);
@@ -89,7 +91,10 @@ pub struct ShardCore {
     pub(crate) ended: FxHashMap<PlayerId, (u64, Instant)>,
     /// With a player store: how often changed players are saved, when they last were, the
     /// cell and generation each was last saved at, and this round's saves.
-    save_interval: Option<Duration>,
+    pub(crate) save_interval: Option<Duration>,
+    /// Logged-out sessions whose connection closes once their player's save is in the
+    /// store (at most [`CLOSE_AFTER_SAVE_WITHIN`] later).
+    pub(crate) closing_after_save: Vec<(PlayerId, LinkId, u64, Instant)>,
     last_save_round: Instant,
     saved: FxHashMap<PlayerId, (meridian_world::Position, u64)>,
     pub(crate) saves: Vec<SaveRecord>,
@@ -139,6 +144,7 @@ impl ShardCore {
             handed_off: FxHashMap::default(),
             ended: FxHashMap::default(),
             save_interval: config.save_interval,
+            closing_after_save: Vec::new(),
             last_save_round: now,
             saved: FxHashMap::default(),
             saves: Vec::new(),
@@ -212,6 +218,16 @@ impl ShardCore {
                 self.peers_up = up.into_iter().collect();
             }
             Event::LeaseExpired => self.after_lease_expiry(),
+            Event::Saved { players } => {
+                let outbox = &mut self.outbox;
+                self.closing_after_save.retain(|(player, link, session, _)| {
+                    let saved = players.contains(&player.0);
+                    if saved {
+                        outbox.close(*link, *session);
+                    }
+                    !saved
+                });
+            }
             Event::Tick => self.housekeeping(),
         }
     }
@@ -531,6 +547,17 @@ impl ShardCore {
 
     fn housekeeping(&mut self) {
         self.save_changed();
+        let now = self.now;
+        let outbox = &mut self.outbox;
+        self.closing_after_save.retain(|(_, link, session, since)| {
+            // The store is slow or down: the client is not kept waiting; its save goes on
+            // being retried.
+            let waited = now.saturating_duration_since(*since) > CLOSE_AFTER_SAVE_WITHIN;
+            if waited {
+                outbox.close(*link, *session);
+            }
+            !waited
+        });
         self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
         self.route_envelopes();
         let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();

@@ -325,3 +325,41 @@ fn players_are_saved_when_they_moved_and_when_they_leave() {
     h.direct(1, 3, Input::Leave(Leave { logout: true }));
     assert_eq!(saves(&mut h), vec![], "no store, no saves");
 }
+
+/// Whether this round closes the test connection's session.
+fn closes(h: &mut Harness) -> bool {
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    out.into_iter().any(|t| match t {
+        Transmit::Gateway { batch, .. } => {
+            batch.deliveries.iter().any(|d| d.session == SESSION && d.close)
+        }
+        _ => false,
+    })
+}
+
+/// With a player store, a logout's connection closes once its save is in the store (so a
+/// login right after finds it), or after 5 s if the store does not answer.
+#[test]
+fn a_logout_closes_once_its_save_is_stored() {
+    let mut h = Harness::saving(Some(Duration::from_secs(10)));
+    h.join(1, 1);
+    h.direct(1, 2, Input::Leave(Leave { logout: true }));
+    assert!(!closes(&mut h), "not before the save is stored");
+    h.actor.handle(h.now, Event::Saved { players: vec![2] });
+    assert!(!closes(&mut h), "another player's save");
+    h.actor.handle(h.now, Event::Saved { players: vec![1] });
+    assert!(closes(&mut h));
+
+    let mut h = Harness::saving(Some(Duration::from_secs(10)));
+    h.join(1, 1);
+    h.direct(1, 2, Input::Leave(Leave { logout: true }));
+    assert!(!closes(&mut h));
+    h.wait(Duration::from_secs(6));
+    assert!(closes(&mut h), "the store never answered: closed anyway");
+
+    let mut h = Harness::new();
+    h.join(1, 1);
+    h.direct(1, 2, Input::Leave(Leave { logout: true }));
+    assert!(closes(&mut h), "without a store, at once");
+}

@@ -168,6 +168,7 @@ pub async fn run(
         Arc::clone(&metrics),
         saves.clone(),
     );
+    saves.report_to(commands.clone());
     tokio::spawn(actor.run());
 
     let lease = registration.lease_source();

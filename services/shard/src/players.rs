@@ -189,7 +189,13 @@ impl ShardCore {
                 // A dropped connection parks the player for the resume window; a logout ends it.
                 self.remove(player, !leave.logout);
                 if leave.logout {
-                    self.outbox.close(link, session);
+                    if self.save_interval.is_some() {
+                        // Closed once its save is in the store, so that a login right after
+                        // the logout finds it there.
+                        self.closing_after_save.push((player, link, session, self.now));
+                    } else {
+                        self.outbox.close(link, session);
+                    }
                 }
             }
         }

@@ -24,11 +24,23 @@ pub struct Saves {
     waiting: Arc<Mutex<FxHashMap<u64, SaveRecord>>>,
     wake: Arc<Notify>,
     metrics: Arc<ShardMetrics>,
+    /// Told which players' saves are in the store (logouts close after theirs).
+    saved: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::actor::Command>>>,
 }
 
 impl Saves {
     pub fn new(metrics: Arc<ShardMetrics>) -> Saves {
-        Saves { waiting: Default::default(), wake: Arc::new(Notify::new()), metrics }
+        Saves {
+            waiting: Default::default(),
+            wake: Arc::new(Notify::new()),
+            metrics,
+            saved: Default::default(),
+        }
+    }
+
+    /// Where to say which players' saves are in the store: the world task's commands.
+    pub fn report_to(&self, commands: tokio::sync::mpsc::Sender<crate::actor::Command>) {
+        let _ = self.saved.set(commands);
     }
 
     /// Queues a round's saves (one lock per round, not per player).
@@ -78,6 +90,10 @@ impl Saves {
                             players = report.refused.len(),
                             "saves refused: a newer owner saved those players already"
                         );
+                    }
+                    if let Some(commands) = self.saved.get() {
+                        let players = batch.iter().map(|s| s.player).collect();
+                        let _ = commands.send(crate::actor::Command::Saved { players }).await;
                     }
                 }
                 Err(error) => {

@@ -66,6 +66,9 @@ pub enum Event {
     PeersUp(Vec<ShardId>),
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
+    /// The player store has these players' latest saves (written, or refused for a newer
+    /// one): a logout waiting for its save can close.
+    Saved { players: Vec<u64> },
     /// The periodic timer (every `core::TICK`).
     Tick,
 }

@@ -63,7 +63,17 @@ impl PostgresStore {
                 warn!(%error, "player store connection ended");
             }
         });
-        client.batch_execute(SCHEMA).await.map_err(unavailable)?;
+        // Nodes starting together race to create the table: PostgreSQL's `IF NOT EXISTS`
+        // does not stop two sessions from both trying (the loser gets a unique violation
+        // in its catalog). The loser's next try sees the table.
+        let mut tries = 0;
+        while let Err(error) = client.batch_execute(SCHEMA).await {
+            tries += 1;
+            if tries == 3 {
+                return Err(unavailable(error));
+            }
+            tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+        }
         let player = client
             .prepare(&format!(
                 "INSERT INTO meridian_players (account, player_id, name) VALUES ($1, $2, $3)
@@ -184,5 +194,13 @@ fn row_to_player(row: &Row) -> Result<Player, StoreError> {
 }
 
 fn unavailable(error: tokio_postgres::Error) -> StoreError {
-    StoreError::Unavailable(error.to_string())
+    // The server's own words when it gave any ("db error" alone says nothing).
+    let why = match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(&error) {
+            Some(source) => format!("{error}: {source}"),
+            None => error.to_string(),
+        },
+    };
+    StoreError::Unavailable(why)
 }

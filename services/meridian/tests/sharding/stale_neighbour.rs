@@ -65,9 +65,10 @@ pub fn stale_neighbour_workload(io: Io) {
             let moves: u64 = statuses.iter().map(|s| s.acks).sum();
             settle(&mut players, SIGHT, QUIET)
                 .with_context(|| format!("{run_label}: views one second after the last move"))?;
+            let epoch = cluster.status_json()?["partition"]["epoch"].as_u64().unwrap_or(0);
             println!(
                 "{run_label}: {} bots, {moves} moves acknowledged, views exact within {:.1} s \
-                 of the last move ({:.1} s in all)",
+                 of the last move ({:.1} s in all), partition epoch {epoch}",
                 players.len(),
                 QUIET.as_secs_f64(),
                 started.elapsed().as_secs_f64()
