@@ -311,7 +311,8 @@ pub fn mint_dev_token(account: &str, name: Option<&str>, unix_now: u64, ttl_secs
     jsonwebtoken::encode(&header, &claims, &key).expect("invariant: the dev key signs")
 }
 
-fn base64_url(bytes: &[u8]) -> String {
+/// Unpadded base64url (RFC 4648 section 5), as JWTs and JWKs spell their bytes.
+pub fn base64_url(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {

@@ -42,6 +42,7 @@ use tracing::{info, warn};
 /// from this side (HTTP/2 goodbyes): past it the shard exits anyway.
 const SERVER_STOP_WITHIN: Duration = Duration::from_secs(2);
 
+pub use geometry::distance;
 pub use metrics::ShardMetrics;
 pub use types::{CoreConfig, Event, LinkId, SaveRecord, Transmit};
 

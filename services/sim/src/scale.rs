@@ -606,19 +606,10 @@ impl Model {
     }
 }
 
-/// Chebyshev distance from a cell to the nearest cell of a region (0 inside), as the
-/// shard's geometry measures it.
+/// Chebyshev distance from a cell to the nearest cell of a region (0 inside): the shard's
+/// geometry's own measure.
 fn distance(region: &Region, x: u32, y: u32) -> u32 {
-    let axis = |v: u32, lo: u32, hi: u32| {
-        if v < lo {
-            lo - v
-        } else if v >= hi {
-            v - (hi - 1)
-        } else {
-            0
-        }
-    };
-    axis(x, region.x0, region.x1).max(axis(y, region.y0, region.y1))
+    meridian_shard::distance(region, meridian_world::Position { x, y })
 }
 
 /// The two Markdown tables of `BENCHMARKS.md`: peer messages per player per second by kind

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{ensure, Context};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use meridian_gateway::accounts::base64_url;
 use meridian_testkit::pb::{client_message::Kind as C, server_message::Kind as S, ErrorCode};
 use meridian_testkit::pb::{ClientMessage, Login, Position};
 use meridian_testkit::{deadline, wait_until, Bot, ClusterOptions, Front};
@@ -31,7 +32,7 @@ impl TestKey {
         let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
             .unwrap();
         let point = pair.public_key().as_ref();
-        let (x, y) = (b64(&point[1..33]), b64(&point[33..65]));
+        let (x, y) = (base64_url(&point[1..33]), base64_url(&point[33..65]));
         let jwk = format!(
             r#"{{"kty":"EC","crv":"P-256","x":"{x}","y":"{y}","kid":"{kid}","alg":"ES256"}}"#
         );
@@ -45,18 +46,6 @@ impl TestKey {
         let claims = serde_json::json!({ "sub": sub, "name": name, "exp": exp });
         jsonwebtoken::encode(&header, &claims, &self.signer).unwrap()
     }
-}
-
-fn b64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-        }
-    }
-    out
 }
 
 fn write_jwks(path: &Path, keys: &[&TestKey]) -> anyhow::Result<()> {
