@@ -375,9 +375,20 @@ pub struct UpArgs {
     /// development key (`meridian token`) is accepted as well.
     #[arg(long)]
     pub jwks: Option<PathBuf>,
-    /// A player store for every gateway (see `meridian gateway --store`).
+    /// The player store every shard and gateway uses: `sqlite:PATH`, `postgres://...`, or
+    /// `none` (every login a new player, nothing saved). Default: `sqlite:` a file in the
+    /// data directory.
     #[arg(long)]
     pub store: Option<String>,
+    /// Keep etcd's data and the player store here: stopping `up` and starting it again with
+    /// the same directory brings the cluster back with every player where it was saved.
+    /// Default: a temporary directory, removed when `up` stops.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Seconds between the shards' saves of players that moved (see `meridian shard
+    /// --save-interval`).
+    #[arg(long, default_value_t = 10)]
+    pub save_interval: u64,
     /// Addresses the gateways' per-address connection limits do not apply to: loopback by
     /// default, so local load tests with thousands of bots work; `--limit-exempt ''` to
     /// try the limits locally.

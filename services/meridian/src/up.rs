@@ -1,6 +1,8 @@
 //! `meridian up`: a whole cluster on this machine, every node its own child process.
 //!
-//! Starts etcd (temporary data dir), the shards, then the gateways, waits until every node
+//! Starts etcd (in the data directory: `--data-dir`, or a temporary one), the shards, then
+//! the gateways, all with the player store (an SQLite file in the data directory unless
+//! `--store` says otherwise), waits until every node
 //! answers `/readyz`, prints the addresses (and writes them as JSON with `--ready-file`),
 //! and on SIGINT/SIGTERM stops gateways, shards and etcd in that order. Children get
 //! SIGKILL if `up` itself dies, so nothing is left behind.
@@ -30,7 +32,10 @@ struct Node {
 /// Children of `up`, stopped in reverse start order whatever way `run` ends.
 struct Nodes {
     list: Vec<Node>,
-    data_dir: PathBuf,
+    /// Ready files and other scratch: removed on stop.
+    run_dir: PathBuf,
+    /// etcd's data and the SQLite store: removed on stop only if `up` made it.
+    data_dir: Option<PathBuf>,
 }
 
 impl Drop for Nodes {
@@ -52,7 +57,10 @@ impl Drop for Nodes {
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(&self.data_dir);
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+        if let Some(data_dir) = &self.data_dir {
+            let _ = std::fs::remove_dir_all(data_dir);
+        }
     }
 }
 
@@ -75,9 +83,25 @@ fn spawn(command: &mut Command, name: &str, ready_file: PathBuf) -> anyhow::Resu
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
-    let data_dir = std::env::temp_dir().join(format!("meridian-up-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&data_dir)?;
-    let mut nodes = Nodes { list: Vec::new(), data_dir: data_dir.clone() };
+    let run_dir = std::env::temp_dir().join(format!("meridian-up-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&run_dir)?;
+    let (data_dir, temporary) = match &args.data_dir {
+        Some(dir) => (dir.clone(), false),
+        None => (run_dir.join("data"), true),
+    };
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    let data_dir = data_dir.canonicalize()?;
+    let mut nodes = Nodes {
+        list: Vec::new(),
+        run_dir: run_dir.clone(),
+        data_dir: temporary.then(|| data_dir.clone()),
+    };
+    let store = match args.store.as_deref() {
+        Some("none") => None,
+        Some(store) => Some(store.to_string()),
+        None => Some(format!("sqlite:{}", data_dir.join("players.sqlite").display())),
+    };
     let me = std::env::current_exe().context("locating the meridian binary")?;
 
     // etcd cannot take an inherited listener, so its ports are probed free and then bound
@@ -90,7 +114,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         let (client_port, peer_port) = (free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd_dir = data_dir.join(format!("etcd-{attempt}"));
+        // The same directory every attempt (and every start with the same --data-dir): a
+        // one-member etcd comes back from its data whatever ports it listens on now.
+        let etcd_dir = data_dir.join("etcd");
         let mut etcd = Command::new(&args.etcd_bin);
         etcd.args(["--name", "up", "--data-dir"])
             .arg(&etcd_dir)
@@ -133,12 +159,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             .arg(ready);
     };
     for id in 1..=args.shards {
-        let ready = data_dir.join(format!("shard-{id}.json"));
+        let ready = run_dir.join(format!("shard-{id}.json"));
         let mut command = Command::new(&me);
         command.args(["shard", "--id", &id.to_string(), "--listen", "127.0.0.1:0"]);
         command.args(["--resume-window".to_string(), args.resume_window.to_string()]);
-        if let Some(store) = &args.store {
+        if let Some(store) = &store {
             command.args(["--store", store]);
+            command.args(["--save-interval", &args.save_interval.to_string()]);
         }
         common(&mut command, &ready);
         nodes.list.push(spawn(&mut command, &format!("shard-{id}"), ready)?);
@@ -148,7 +175,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         crate::cli::Io::Epoll => "epoll",
     };
     for id in 1..=args.gateways {
-        let ready = data_dir.join(format!("gateway-{id}.json"));
+        let ready = run_dir.join(format!("gateway-{id}.json"));
         let port = if id == 1 { args.port } else { 0 };
         let quic_port = if id == 1 { args.quic_port } else { 0 };
         let mut command = Command::new(&me);
@@ -166,7 +193,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         if let Some(jwks) = &args.jwks {
             command.arg("--jwks").arg(jwks);
         }
-        if let Some(store) = &args.store {
+        if let Some(store) = &store {
             command.args(["--store", store]);
         }
         common(&mut command, &ready);
@@ -175,10 +202,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let mut summary = runtime.block_on(wait_until_ready(&mut nodes, &args, &etcd_url))?;
     summary["etcd_pid"] = json!(nodes.list[0].child.id());
+    summary["data_dir"] = json!(data_dir);
+    summary["store"] = json!(store);
     summary["etcd_command"] =
         json!([args.etcd_bin.clone()].into_iter().chain(etcd_args).collect::<Vec<_>>());
     println!("meridian up: cluster {:?} is ready", args.cluster);
     println!("  etcd      {etcd_url}");
+    match &store {
+        Some(store) => println!("  store     {store}"),
+        None => println!("  store     none: players are not saved"),
+    }
+    if temporary {
+        println!("  data      {} (removed on stop; --data-dir DIR keeps it)", data_dir.display());
+    } else {
+        println!("  data      {}", data_dir.display());
+    }
     for shard in summary["shards"].as_array().into_iter().flatten() {
         println!(
             "  shard-{}   grpc {}  admin {}",
@@ -301,7 +339,6 @@ async fn wait_until_ready(
         "cluster": args.cluster,
         "etcd": etcd_url,
         "pid": std::process::id(),
-        "data_dir": nodes.data_dir,
         "shards": shards,
         "gateways": gateways,
     }))

@@ -65,6 +65,11 @@ pub enum Command {
     Saved {
         players: Vec<u64>,
     },
+    /// The shard is about to exit: save every local player now. Answered once the saves
+    /// are queued for the writer.
+    SaveAll {
+        reply: oneshot::Sender<()>,
+    },
     /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
     /// for handed-off players have stopped arriving).
     DrainStatus {
@@ -192,6 +197,11 @@ impl WorldActor {
             }
             Command::LeaseExpired => self.core.handle(now, Event::LeaseExpired),
             Command::Saved { players } => self.core.handle(now, Event::Saved { players }),
+            Command::SaveAll { reply } => {
+                self.core.handle(now, Event::SaveAll);
+                self.flush();
+                let _ = reply.send(());
+            }
             Command::DrainStatus { reply } => {
                 let _ = reply.send(self.core.drain_status(now));
             }

@@ -228,6 +228,12 @@ impl ShardCore {
                     !saved
                 });
             }
+            Event::SaveAll => {
+                let players: Vec<PlayerId> = self.seats.keys().copied().collect();
+                for player in players {
+                    self.save(player);
+                }
+            }
             Event::Tick => self.housekeeping(),
         }
     }

@@ -42,6 +42,9 @@ use tracing::{info, warn};
 /// from this side (HTTP/2 goodbyes): past it the shard exits anyway.
 const SERVER_STOP_WITHIN: Duration = Duration::from_secs(2);
 
+/// How long a stopping shard waits for the player store to take its last saves.
+const FINAL_SAVES_WITHIN: Duration = Duration::from_secs(5);
+
 pub use geometry::distance;
 pub use metrics::ShardMetrics;
 pub use types::{CoreConfig, Event, LinkId, SaveRecord, Transmit};
@@ -247,6 +250,23 @@ pub async fn run(
     draining.store(true, std::sync::atomic::Ordering::SeqCst);
     registration.update(ShardRecord { state: ShardState::Draining, ..record.clone() }.to_json());
     let outcome = drain(&commands, config.drain_timeout, me).await;
+    if config.store.is_some() {
+        // Whatever the drain could not hand off (the last shard, or a whole cluster
+        // stopping at once) is saved where it stands before the shard goes.
+        let (reply, queued) = tokio::sync::oneshot::channel();
+        if commands.send(actor::Command::SaveAll { reply }).await.is_ok() {
+            let _ = queued.await;
+        }
+        match saves.settle(FINAL_SAVES_WITHIN).await {
+            0 => info!(shard = %me, "every player's save is in the player store"),
+            left => warn!(
+                shard = %me,
+                saves = left,
+                "the player store did not take the last saves in {FINAL_SAVES_WITHIN:?}; \
+                 those players lose what they did since their previous save"
+            ),
+        }
+    }
     let _ = client.clone().delete(keys.drain(me), None).await;
     info!(shard = %me, "shard stopping; deregistering");
     registration.revoke().await;

@@ -22,6 +22,9 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct Saves {
     waiting: Arc<Mutex<FxHashMap<u64, SaveRecord>>>,
+    /// Saves taken by the writer and not yet written (or put back): set and cleared under
+    /// the `waiting` lock, so waiting plus writing never shows 0 while a save is on its way.
+    writing: Arc<Mutex<usize>>,
     wake: Arc<Notify>,
     metrics: Arc<ShardMetrics>,
     /// Told which players' saves are in the store (logouts close after theirs).
@@ -32,6 +35,7 @@ impl Saves {
     pub fn new(metrics: Arc<ShardMetrics>) -> Saves {
         Saves {
             waiting: Default::default(),
+            writing: Default::default(),
             wake: Arc::new(Notify::new()),
             metrics,
             saved: Default::default(),
@@ -54,9 +58,33 @@ impl Saves {
         self.wake.notify_one();
     }
 
-    /// How many saves wait (a drained shard waits for this to reach 0 before it exits).
+    /// How many saves wait.
     pub fn pending(&self) -> usize {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// How many saves are not in the store yet: waiting, or being written.
+    pub fn unwritten(&self) -> usize {
+        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        waiting.len() + *self.writing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until every save queued so far is in the store, at most `within`, saying how
+    /// far it got every second. Returns how many were still unwritten (0: all of them).
+    pub async fn settle(&self, within: Duration) -> usize {
+        let started = Instant::now();
+        let mut said = started;
+        loop {
+            let left = self.unwritten();
+            if left == 0 || started.elapsed() >= within {
+                return left;
+            }
+            if said.elapsed() >= Duration::from_secs(1) {
+                said = Instant::now();
+                info!(saves = left, "waiting for the player store to take the last saves");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The writer: runs until the process ends.
@@ -64,7 +92,9 @@ impl Saves {
         loop {
             let batch: Vec<SaveRecord> = {
                 let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-                waiting.drain().map(|(_, save)| save).collect()
+                let batch: Vec<SaveRecord> = waiting.drain().map(|(_, save)| save).collect();
+                *self.writing.lock().unwrap_or_else(|p| p.into_inner()) = batch.len();
+                batch
             };
             if batch.is_empty() {
                 self.wake.notified().await;
@@ -91,6 +121,7 @@ impl Saves {
                             "saves refused: a newer owner saved those players already"
                         );
                     }
+                    *self.writing.lock().unwrap_or_else(|p| p.into_inner()) = 0;
                     if let Some(commands) = self.saved.get() {
                         let players = batch.iter().map(|s| s.player).collect();
                         let _ = commands.send(crate::actor::Command::Saved { players }).await;
@@ -105,6 +136,7 @@ impl Saves {
                             // A newer save of the same player, queued meanwhile, wins.
                             waiting.entry(save.player).or_insert(save);
                         }
+                        *self.writing.lock().unwrap_or_else(|p| p.into_inner()) = 0;
                     }
                     tokio::time::sleep(RETRY_AFTER).await;
                 }

@@ -69,6 +69,9 @@ pub enum Event {
     /// The player store has these players' latest saves (written, or refused for a newer
     /// one): a logout waiting for its save can close.
     Saved { players: Vec<u64> },
+    /// The shard is about to exit: every local player is saved where it stands now (what
+    /// a drain could not hand off, or a whole cluster stopping at once).
+    SaveAll,
     /// The periodic timer (every `core::TICK`).
     Tick,
 }

@@ -87,6 +87,9 @@ pub struct ClusterOptions {
     /// Set in the environment of `meridian up`, which the nodes it starts inherit: the
     /// way to give every gateway (or shard) a `MERIDIAN_*` setting `up` has no flag for.
     pub env: Vec<(String, String)>,
+    /// The cluster's name (its etcd prefix); a fresh unique one if not given. A test that
+    /// starts the same cluster again (same `--data-dir`) gives the same name both times.
+    pub name: Option<String>,
 }
 
 impl ClusterOptions {
@@ -100,7 +103,13 @@ impl ClusterOptions {
             transport,
             extra_args: Vec::new(),
             env: Vec::new(),
+            name: None,
         }
+    }
+
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     pub fn shards(mut self, shards: usize) -> Self {
@@ -191,7 +200,7 @@ impl Cluster {
         let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let name = format!("test-{pid}-{n}");
+        let name = opts.name.clone().unwrap_or_else(|| format!("test-{pid}-{n}"));
         let dir = std::env::temp_dir().join(format!("meridian-{name}-{nanos:09}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let log_path = dir.join("up.log");
@@ -405,6 +414,18 @@ impl Cluster {
             deadline(Duration::from_secs(5)),
             &format!("shard {} (pid {}) to die after SIGKILL", shard.id, shard.pid),
             || !process_alive(shard.pid),
+        )
+    }
+
+    /// SIGKILL to gateway `index`; returns once it is gone.
+    pub fn kill_gateway(&self, index: usize) -> anyhow::Result<()> {
+        let gateway = self.gateway(index);
+        signal(gateway.pid, libc::SIGKILL)
+            .with_context(|| format!("SIGKILL to gateway {} (pid {})", gateway.id, gateway.pid))?;
+        wait_until(
+            deadline(Duration::from_secs(5)),
+            &format!("gateway {} (pid {}) to die after SIGKILL", gateway.id, gateway.pid),
+            || !process_alive(gateway.pid),
         )
     }
 

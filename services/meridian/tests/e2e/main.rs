@@ -10,6 +10,7 @@ mod cluster_up;
 mod errors;
 mod failover;
 mod resume_close;
+mod saved;
 mod shard_failure;
 mod stale_epoch;
 mod tokens;

@@ -1,0 +1,223 @@
+//! Player state that survives (issue 12, item 5): a whole cluster stopped and started again
+//! with the same data directory brings every account back where it was; a shard killed
+//! together with its player's gateway loses at most the moves since that player's last
+//! save, the recovery-point objective README.md states.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use meridian_testkit::pb::{client_message::Kind as C, server_message::Kind as S};
+use meridian_testkit::pb::{ClientMessage, Direction, Login};
+use meridian_testkit::{Bot, Cluster, ClusterOptions, GameAddr, Io, TempPostgres};
+
+use crate::meridian_bin;
+
+/// A token of `meridian token` for `account`.
+fn token(account: &str) -> anyhow::Result<String> {
+    let output =
+        std::process::Command::new(meridian_bin()).args(["token", "--sub", account]).output()?;
+    ensure!(output.status.success(), "meridian token: {}", String::from_utf8_lossy(&output.stderr));
+    Ok(String::from_utf8(output.stdout)?.trim().to_string())
+}
+
+/// Logs `account` in with its token, without a spawn: the player goes where it was saved
+/// (or where the cluster puts a new one). Returns the bot, its id and its cell.
+fn log_in(addr: GameAddr, account: &str) -> anyhow::Result<(Bot, u64, (u32, u32))> {
+    let mut bot = Bot::connect(addr)?;
+    let login = Login { name: "n".into(), spawn: None, token: token(account)? };
+    bot.send(&ClientMessage { kind: Some(C::Login(login)) })?;
+    let by = Instant::now() + Duration::from_secs(10);
+    loop {
+        match bot.recv(by).with_context(|| format!("{account}: waiting for LoginOk"))?.kind {
+            Some(S::LoginOk(ok)) => {
+                let at = ok.position.map_or((0, 0), |p| (p.x, p.y));
+                return Ok((bot, ok.player_id, at));
+            }
+            Some(S::Error(e)) => bail!("{account}: Error {e:?}"),
+            _ => continue,
+        }
+    }
+}
+
+/// Steps toward the map's middle column, so a walk never runs into the edge.
+fn walk(
+    bot: &mut Bot,
+    from: (u32, u32),
+    steps: u64,
+    first_time: u64,
+) -> anyhow::Result<Vec<(u32, u32)>> {
+    let direction = if from.0 < 200 { Direction::Right } else { Direction::Left };
+    let mut path = vec![from];
+    for client_time in first_time..first_time + steps {
+        path.push(bot.move_ok(direction, client_time)?);
+    }
+    Ok(path)
+}
+
+fn start(options: ClusterOptions) -> Cluster {
+    Cluster::start(meridian_bin(), options).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// 12 accounts log in and walk; half log out, half are still connected when the cluster is
+/// stopped (Ctrl-C, as an operator would). Started again on the same data directory, every
+/// account logs in with its player id, at the cell it was last acknowledged at.
+fn restart_keeps_every_player(options: impl Fn() -> ClusterOptions) {
+    let cluster = start(options());
+    let addr = cluster.client_addr(0);
+    let mut left = Vec::new();
+    let mut connected = Vec::new();
+    for n in 0..12 {
+        let account = format!("restart-{n}");
+        let (mut bot, id, at) = log_in(addr, &account).unwrap_or_else(|e| panic!("{e:?}"));
+        let path = walk(&mut bot, at, 3 + n % 4, 1).unwrap_or_else(|e| panic!("{e:?}"));
+        let last = *path.last().expect("the walk's start at least");
+        if n % 2 == 0 {
+            bot.send(&meridian_testkit::msg::logout()).expect("logout sent");
+            bot.expect_closed(Instant::now() + Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("{account}: {e:?}"));
+        } else {
+            connected.push(bot);
+        }
+        left.push((account, id, last));
+    }
+    cluster.stop().unwrap_or_else(|e| panic!("stopping the cluster: {e:?}"));
+    drop(connected);
+
+    let cluster = start(options());
+    let addr = cluster.client_addr(0);
+    let mut wrong = Vec::new();
+    for (account, id, last) in &left {
+        let (_bot, again, at) = log_in(addr, account).unwrap_or_else(|e| panic!("{e:?}"));
+        if (again, at) != (*id, *last) {
+            wrong.push(format!("{account}: back as {again} at {at:?}, left as {id} at {last:?}"));
+        }
+    }
+    cluster.stop().unwrap_or_else(|e| panic!("stopping the cluster again: {e:?}"));
+    assert!(wrong.is_empty(), "after the restart:\n{}", wrong.join("\n"));
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(what: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("meridian-{what}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_whole_cluster_restart_brings_every_player_back_with_the_sqlite_default() {
+    let data = TempDir::new("restart-sqlite");
+    let dir = data.path().display().to_string();
+    let name = format!("restart-sqlite-{}", std::process::id());
+    restart_keeps_every_player(|| {
+        ClusterOptions::new(Io::Uring).shards(2).name(&name).arg("--data-dir").arg(dir.clone())
+    });
+    assert!(data.path().join("players.sqlite").exists(), "the default store is in the data dir");
+}
+
+#[test]
+fn a_whole_cluster_restart_brings_every_player_back_from_postgres() {
+    let pg = TempPostgres::start().expect("a PostgreSQL server of the test's own");
+    let data = TempDir::new("restart-postgres");
+    let dir = data.path().display().to_string();
+    let name = format!("restart-postgres-{}", std::process::id());
+    restart_keeps_every_player(|| {
+        ClusterOptions::new(Io::Uring)
+            .shards(2)
+            .name(&name)
+            .arg("--data-dir")
+            .arg(dir.clone())
+            .arg("--store")
+            .arg(pg.url())
+    });
+}
+
+/// Polls the store until it holds `cell` for `player`.
+fn wait_saved(store: &meridian_store::Store, player: u64, cell: (u32, u32)) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let saved = runtime.block_on(store.load(player))?.and_then(|p| p.saved).map(|s| s.at);
+        if saved == Some(cell) {
+            return Ok(());
+        }
+        ensure!(Instant::now() < by, "player {player}: the store holds {saved:?}, not {cell:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The owning shard and the player's gateway are killed together (SIGKILL) after the
+/// player walked on past its last save: logging in again through the other gateway, it is
+/// back at a cell of its walk no older than that save. Alone, a dead shard loses nothing
+/// acknowledged (see `failover`): the gateway restores the player where it was.
+#[test]
+fn a_shard_killed_with_its_gateway_loses_at_most_the_moves_since_the_last_save() {
+    let data = TempDir::new("rpo");
+    let options = ClusterOptions::new(Io::Uring)
+        .shards(2)
+        .gateways(2)
+        .arg("--data-dir")
+        .arg(data.path().display().to_string())
+        .arg("--save-interval")
+        .arg("1");
+    crate::with_cluster(options, |cluster| {
+        let path = data.path().join("players.sqlite");
+        let store = tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(
+            meridian_store::Store::open(&meridian_store::Address::parse(&format!(
+                "sqlite:{}",
+                path.display()
+            ))?),
+        )?;
+        let (mut bot, id, at) = log_in(cluster.client_addr(0), "rpo")?;
+        let before = walk(&mut bot, at, 4, 1)?;
+        let saved = *before.last().expect("a walk");
+        wait_saved(&store, id, saved).context("the periodic save of the first walk")?;
+        let after = walk(&mut bot, saved, 4, 5)?;
+        // Which shard owns the player now: the one whose /players lists it.
+        let owner = (0..cluster.shards().len())
+            .find(|&i| {
+                let admin = cluster.shard(i).admin;
+                meridian_testkit::http_get(admin, "/players")
+                    .is_ok_and(|(_, body)| body.contains(&format!("\"id\":{id},")))
+            })
+            .context("no shard lists the player")?;
+        cluster.kill_gateway(0)?;
+        cluster.kill_shard(owner)?;
+        drop(bot);
+        // Through the other gateway once the dead shard's region has a new owner.
+        let by = Instant::now() + Duration::from_secs(20);
+        let (_bot, again, at) = loop {
+            match log_in(cluster.client_addr(1), "rpo") {
+                Ok(answer) => break answer,
+                Err(error) if Instant::now() < by => {
+                    eprintln!("not yet: {error:#}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        ensure!(again == id, "the same player: {again} != {id}");
+        ensure!(
+            after.contains(&at),
+            "back at {at:?}: not a cell of the walk since the last save ({after:?})"
+        );
+        Ok(())
+    });
+}
