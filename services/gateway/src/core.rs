@@ -73,6 +73,9 @@ pub enum Session {
         player: u64,
         waiting: usize,
         since: Instant,
+        /// A login of the player's account rather than a resume token: placed as a new
+        /// login if no shard holds the player.
+        login: Option<Box<Takeover>>,
     },
     /// The client logged out: the Leave went to `link`, whose close ends the connection.
     /// Nothing more is relayed; moves sent after the Logout are refused once the moves
@@ -82,6 +85,18 @@ pub enum Session {
     },
     /// The shard has let the player go (logout); nothing more is relayed.
     Gone,
+}
+
+/// A login whose account's player may be online (or parked) on some shard: every shard
+/// is asked, and the one holding it takes it over from the old connection (`REPLACED`).
+pub struct Takeover {
+    name: String,
+    /// A dev-mode Login's spawn: where the player goes, online or not.
+    spawn: Option<meridian_protocol::pb::Position>,
+    /// The cell it was saved at: where it goes if no shard holds it (and no spawn).
+    saved: Option<meridian_protocol::pb::Position>,
+    /// The generation to place it with then (after the one it was saved at).
+    generation: u64,
 }
 
 /// How long a resume may wait for the shards' answers.
@@ -430,19 +445,34 @@ impl<T> Core<T> {
                     // to leave again (see `tick`), so nothing of it is for this client.
                     continue;
                 }
-                if let Session::Resuming { player, waiting, .. } = &mut conn.session {
+                if let Session::Resuming { player, waiting, login, .. } = &mut conn.session {
                     let player = *player;
                     if delivery.resume_refused {
                         *waiting = waiting.saturating_sub(1);
                         if *waiting == 0 {
+                            let login = login.take();
                             conn.session = Session::Anonymous;
                             conn.opened_at = self.ctx.now;
-                            let detail = "nothing to resume: the resume window has passed";
-                            self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
+                            match login {
+                                // Online nowhere: a login like any other.
+                                Some(login) => {
+                                    let session =
+                                        session_id(self.ctx.worker, slot, conn.generation_slot);
+                                    let Takeover { name, spawn, saved, generation } = *login;
+                                    let at = spawn.or(saved);
+                                    self.ctx
+                                        .place(conn, slot, session, player, name, at, generation);
+                                }
+                                None => {
+                                    let detail = "nothing to resume: the resume window has passed";
+                                    self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
+                                }
+                            }
                         }
                         continue;
                     }
-                    if view_reset_at(&delivery.frames).is_none() {
+                    let first = if login.is_some() { LOGIN_OK_TAG } else { VIEW_RESET_TAG };
+                    if message_at(&delivery.frames, first).is_none() {
                         // Not the answer to the resume (that starts with a ViewReset): output
                         // of a shard the player was handed on to from the one that took it
                         // back, which overtook that one's answer and release marker. Held
@@ -454,10 +484,14 @@ impl<T> Core<T> {
                         continue;
                     }
                     // The shard that held the player took it back: it owns the player now.
-                    match self.ctx.shared.routing.read(|t| t.link(from).cloned()) {
-                        Some(link) => conn.session = Session::Playing { player, link },
-                        None => continue,
+                    let Some(link) = self.ctx.shared.routing.read(|t| t.link(from).cloned()) else {
+                        continue;
+                    };
+                    if let Some(login) = login.take() {
+                        self.ctx.shared.metrics.logins.inc();
+                        conn.name = login.name;
                     }
+                    conn.session = Session::Playing { player, link };
                 }
                 if delivery.resume_refused {
                     // A shard that did not hold the player, answering a resume another shard
@@ -665,16 +699,19 @@ impl<T> Core<T> {
                     self.ctx.switch_owner(conn, slot, player, link);
                 }
             }
-            if let Session::Resuming { since, player, .. } = conn.session {
+            if let Session::Resuming { since, player, ref login, .. } = conn.session {
                 if now.saturating_duration_since(since) > RESUME_WAIT {
                     // A shard may still answer and place the player on this session: every
                     // shard asked gets a Leave behind its Resume, so the holder parks it
                     // again instead of keeping it on a session that is no longer resuming.
+                    let (code, detail) = match login {
+                        Some(_) => (ErrorCode::Unavailable, "no shard answered the login in time"),
+                        None => (ErrorCode::InvalidToken, "no shard answered the resume"),
+                    };
                     self.ctx.leave_everywhere(conn, session, player);
                     conn.session = Session::Anonymous;
                     conn.opened_at = now;
-                    let detail = "no shard answered the resume";
-                    self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
+                    self.ctx.refuse(conn, slot, code, detail, 0);
                 }
             }
             if let Some(since) = conn.restore_due {
@@ -805,11 +842,20 @@ impl<T> Core<T> {
 /// Where the first `ViewReset` frame starts in a run of whole frames, if there is one.
 /// Only each frame's first body byte is looked at: a `ServerMessage` is one oneof field,
 /// and `view_reset` is field 8, length-delimited.
+/// The first byte of a `ServerMessage` body carrying `ViewReset` (field 8) or `LoginOk`
+/// (field 1): the field's key, length-delimited.
+const VIEW_RESET_TAG: u8 = (8 << 3) | 2;
+const LOGIN_OK_TAG: u8 = (1 << 3) | 2;
+
 fn view_reset_at(frames: &[u8]) -> Option<usize> {
-    const VIEW_RESET_TAG: u8 = (8 << 3) | 2;
+    message_at(frames, VIEW_RESET_TAG)
+}
+
+/// Where in `frames` the first message of the kind `tag` starts.
+fn message_at(frames: &[u8], tag: u8) -> Option<usize> {
     let mut at = 0;
     while let Ok(Some(header)) = next_frame(&frames[at..], usize::MAX) {
-        if header.body(&frames[at..]).first() == Some(&VIEW_RESET_TAG) {
+        if header.body(&frames[at..]).first() == Some(&tag) {
             return Some(at);
         }
         at += header.total_len();
@@ -1246,11 +1292,36 @@ impl Ctx {
         }
         let seq = conn.take_seq();
         for link in &links {
-            self.relay(link, session, player, seq, Input::Resume(ResumeRequest {}));
+            self.relay(link, session, player, seq, Input::Resume(ResumeRequest::default()));
         }
         // A new connection has full budgets; the shard that held the player keeps its own
         // move budget across the resume, so a reconnect still buys no fresh burst of moves.
-        conn.session = Session::Resuming { player, waiting: links.len(), since: now };
+        conn.session = Session::Resuming { player, waiting: links.len(), since: now, login: None };
+    }
+
+    /// A login of an account whose player may be online: every shard is asked whether it
+    /// holds the player (see [`Takeover`]).
+    fn take_over<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        player: u64,
+        login: Takeover,
+    ) {
+        let links: Vec<Arc<ShardLink>> =
+            self.shared.routing.read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
+        if links.is_empty() {
+            return self.refuse(conn, slot, ErrorCode::Unavailable, "no shard available", 0);
+        }
+        let seq = conn.take_seq();
+        let request = ResumeRequest { login: true, name: login.name.clone(), spawn: login.spawn };
+        for link in &links {
+            self.relay(link, session, player, seq, Input::Resume(request.clone()));
+        }
+        let since = self.now;
+        let login = Some(Box::new(login));
+        conn.session = Session::Resuming { player, waiting: links.len(), since, login };
     }
 
     fn login<T>(
@@ -1348,10 +1419,12 @@ impl Ctx {
                         size.is_some_and(|(width, height)| x < width && y < height)
                     });
                 let saved = saved.map(|(x, y)| meridian_protocol::pb::Position { x, y });
-                let spawn = pending.spawn.or(saved);
                 // After the generation it was saved at: its saves from now on are newer.
                 let generation = player.saved.as_ref().map_or(0, |s| s.generation + 1);
-                self.place(conn, slot, session, player.player_id, player.name, spawn, generation);
+                // One account is online once: if a shard holds its player (another
+                // connection's, or parked), that shard hands it to this connection.
+                let login = Takeover { name: player.name, spawn: pending.spawn, saved, generation };
+                self.take_over(conn, slot, session, player.player_id, login);
             }
             AccountAnswer::IdTaken if pending.tries + 1 < ID_TRIES => {
                 pending.tries += 1;

@@ -32,6 +32,8 @@ pub struct ShardMetrics {
     pub handoffs_in: Arc<Counter>,
     pub restores: Arc<Counter>,
     pub resumes: Arc<Counter>,
+    /// Players taken over by a new login of their account (the old connection: REPLACED).
+    pub logins_replaced: Arc<Counter>,
     pub inputs_forwarded: Arc<Counter>,
     pub peer_messages_in: Arc<Counter>,
     pub peer_messages_out: Arc<Counter>,
@@ -112,6 +114,11 @@ impl ShardMetrics {
             resumes: registry.counter(
                 "meridian_shard_resumes_total",
                 "Players taken back by a resume token after their connection dropped.",
+                l,
+            ),
+            logins_replaced: registry.counter(
+                "meridian_shard_logins_replaced_total",
+                "Players taken over by a new login of their account; the old connection got REPLACED.",
                 l,
             ),
             restores: registry.counter(

@@ -32,6 +32,15 @@ use crate::types::{world_direction, HandedOff, LinkId, Parked, Seat, PENDING_LIM
 /// enforced by the server separately.
 const TOKEN_LIFETIME_SECS: u64 = 24 * 3600;
 
+/// What a player seated on a new session is told first.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// A restore or resume: the client's view starts over.
+    ViewReset,
+    /// A login that took the player over from another connection.
+    LoginOk,
+}
+
 fn wire(at: Position) -> Option<client_pb::Position> {
     Some(client_pb::Position { x: at.x, y: at.y })
 }
@@ -62,17 +71,18 @@ impl ShardCore {
             self.outbox.close(link, session);
             return;
         };
-        let config = self.world.config().clone();
-        let login_ok = ServerMessage {
-            kind: Some(client_pb::server_message::Kind::LoginOk(client_pb::LoginOk {
-                player_id: player.0,
-                position: wire(at),
-                resume_token: self.resume_key.mint(player.0, self.unix_now() + TOKEN_LIFETIME_SECS),
-                map_width: config.width,
-                map_height: config.height,
-                view_range: config.view_range,
-            })),
-        };
+        if self.seats.contains_key(&player) {
+            // The same account logged in twice at once and both logins found it nowhere
+            // (or raced a takeover): the later login wins, as a takeover would.
+            let (old_link, old_session) =
+                self.seats.get(&player).map(|s| (s.link, s.session)).expect("checked");
+            self.remove(player, false);
+            self.tell_replaced(old_link, old_session);
+            self.outbox.close(old_link, old_session);
+            self.metrics.logins_replaced.inc();
+        }
+        self.parked.remove(&player);
+        let login_ok = self.login_ok(player, at);
         let name: Arc<str> = join.name.into();
         let now = self.since(self.started);
         // LoginOk goes first: the Entered messages the login causes for this player follow.
@@ -98,6 +108,21 @@ impl ShardCore {
                 let message = server::error(ErrorCode::InvalidArgument, error.to_string(), 0);
                 self.outbox.push(link, session, &message);
             }
+        }
+    }
+
+    /// The answer to a login placed here at `at`, with a fresh resume token.
+    fn login_ok(&self, player: PlayerId, at: Position) -> ServerMessage {
+        let config = self.world.config();
+        ServerMessage {
+            kind: Some(client_pb::server_message::Kind::LoginOk(client_pb::LoginOk {
+                player_id: player.0,
+                position: wire(at),
+                resume_token: self.resume_key.mint(player.0, self.unix_now() + TOKEN_LIFETIME_SECS),
+                map_width: config.width,
+                map_height: config.height,
+                view_range: config.view_range,
+            })),
         }
     }
 
@@ -563,8 +588,14 @@ impl ShardCore {
     /// holds the player (parked, or still attached to an old connection, which is closed so
     /// the player never exists twice), it is placed back at its last position exactly like
     /// a restore; otherwise the gateway is told so.
+    ///
+    /// A login of the player's account (`ResumeRequest.login`) takes the player over the
+    /// same way, except that the old connection is told `REPLACED` and the new one gets
+    /// `LoginOk`.
     pub(crate) fn resume(&mut self, link: LinkId, input: PlayerInput) {
         let player = PlayerId(input.player_id);
+        let Some(Input::Resume(request)) = &input.kind else { return };
+        let request = request.clone();
         if let Some(seat) = self.seats.get(&player) {
             let (old_link, old_session) = (seat.link, seat.session);
             if old_session == input.session {
@@ -574,19 +605,30 @@ impl ShardCore {
                 return self.outbox.refuse_resume(link, input.session);
             }
             self.remove(player, true);
+            if request.login {
+                self.tell_replaced(old_link, old_session);
+            }
             self.outbox.close(old_link, old_session);
         }
         match self.parked.remove(&player) {
-            Some(parked) if self.since(parked.since) <= self.resume_window => {
+            Some(parked) if request.login || self.since(parked.since) <= self.resume_window => {
+                let spawn =
+                    request.spawn.unwrap_or(client_pb::Position { x: parked.at.x, y: parked.at.y });
                 let join = Join {
-                    name: parked.name,
-                    spawn: Some(client_pb::Position { x: parked.at.x, y: parked.at.y }),
+                    name: if request.login { request.name } else { parked.name },
+                    spawn: Some(spawn),
                     restore: true,
                     generation: parked.generation,
                     gateway_id: 0,
                 };
-                self.metrics.resumes.inc();
-                self.restore(link, input.seq, input.session, player, join);
+                let answer = if request.login {
+                    self.metrics.logins_replaced.inc();
+                    Answer::LoginOk
+                } else {
+                    self.metrics.resumes.inc();
+                    Answer::ViewReset
+                };
+                self.restore_as(link, input.seq, input.session, player, join, answer);
                 // The budget it left with comes back with it: a reconnect buys no burst.
                 if let Some(budget) = parked.move_budget {
                     let _ = self.world.set_move_budget(player, budget);
@@ -600,6 +642,25 @@ impl ShardCore {
     /// client gets ViewReset and then Entered for everything in sight; observers here get
     /// Entered (or Moved, if they still showed the dead shard's ghost of it).
     fn restore(&mut self, link: LinkId, seq: u64, session: u64, player: PlayerId, join: Join) {
+        self.restore_as(link, seq, session, player, join, Answer::ViewReset)
+    }
+
+    /// Ends a connection whose account logged in again elsewhere (its close follows).
+    fn tell_replaced(&mut self, link: LinkId, session: u64) {
+        let detail = "your account logged in on another connection";
+        self.outbox.push(link, session, &server::error(ErrorCode::Replaced, detail, 0));
+    }
+
+    /// As [`Self::restore`], answering the new session with `answer`.
+    fn restore_as(
+        &mut self,
+        link: LinkId,
+        seq: u64,
+        session: u64,
+        player: PlayerId,
+        join: Join,
+        answer: Answer,
+    ) {
         let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
         let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
         if !self.seats.contains_key(&player) {
@@ -676,7 +737,11 @@ impl ShardCore {
         self.divergent.remove(&player);
         self.history.record(player, (generation, 0), at);
         self.route_envelopes();
-        self.outbox.push(link, session, &server::view_reset(player.0, at.x, at.y));
+        let first = match answer {
+            Answer::ViewReset => server::view_reset(player.0, at.x, at.y),
+            Answer::LoginOk => self.login_ok(player, at),
+        };
+        self.outbox.push(link, session, &first);
         self.reconcile_view(player, link, session, &[]);
         self.outbox.track(link, session, at.x, at.y, generation);
         self.mirror(player);

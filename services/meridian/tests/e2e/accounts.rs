@@ -145,3 +145,49 @@ fn accounts_keep_their_player_ids_in_postgres_and_logins_wait_out_an_outage() {
         a_returning_player_is_placed_where_it_left(addr)
     });
 }
+
+/// Waits for `bot`'s Error REPLACED and the close after it.
+fn expect_replaced(bot: &mut Bot, who: &str) -> anyhow::Result<()> {
+    let by = Instant::now() + Duration::from_secs(10);
+    let rest = bot.expect_closed(by).with_context(|| format!("{who}: closed after REPLACED"))?;
+    let replaced = rest
+        .iter()
+        .any(|m| matches!(&m.kind, Some(S::Error(e)) if e.code == ErrorCode::Replaced as i32));
+    ensure!(replaced, "{who}: closed without REPLACED; got {rest:?}");
+    Ok(())
+}
+
+/// One account is online once (DESIGN 2b, Accounts): a second login of the account, here
+/// through another gateway, takes the player over where it stands; the first connection
+/// gets REPLACED and is closed. A login after a dropped connection takes over the parked
+/// player the same way, and a third login replaces the second.
+#[test]
+fn a_second_login_of_an_account_replaces_the_first() {
+    let options = ClusterOptions::new(Io::Uring).shards(2).gateways(2);
+    with_cluster(options, |cluster| {
+        let (first_gw, second_gw) = (cluster.client_addr(0), cluster.client_addr(1));
+        let (mut first, answer) = login_at(first_gw, "erin", None, None)?;
+        let (id, start) = answer.map_err(|code| anyhow::anyhow!("erin: Error {code}"))?;
+        let mut at = start;
+        for client_time in 1..=3 {
+            let direction = if start.0 < 200 { Direction::Right } else { Direction::Left };
+            at = first.move_ok(direction, client_time)?;
+        }
+        let (mut second, again) = login_at(second_gw, "erin", None, None)?;
+        let again = again.map_err(|code| anyhow::anyhow!("erin again: Error {code}"))?;
+        ensure!(again == (id, at), "the second login took over {again:?}, erin was {id} at {at:?}");
+        expect_replaced(&mut first, "the first connection")?;
+        // The second connection plays on.
+        let direction = if at.0 < 200 { Direction::Right } else { Direction::Left };
+        let moved = second.move_ok(direction, 1)?;
+        ensure!(moved != at, "the second connection moves the player: {at:?} -> {moved:?}");
+        // Dropped (no logout): parked, then taken over by the next login.
+        drop(second);
+        let (mut third, answer) = login_at(first_gw, "erin", None, None)?;
+        let third_at = answer.map_err(|code| anyhow::anyhow!("erin, third: Error {code}"))?;
+        ensure!(third_at == (id, moved), "after a drop: {third_at:?}, expected {:?}", (id, moved));
+        let (_fourth, answer) = login_at(second_gw, "erin", None, None)?;
+        ensure!(answer == Ok((id, moved)), "the fourth login: {answer:?}");
+        expect_replaced(&mut third, "the third connection")
+    });
+}
