@@ -221,3 +221,94 @@ fn a_shard_killed_with_its_gateway_loses_at_most_the_moves_since_the_last_save()
         Ok(())
     });
 }
+
+/// The sum of a counter family's samples with `label` in a node's /metrics.
+fn metric(admin: std::net::SocketAddr, name: &str, label: &str) -> anyhow::Result<f64> {
+    let (_, body) = meridian_testkit::http_get(admin, "/metrics")?;
+    Ok(body
+        .lines()
+        .filter(|line| line.starts_with(name) && line.contains(label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// PostgreSQL stopped for 10 s under load (issue 12): 20 players keep walking and every
+/// move is answered; the shards' saves fail and wait; half the players log out meanwhile.
+/// Once the store is back the saves catch up: it holds every player's last cell, and the
+/// ones that left log in there.
+#[test]
+fn the_store_stopped_for_10_s_under_load_costs_the_players_nothing() {
+    let mut pg = TempPostgres::start().expect("a PostgreSQL server of the test's own");
+    let options = ClusterOptions::new(Io::Uring)
+        .shards(2)
+        .arg("--store")
+        .arg(pg.url())
+        .arg("--save-interval")
+        .arg("1");
+    crate::with_cluster(options, |cluster| {
+        let addr = cluster.client_addr(0);
+        let mut bots = Vec::new();
+        for n in 0..20u32 {
+            let mut bot = Bot::connect(addr)?;
+            let name = format!("outage-{n}");
+            let spawn = (30 + (n % 5) * 60, 30 + (n / 5) * 60);
+            let id = bot.login(&name, Some(spawn))?.ok.player_id;
+            bots.push((bot, name, id, spawn));
+        }
+        let mut client_time = 0;
+        let mut step = |bots: &mut Vec<(Bot, String, u64, (u32, u32))>| -> anyhow::Result<()> {
+            client_time += 1;
+            let direction = if client_time % 2 == 1 { Direction::Right } else { Direction::Left };
+            for (bot, name, _, at) in bots.iter_mut() {
+                *at = bot.move_ok(direction, client_time).with_context(|| name.clone())?;
+            }
+            Ok(())
+        };
+        step(&mut bots)?;
+        pg.stop()?;
+        let stopped = Instant::now();
+        let mut moves = 0;
+        let mut gone = Vec::new();
+        while stopped.elapsed() < Duration::from_secs(10) {
+            step(&mut bots)?;
+            moves += bots.len();
+            if stopped.elapsed() > Duration::from_secs(3) && gone.is_empty() {
+                // Half of them log out while the store is down: each connection closes
+                // (after its save waited 5 s), the save waits on.
+                for (mut bot, name, id, at) in bots.drain(10..) {
+                    bot.send(&meridian_testkit::msg::logout())?;
+                    gone.push((bot, name, id, at));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let failed: f64 = (0..cluster.shards().len())
+            .map(|i| metric(cluster.shard(i).admin, "meridian_shard_saves_total", "failed"))
+            .sum::<anyhow::Result<f64>>()?;
+        ensure!(failed > 0.0, "saves failed while the store was down");
+        eprintln!("{moves} moves answered while the store was down; {failed} saves failed");
+        for (bot, name, ..) in &mut gone {
+            bot.expect_closed(Instant::now() + Duration::from_secs(10))
+                .with_context(|| format!("{name}: closed after its logout"))?;
+        }
+        pg.restart()?;
+        let store = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(meridian_store::Store::open(&meridian_store::Address::parse(&pg.url())?))?;
+        for (_, name, id, at) in bots.iter().chain(gone.iter()) {
+            wait_saved(&store, *id, *at).with_context(|| format!("{name}'s saves caught up"))?;
+        }
+        for (_, name, id, at) in &gone {
+            let mut bot = Bot::connect(addr)?;
+            let ok = bot.login(name, None)?.ok;
+            let back = ok.position.map(|p| (p.x, p.y));
+            ensure!(
+                (ok.player_id, back) == (*id, Some(*at)),
+                "{name} back as {} at {back:?}, left as {id} at {at:?}",
+                ok.player_id
+            );
+        }
+        Ok(())
+    });
+}
