@@ -312,3 +312,75 @@ fn the_store_stopped_for_10_s_under_load_costs_the_players_nothing() {
         Ok(())
     });
 }
+
+/// An old owner's late save does not win (issue 12, fencing): the player's shard is paused
+/// (SIGSTOP) past its lease with a save of the player still waiting for a stopped store;
+/// the gateway restores the player on the other shard, which saves it (a newer generation)
+/// once the store is back. Woken, the old shard sends its waiting save: the store refuses
+/// it, and the player comes back where the new owner saved it.
+#[test]
+fn a_paused_shards_late_save_does_not_roll_a_player_back() {
+    let mut pg = TempPostgres::start().expect("a PostgreSQL server of the test's own");
+    let options = ClusterOptions::new(Io::Uring)
+        .shards(2)
+        .arg("--store")
+        .arg(pg.url())
+        .arg("--save-interval")
+        .arg("1");
+    crate::with_cluster(options, |cluster| {
+        let store = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(meridian_store::Store::open(&meridian_store::Address::parse(&pg.url())?))?;
+        let mut bot = Bot::connect(cluster.client_addr(0))?;
+        let id = bot.login("fence", Some((100, 100)))?.ok.player_id;
+        let at = bot.move_ok(Direction::Right, 1)?;
+        wait_saved(&store, id, at)?;
+        let owner = (0..cluster.shards().len())
+            .find(|&i| {
+                meridian_testkit::http_get(cluster.shard(i).admin, "/players")
+                    .is_ok_and(|(_, body)| body.contains(&format!("\"id\":{id},")))
+            })
+            .context("no shard lists the player")?;
+        let old = cluster.shard(owner).clone();
+        pg.stop()?;
+        let stale = bot.move_ok(Direction::Right, 2)?;
+        // The old owner's save of `stale` fails and waits for the store.
+        let by = Instant::now() + Duration::from_secs(10);
+        while metric(old.admin, "meridian_shard_saves_total", "failed")? == 0.0 {
+            ensure!(Instant::now() < by, "the old owner tried to save the player");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // SAFETY: signalling a process this test's cluster started, by its pid.
+        ensure!(unsafe { libc::kill(old.pid, libc::SIGSTOP) } == 0, "SIGSTOP");
+        let resumed = (|| -> anyhow::Result<(u32, u32)> {
+            bot.recv_until(Instant::now() + Duration::from_secs(20), "the restore", |m| {
+                matches!(m.kind, Some(S::ViewReset(_)))
+            })?;
+            let newer = bot.move_ok(Direction::Down, 3)?;
+            pg.restart()?;
+            wait_saved(&store, id, newer).context("the new owner's save")?;
+            Ok(newer)
+        })();
+        // SAFETY: as above.
+        unsafe { libc::kill(old.pid, libc::SIGCONT) };
+        let newer = resumed?;
+        let by = Instant::now() + Duration::from_secs(15);
+        while metric(old.admin, "meridian_shard_saves_total", "refused")? == 0.0 {
+            ensure!(Instant::now() < by, "the old owner's late save was sent and refused");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let saved = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(store.load(id))?
+            .and_then(|p| p.saved)
+            .context("a saved player")?;
+        ensure!(
+            saved.at == newer,
+            "the store holds {:?}, not the new owner's {newer:?} (stale {stale:?})",
+            saved.at
+        );
+        Ok(())
+    });
+}
