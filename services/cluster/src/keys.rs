@@ -54,6 +54,15 @@ impl ClusterKeys {
         format!("{}drain/", self.root)
     }
 
+    /// Operators' orders for players (`meridian player kick|move`), one key per player.
+    pub fn orders_prefix(&self) -> String {
+        format!("{}order/", self.root)
+    }
+
+    pub fn order(&self, player: u64) -> String {
+        format!("{}order/{player}", self.root)
+    }
+
     pub fn drain(&self, id: ShardId) -> String {
         format!("{}drain/{}", self.root, id.0)
     }

@@ -29,8 +29,8 @@ pub use error::ClusterError;
 pub use ids::IdAllocator;
 pub use keys::ClusterKeys;
 pub use model::{
-    ClusterView, DensityReport, GatewayId, GatewayRecord, LoadProfile, PartitionMap, Region,
-    ShardId, ShardRecord, ShardState, DENSITY_CELL, LOAD_BAND,
+    ClusterView, DensityReport, GatewayId, GatewayRecord, LoadProfile, OrderKind, PartitionMap,
+    PlayerOrder, Region, ShardId, ShardRecord, ShardState, DENSITY_CELL, LOAD_BAND,
 };
 pub use registration::{Registration, RegistrationStatus};
 pub use watch::ClusterWatch;

@@ -161,8 +161,29 @@ pub struct ClusterView {
     pub partition: Option<PartitionMap>,
     /// Shards an operator asked to drain (`meridian drain`).
     pub drains: std::collections::BTreeSet<ShardId>,
+    /// Operators' orders for players, by player id (`meridian player kick|move`).
+    pub orders: BTreeMap<u64, PlayerOrder>,
     /// The etcd revision this view reflects.
     pub revision: i64,
+}
+
+/// An operator's order for one player (`meridian player kick|move`), carried out once by
+/// the shard holding the player when the order appears.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlayerOrder {
+    /// Unique per order: a shard carries out each order once.
+    pub id: u64,
+    #[serde(flatten)]
+    pub kind: OrderKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OrderKind {
+    /// Out of the world: the connection gets `UNAVAILABLE` with `reason` and is closed.
+    Kick { reason: String },
+    /// To another cell at once: the client gets `ViewReset` there.
+    Move { x: u32, y: u32 },
 }
 
 impl ClusterView {

@@ -24,7 +24,9 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::keys::ClusterKeys;
-use crate::model::{ClusterView, GatewayId, GatewayRecord, PartitionMap, ShardId, ShardRecord};
+use crate::model::{
+    ClusterView, GatewayId, GatewayRecord, PartitionMap, PlayerOrder, ShardId, ShardRecord,
+};
 use crate::{ClusterError, EpochCell, EtcdContact};
 
 /// A running watch of the cluster prefix.
@@ -103,6 +105,13 @@ fn apply_put(view: &mut ClusterView, keys: &ClusterKeys, kv: &KeyValue) {
             view.drains.insert(ShardId(id));
         }
         Ok(())
+    } else if let Some(player) = key.strip_prefix(&keys.orders_prefix()) {
+        match player.parse::<u64>() {
+            Ok(player) => serde_json::from_slice::<PlayerOrder>(kv.value()).map(|order| {
+                view.orders.insert(player, order);
+            }),
+            Err(_) => Ok(()),
+        }
     } else if *key == keys.partition() {
         serde_json::from_slice::<PartitionMap>(kv.value()).map(|map| {
             // Never step back to an older epoch, whatever order events come in.
@@ -151,6 +160,11 @@ fn apply_delete(view: &mut ClusterView, keys: &ClusterKeys, key: &[u8]) {
     let key = String::from_utf8_lossy(key);
     if let Some(id) = key.strip_prefix(&keys.drains_prefix()).and_then(|s| s.parse::<u32>().ok()) {
         view.drains.remove(&ShardId(id));
+    }
+    if let Some(player) =
+        key.strip_prefix(&keys.orders_prefix()).and_then(|s| s.parse::<u64>().ok())
+    {
+        view.orders.remove(&player);
     }
 }
 

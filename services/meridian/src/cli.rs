@@ -36,9 +36,39 @@ pub enum Command {
     Status(StatusArgs),
     /// Ask a shard to hand off all its players and exit (what SIGTERM does too).
     Drain(DrainArgs),
+    /// Look up, remove or move one account's player (the player store, and etcd for the
+    /// shard holding it).
+    Player(PlayerArgs),
     /// Print a login token for an account, signed with the public development key: accepted
     /// only by gateways in dev mode (`meridian up`), to try the token path locally.
     Token(TokenArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlayerArgs {
+    #[command(subcommand)]
+    pub action: PlayerAction,
+    /// The player store the cluster uses (as its shards' and gateways' `--store`).
+    #[arg(long, env = "MERIDIAN_STORE", global = true)]
+    pub store: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum PlayerAction {
+    /// The account's player: id, name, saved cell and generation, and where it is online.
+    Show { account: String },
+    /// Take the player out of the world: its connection gets UNAVAILABLE with the reason
+    /// and is closed (saved where it stood).
+    Kick {
+        account: String,
+        #[arg(long, default_value = "kicked by an operator")]
+        reason: String,
+    },
+    /// Move the player to cell (X, Y): at once if it is online (the client gets ViewReset
+    /// there), else where it comes back at its next login.
+    Move { account: String, x: u32, y: u32 },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -399,11 +429,12 @@ pub struct UpArgs {
 /// Which cluster, in which etcd: what the operator commands need.
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
-    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian")]
+    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian", global = true)]
     pub cluster: String,
     /// etcd endpoints, comma-separated.
     #[arg(
         long,
+        global = true,
         env = "MERIDIAN_ETCD",
         value_delimiter = ',',
         default_value = "http://127.0.0.1:2379"

@@ -5,6 +5,7 @@
 mod cli;
 mod drain;
 mod node;
+mod player;
 mod status;
 mod up;
 
@@ -24,6 +25,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Up(args) => args.validate().and_then(up::run),
         cli::Command::Status(args) => status::run(args),
         cli::Command::Drain(args) => drain::run(args),
+        cli::Command::Player(args) => player::run(args),
         cli::Command::Token(args) => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -97,6 +97,8 @@ pub struct ShardCore {
     pub(crate) closing_after_save: Vec<(PlayerId, LinkId, u64, Instant)>,
     last_save_round: Instant,
     saved: FxHashMap<PlayerId, (meridian_world::Position, u64)>,
+    /// Operators' orders seen (carried out if the player was here), of those still in etcd.
+    pub(crate) orders_seen: FxHashSet<u64>,
     pub(crate) saves: Vec<SaveRecord>,
     pub(crate) early: FxHashMap<PlayerId, EarlyInputs>,
     /// Inputs refused while their player was not here, by player and session, with when
@@ -147,6 +149,7 @@ impl ShardCore {
             closing_after_save: Vec::new(),
             last_save_round: now,
             saved: FxHashMap::default(),
+            orders_seen: FxHashSet::default(),
             saves: Vec::new(),
             early: FxHashMap::default(),
             refused: FxHashMap::default(),
@@ -296,6 +299,7 @@ impl ShardCore {
     }
 
     fn on_view(&mut self, view: &ClusterView) {
+        self.carry_out_orders(&view.orders);
         self.live = view.shards.keys().copied().collect();
         let epoch = view.partition.as_ref().map(|p| p.epoch).unwrap_or(0);
         if epoch != self.geometry.epoch {

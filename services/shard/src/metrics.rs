@@ -34,6 +34,8 @@ pub struct ShardMetrics {
     pub resumes: Arc<Counter>,
     /// Players taken over by a new login of their account (the old connection: REPLACED).
     pub logins_replaced: Arc<Counter>,
+    /// Operators' orders carried out, by kind (`meridian player kick|move`).
+    pub player_orders: CounterFamily,
     pub inputs_forwarded: Arc<Counter>,
     pub peer_messages_in: Arc<Counter>,
     pub peer_messages_out: Arc<Counter>,
@@ -115,6 +117,13 @@ impl ShardMetrics {
                 "meridian_shard_resumes_total",
                 "Players taken back by a resume token after their connection dropped.",
                 l,
+            ),
+            player_orders: registry.counter_family(
+                "meridian_shard_player_orders_total",
+                "Operators' orders for players carried out here (meridian player kick|move).",
+                l,
+                "kind",
+                ["kick", "move"],
             ),
             logins_replaced: registry.counter(
                 "meridian_shard_logins_replaced_total",

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use meridian_cluster::ShardId;
+use meridian_cluster::{OrderKind, PlayerOrder, ShardId};
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
@@ -21,12 +21,12 @@ use meridian_rpc::pb::{
     Handoff, HandoffAck, Join, MoveRefused, PeerMessage, PlayerInput, Released, ViewEntry,
 };
 use meridian_world::{PlayerId, Position, WorldError};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::core::ShardCore;
 use crate::history::{Divergent, Told};
 use crate::sequence::InputSequence;
-use crate::types::{world_direction, HandedOff, LinkId, Parked, Seat, PENDING_LIMIT};
+use crate::types::{world_direction, HandedOff, LinkId, Parked, SaveRecord, Seat, PENDING_LIMIT};
 
 /// How long a resume token stays valid; the resume window after a drop is shorter and is
 /// enforced by the server separately.
@@ -109,6 +109,76 @@ impl ShardCore {
                 self.outbox.push(link, session, &message);
             }
         }
+    }
+
+    /// Carries out each operator's order the first time it is seen, if its player is here
+    /// (seated, or parked after its connection dropped); a shard the player reaches later
+    /// has seen the order too and leaves it be.
+    pub(crate) fn carry_out_orders(&mut self, orders: &BTreeMap<u64, PlayerOrder>) {
+        self.orders_seen.retain(|id| orders.values().any(|order| order.id == *id));
+        for (&player, order) in orders {
+            if !self.orders_seen.insert(order.id) {
+                continue;
+            }
+            let player = PlayerId(player);
+            match &order.kind {
+                OrderKind::Kick { reason } => self.kick(player, reason),
+                OrderKind::Move { x, y } => self.teleport(player, Position { x: *x, y: *y }),
+            }
+        }
+    }
+
+    /// Out of the world: the connection is told why and closed; saved where it stood.
+    fn kick(&mut self, player: PlayerId, reason: &str) {
+        if let Some(seat) = self.seats.get(&player) {
+            let (link, session) = (seat.link, seat.session);
+            info!(%player, reason, "player removed by an operator");
+            self.remove(player, false);
+            let detail = format!("removed by an operator: {reason}");
+            self.outbox.push(link, session, &server::error(ErrorCode::Unavailable, detail, 0));
+            self.outbox.close(link, session);
+        } else if self.parked.remove(&player).is_some() {
+            info!(%player, reason, "parked player removed by an operator");
+        } else {
+            return;
+        }
+        self.metrics.player_orders.inc("kick");
+    }
+
+    /// To `at` at once, on the same connection: the client gets ViewReset there (handed
+    /// on if another shard owns the cell); saved there.
+    fn teleport(&mut self, player: PlayerId, at: Position) {
+        let config = self.world.config();
+        if at.x >= config.width || at.y >= config.height {
+            return warn!(%player, x = at.x, y = at.y, "move order outside the map ignored");
+        }
+        let spawn = Some(client_pb::Position { x: at.x, y: at.y });
+        if let Some(seat) = self.seats.get(&player) {
+            let (link, session, next) = (seat.link, seat.session, seat.inputs.next());
+            info!(%player, x = at.x, y = at.y, "player moved by an operator");
+            self.remove(player, true);
+            let Some(parked) = self.parked.remove(&player) else { return };
+            let join = Join {
+                name: parked.name,
+                spawn,
+                restore: true,
+                generation: parked.generation,
+                gateway_id: 0,
+            };
+            self.restore_as(link, next.saturating_sub(1), session, player, join, Answer::ViewReset);
+            self.save(player);
+        } else if let Some(parked) = self.parked.get_mut(&player) {
+            info!(%player, x = at.x, y = at.y, "parked player moved by an operator");
+            parked.at = at;
+            let save =
+                SaveRecord { player: player.0, generation: parked.generation, at: (at.x, at.y) };
+            if self.save_interval.is_some() {
+                self.saves.push(save);
+            }
+        } else {
+            return;
+        }
+        self.metrics.player_orders.inc("move");
     }
 
     /// The answer to a login placed here at `at`, with a fresh resume token.

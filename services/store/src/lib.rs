@@ -160,6 +160,24 @@ impl Store {
         }
     }
 
+    /// The account's player, if the account has one (an operator's lookup: creates nothing).
+    pub async fn find(&self, account: &str) -> Result<Option<Player>, StoreError> {
+        match self {
+            Store::Sqlite(s) => s.find(account).await,
+            Store::Postgres(s) => s.find(account).await,
+        }
+    }
+
+    /// Sets the cell a player comes back at (an operator's move of a player who is not
+    /// online). Not fenced: it keeps the player's generation, so the player's own next
+    /// save, from any owner, wins over it. Whether the player exists.
+    pub async fn place(&self, player_id: u64, at: Cell) -> Result<bool, StoreError> {
+        match self {
+            Store::Sqlite(s) => s.place(player_id, at).await,
+            Store::Postgres(s) => s.place(player_id, at).await,
+        }
+    }
+
     /// Saves a batch, fenced by generation (see the module's doc): one statement per
     /// [`MAX_BATCH`] rows. A batch naming a player twice keeps its last save of it.
     pub async fn save(&self, saves: &[Save]) -> Result<SaveReport, StoreError> {

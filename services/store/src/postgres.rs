@@ -149,6 +149,27 @@ impl PostgresStore {
         .await
     }
 
+    pub async fn find(&self, account: &str) -> Result<Option<Player>, StoreError> {
+        self.call(async |c: &Connected| {
+            let sql = format!("SELECT {COLUMNS} FROM meridian_players WHERE account = $1");
+            let row = c.client.query_opt(&sql, &[&account]).await.map_err(unavailable)?;
+            row.as_ref().map(row_to_player).transpose()
+        })
+        .await
+    }
+
+    pub async fn place(&self, player_id: u64, at: crate::Cell) -> Result<bool, StoreError> {
+        let (x, y) =
+            (i32::try_from(at.0).unwrap_or(i32::MAX), i32::try_from(at.1).unwrap_or(i32::MAX));
+        self.call(async |c: &Connected| {
+            let sql = "UPDATE meridian_players SET x = $2, y = $3 WHERE player_id = $1";
+            let changed =
+                c.client.execute(sql, &[&to_i64(player_id), &x, &y]).await.map_err(unavailable)?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
     pub async fn save(&self, saves: &[Save]) -> Result<SaveReport, StoreError> {
         let ids: Vec<i64> = saves.iter().map(|s| to_i64(s.player_id)).collect();
         let generations: Vec<i64> = saves.iter().map(|s| to_i64(s.generation)).collect();

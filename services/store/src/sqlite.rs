@@ -94,6 +94,31 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn find(&self, account: &str) -> Result<Option<Player>, StoreError> {
+        let account = account.to_string();
+        self.with(move |connection| {
+            let sql = format!("SELECT {COLUMNS} FROM meridian_players WHERE account = ?1");
+            connection
+                .query_row(&sql, params![account], row_to_player)
+                .optional()
+                .map_err(unavailable)
+        })
+        .await
+    }
+
+    pub async fn place(&self, player_id: u64, at: crate::Cell) -> Result<bool, StoreError> {
+        self.with(move |connection| {
+            let changed = connection
+                .execute(
+                    "UPDATE meridian_players SET x = ?2, y = ?3 WHERE player_id = ?1",
+                    params![to_i64(player_id), at.0, at.1],
+                )
+                .map_err(unavailable)?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
     pub async fn save(&self, saves: &[Save]) -> Result<SaveReport, StoreError> {
         let saves = saves.to_vec();
         self.with(move |connection| {

@@ -122,6 +122,23 @@ async fn a_big_batch_is_written_whole(backend: Backend) {
     assert_eq!(last.at, (n as u32 % 400, 7));
 }
 
+/// An operator's lookup by account creates nothing; an operator's move sets the cell a
+/// player comes back at, keeping its generation, so the player's own next save wins.
+async fn an_operator_finds_and_places_players(backend: Backend) {
+    let store = backend.open().await;
+    assert_eq!(store.find("alice").await.unwrap(), None, "no such account yet");
+    assert_eq!(store.load(1).await.unwrap(), None, "and the lookup made none");
+    store.player("alice", "Alice", 1).await.unwrap();
+    store.save(&[save(1, 3, (10, 20), b"")]).await.unwrap();
+    assert_eq!(store.find("alice").await.unwrap().map(|p| p.player_id), Some(1));
+    assert!(store.place(1, (200, 210)).await.unwrap(), "alice exists");
+    assert!(!store.place(2, (1, 1)).await.unwrap(), "player 2 does not");
+    let saved = store.find("alice").await.unwrap().unwrap().saved.unwrap();
+    assert_eq!((saved.at, saved.generation), ((200, 210), 3));
+    store.save(&[save(1, 3, (11, 20), b"")]).await.unwrap();
+    assert_eq!(store.load(1).await.unwrap().unwrap().saved.unwrap().at, (11, 20));
+}
+
 macro_rules! suite {
     ($($test:ident),* $(,)?) => {
         mod sqlite {
@@ -144,6 +161,7 @@ suite! {
     saves_survive_reopening,
     saves_are_fenced_by_generation,
     a_big_batch_is_written_whole,
+    an_operator_finds_and_places_players,
 }
 
 /// A PostgreSQL store that stops answering reports `Unavailable`, and works again once the

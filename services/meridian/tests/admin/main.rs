@@ -18,6 +18,7 @@
 
 mod map;
 mod metrics;
+mod player;
 mod readyz;
 mod token;
 
