@@ -438,3 +438,53 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// An account's player as the player store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountPlayer {
+    pub player_id: u64,
+    pub name: String,
+    /// Where and under which ownership generation it was last saved, if ever.
+    pub saved: Option<SavedCell>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedCell {
+    pub at: (u32, u32),
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookupError {
+    /// The id offered for a new account belongs to another account.
+    IdTaken,
+    /// The store cannot be reached or failed; why.
+    Unavailable(String),
+}
+
+/// Where the gateway finds each account's player: the player store, which the binary
+/// wires in (`meridian gateway --store`), so this crate names no storage of its own.
+pub trait AccountStore: Send + Sync + 'static {
+    /// The account's player; a new account's is created with `new_id` and `name`.
+    fn player<'a>(
+        &'a self,
+        account: &'a str,
+        name: &'a str,
+        new_id: u64,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<AccountPlayer, LookupError>> + Send + 'a>,
+    >;
+
+    /// For logs: which kind of store.
+    fn kind(&self) -> &'static str;
+}
+
+/// A shared [`AccountStore`], as the gateway's configuration carries it.
+#[derive(Clone)]
+pub struct Accounts(pub Arc<dyn AccountStore>);
+
+impl std::fmt::Debug for Accounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Accounts({})", self.0.kind())
+    }
+}

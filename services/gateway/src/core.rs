@@ -1785,7 +1785,7 @@ mod tests {
             advertise_admin: None,
             advertise: None,
             jwks: None,
-            store: None,
+            accounts: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {

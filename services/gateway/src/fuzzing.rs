@@ -181,7 +181,7 @@ impl Harness {
             advertise_admin: None,
             advertise: None,
             jwks: None,
-            store: None,
+            accounts: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {

@@ -100,9 +100,9 @@ pub struct GatewayConfig {
     /// The JWKS file of the login service's public keys (`--jwks`); re-read when it
     /// changes. Without it, only dev mode's development key is accepted.
     pub jwks: Option<std::path::PathBuf>,
-    /// The player store (`--store`): each account keeps its player id (and, once saves
-    /// are wired, its cell and state). Without it every login is a new player.
-    pub store: Option<meridian_store::Address>,
+    /// The player store (`--store`): each account keeps its player id and saved cell.
+    /// Without it every login is a new player.
+    pub accounts: Option<accounts::Accounts>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,8 +119,6 @@ pub enum GatewayError {
     WorkerFailed,
     #[error("login keys: {0}")]
     Keys(String),
-    #[error("player store: {0}")]
-    Store(#[from] meridian_store::StoreError),
 }
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
@@ -180,10 +178,7 @@ pub async fn run(
         }
         None => None,
     };
-    let store = match &config.store {
-        Some(address) => Some(meridian_store::Store::open(address).await?),
-        None => None,
-    };
+    let store = config.accounts.clone();
     let (accounts, account_requests) = tokio::sync::mpsc::channel(ACCOUNT_QUEUE);
     let shared = Arc::new(shared::Shared {
         config: config.clone(),
@@ -213,7 +208,7 @@ pub async fn run(
     };
     let mailboxes = Arc::new(workers.mailboxes());
     if let Some(store) = store {
-        info!(store = store.kind(), "accounts keep their players in the player store");
+        info!(store = store.0.kind(), "accounts keep their players in the player store");
         tokio::spawn(answer_logins(store, account_requests, Arc::clone(&mailboxes)));
     }
     tokio::spawn(relay::maintain_links(
@@ -295,16 +290,16 @@ const ACCOUNT_QUEUE: usize = 4_096;
 /// Looks up each login's account in the player store, in arrival order, and hands the
 /// answer to the login's worker.
 async fn answer_logins(
-    store: meridian_store::Store,
+    store: accounts::Accounts,
     mut requests: tokio::sync::mpsc::Receiver<shared::AccountRequest>,
     mailboxes: Arc<Vec<shared::Mailbox>>,
 ) {
-    use meridian_store::StoreError;
+    use accounts::LookupError;
     while let Some(request) = requests.recv().await {
-        let answer = match store.player(&request.account, &request.name, request.new_id).await {
+        let answer = match store.0.player(&request.account, &request.name, request.new_id).await {
             Ok(player) => shared::AccountAnswer::Player(player),
-            Err(StoreError::IdTaken(_)) => shared::AccountAnswer::IdTaken,
-            Err(error) => {
+            Err(LookupError::IdTaken) => shared::AccountAnswer::IdTaken,
+            Err(LookupError::Unavailable(error)) => {
                 warn!(%error, account = %request.account, "player store lookup failed");
                 shared::AccountAnswer::Unavailable(error.to_string())
             }

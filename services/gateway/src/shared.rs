@@ -106,7 +106,7 @@ pub struct AccountRequest {
 
 #[derive(Debug)]
 pub enum AccountAnswer {
-    Player(meridian_store::Player),
+    Player(crate::accounts::AccountPlayer),
     /// The id offered belongs to another account: ask again with another.
     IdTaken,
     Unavailable(String),

@@ -528,6 +528,8 @@ pub struct ShardNode {
 
 pub struct GatewayNode {
     pub config: GatewayConfig,
+    /// The player store, opened when the node starts (`config.accounts` then).
+    pub store: Option<meridian_store::Address>,
     pub listen: SocketAddr,
     /// The QUIC front's address, certificate and timeouts, if it is on.
     pub quic: Option<(SocketAddr, QuicCert, QuicTimeouts)>,
@@ -672,9 +674,10 @@ impl GatewayArgs {
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
             advertise: self.advertise,
             jwks: self.jwks,
-            store,
+            accounts: None,
         };
-        finish(GatewayNode { config, listen: self.listen, quic, common: self.common }, problems)
+        let node = GatewayNode { config, store, listen: self.listen, quic, common: self.common };
+        finish(node, problems)
     }
 }
 

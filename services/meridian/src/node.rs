@@ -2,6 +2,7 @@
 //! until SIGTERM or SIGINT.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context;
 use serde_json::json;
@@ -52,9 +53,14 @@ pub fn run_shard(node: ShardNode) -> anyhow::Result<()> {
     })
 }
 
-pub fn run_gateway(node: GatewayNode) -> anyhow::Result<()> {
+pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
+        if let Some(address) = &node.store {
+            let store = meridian_store::Store::open(address).await.context("player store")?;
+            node.config.accounts =
+                Some(meridian_gateway::accounts::Accounts(Arc::new(StoreAccounts(store))));
+        }
         let game = meridian_gateway::bind_game_listener(node.listen)
             .with_context(|| format!("binding game listener {}", node.listen))?;
         let quic = match &node.quic {
@@ -93,4 +99,43 @@ pub fn run_gateway(node: GatewayNode) -> anyhow::Result<()> {
         meridian_gateway::run(node.config, game, quic, admin, terminated()).await?;
         Ok(())
     })
+}
+
+/// The player store as the gateway's account lookup.
+struct StoreAccounts(meridian_store::Store);
+
+impl meridian_gateway::accounts::AccountStore for StoreAccounts {
+    fn player<'a>(
+        &'a self,
+        account: &'a str,
+        name: &'a str,
+        new_id: u64,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<
+                        meridian_gateway::accounts::AccountPlayer,
+                        meridian_gateway::accounts::LookupError,
+                    >,
+                > + Send
+                + 'a,
+        >,
+    > {
+        use meridian_gateway::accounts::{AccountPlayer, LookupError, SavedCell};
+        Box::pin(async move {
+            match self.0.player(account, name, new_id).await {
+                Ok(player) => Ok(AccountPlayer {
+                    player_id: player.player_id,
+                    name: player.name,
+                    saved: player.saved.map(|s| SavedCell { at: s.at, generation: s.generation }),
+                }),
+                Err(meridian_store::StoreError::IdTaken(_)) => Err(LookupError::IdTaken),
+                Err(error) => Err(LookupError::Unavailable(error.to_string())),
+            }
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
 }
