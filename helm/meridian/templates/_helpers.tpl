@@ -173,6 +173,9 @@ MERIDIAN_QUIC_KEEP_ALIVE_MS: {{ .Values.gateway.quic.keepAliveMs | int64 | quote
 {{- if not (kindIs "invalid" .Values.gateway.workers) }}
 MERIDIAN_WORKERS: {{ .Values.gateway.workers | int64 | quote }}
 {{- end }}
+{{- if include "meridian.loginKeys.enabled" . }}
+MERIDIAN_JWKS: {{ include "meridian.loginKeys.path" . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Name and key of the resume key's Secret; the name is empty in dev mode without a key. */}}
@@ -251,6 +254,16 @@ password from an existing Secret works the same way.
       name: {{ include "meridian.store.secretName" . }}
       key: {{ include "meridian.store.secretKey" . }}
 {{- end }}
+{{- end }}
+
+{{/* Gateway login keys: "true" when a JWKS Secret or ConfigMap is given; its mount path. */}}
+{{- define "meridian.loginKeys.enabled" -}}
+{{- if or .Values.gateway.loginKeys.existingSecret .Values.gateway.loginKeys.existingConfigMap -}}
+true
+{{- end }}
+{{- end }}
+{{- define "meridian.loginKeys.path" -}}
+/etc/meridian/login-keys/jwks.json
 {{- end }}
 
 {{/*
@@ -469,6 +482,9 @@ Included by the ConfigMap template, which every configuration renders.
 {{- if lt (int .bundled.terminationGracePeriodSeconds) 20 }}
 {{- $problems = append $problems "store.bundled.terminationGracePeriodSeconds must be at least 20 (pg_ctl stop gets all but 10 s of it)" }}
 {{- end }}
+{{- end }}
+{{- if and .Values.gateway.loginKeys.existingSecret .Values.gateway.loginKeys.existingConfigMap }}
+{{- $problems = append $problems "gateway.loginKeys: set either existingSecret or existingConfigMap, not both" }}
 {{- end }}
 {{- if and .Values.resumeKey.value .Values.resumeKey.existingSecret }}
 {{- $problems = append $problems "resumeKey: set either resumeKey.value or resumeKey.existingSecret, not both" }}
