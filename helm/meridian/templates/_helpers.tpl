@@ -49,6 +49,12 @@ so "<prefix>-gateway-headless" and StatefulSet pod names stay valid DNS labels.
 {{- define "meridian.etcd.headless" -}}
 {{- printf "%s-etcd-headless" (include "meridian.fullname" .) }}
 {{- end }}
+{{- define "meridian.postgres.fullname" -}}
+{{- printf "%s-postgres" (include "meridian.fullname" .) }}
+{{- end }}
+{{- define "meridian.postgres.headless" -}}
+{{- printf "%s-postgres-headless" (include "meridian.fullname" .) }}
+{{- end }}
 {{- define "meridian.config.name" -}}
 {{- printf "%s-config" (include "meridian.fullname" .) }}
 {{- end }}
@@ -134,6 +140,9 @@ MERIDIAN_MOVE_RATE: {{ .Values.world.moveRate | int64 | quote }}
 MERIDIAN_SEED: {{ .Values.world.seed | int64 | quote }}
 MERIDIAN_RESUME_WINDOW: {{ .Values.shard.resumeWindowSeconds | int64 | quote }}
 MERIDIAN_DRAIN_TIMEOUT: {{ .Values.shard.drainTimeoutSeconds | int64 | quote }}
+{{- if include "meridian.store.enabled" . }}
+MERIDIAN_SAVE_INTERVAL: {{ .Values.shard.saveIntervalSeconds | int64 | quote }}
+{{- end }}
 {{- end }}
 
 {{- define "meridian.config.gateway" -}}
@@ -164,6 +173,9 @@ MERIDIAN_QUIC_KEEP_ALIVE_MS: {{ .Values.gateway.quic.keepAliveMs | int64 | quote
 {{- if not (kindIs "invalid" .Values.gateway.workers) }}
 MERIDIAN_WORKERS: {{ .Values.gateway.workers | int64 | quote }}
 {{- end }}
+{{- if include "meridian.loginKeys.enabled" . }}
+MERIDIAN_JWKS: {{ include "meridian.loginKeys.path" . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Name and key of the resume key's Secret; the name is empty in dev mode without a key. */}}
@@ -183,14 +195,91 @@ MERIDIAN_WORKERS: {{ .Values.gateway.workers | int64 | quote }}
 {{- end }}
 
 {{/*
+The player store. "meridian.store.enabled" is "true" (a non-empty string) when the nodes
+have one: the bundled PostgreSQL or an external one.
+*/}}
+{{- define "meridian.store.enabled" -}}
+{{- if or .Values.store.bundled.enabled .Values.store.external.url .Values.store.external.existingSecret -}}
+true
+{{- end }}
+{{- end }}
+
+{{/* Name and key of the Secret holding the bundled PostgreSQL's password. */}}
+{{- define "meridian.postgres.secretName" -}}
+{{- default (include "meridian.postgres.fullname" .) .Values.store.bundled.existingSecret }}
+{{- end }}
+{{- define "meridian.postgres.secretKey" -}}
+{{- if .Values.store.bundled.existingSecret }}
+{{- .Values.store.bundled.existingSecretKey }}
+{{- else }}
+{{- print "password" }}
+{{- end }}
+{{- end }}
+
+{{/* Name and key of the Secret holding an external store's URL. */}}
+{{- define "meridian.store.secretName" -}}
+{{- if .Values.store.external.existingSecret }}
+{{- .Values.store.external.existingSecret }}
+{{- else }}
+{{- printf "%s-store" (include "meridian.fullname" .) }}
+{{- end }}
+{{- end }}
+{{- define "meridian.store.secretKey" -}}
+{{- if .Values.store.external.existingSecret }}
+{{- .Values.store.external.existingSecretKey }}
+{{- else }}
+{{- print "url" }}
+{{- end }}
+{{- end }}
+
+{{/*
+MERIDIAN_STORE for gateways and shards. External: the whole URL from its Secret. Bundled:
+the URL is put together in the pod from the password's Secret ($(STORE_PASSWORD), which
+Kubernetes expands), so the password is in no rendered object but its Secret, and a
+password from an existing Secret works the same way.
+*/}}
+{{- define "meridian.env.store" -}}
+{{- if .Values.store.bundled.enabled -}}
+- name: STORE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "meridian.postgres.secretName" . }}
+      key: {{ include "meridian.postgres.secretKey" . }}
+- name: MERIDIAN_STORE
+  value: {{ printf "postgres://%s:$(STORE_PASSWORD)@%s.%s:%d/%s" .Values.store.bundled.username (include "meridian.postgres.fullname" .) (include "meridian.svcDomain" .) (int .Values.store.bundled.port) .Values.store.bundled.database | quote }}
+{{- else if include "meridian.store.enabled" . -}}
+- name: MERIDIAN_STORE
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "meridian.store.secretName" . }}
+      key: {{ include "meridian.store.secretKey" . }}
+{{- end }}
+{{- end }}
+
+{{/* Gateway login keys: "true" when a JWKS Secret or ConfigMap is given; its mount path. */}}
+{{- define "meridian.loginKeys.enabled" -}}
+{{- if or .Values.gateway.loginKeys.existingSecret .Values.gateway.loginKeys.existingConfigMap -}}
+true
+{{- end }}
+{{- end }}
+{{- define "meridian.loginKeys.path" -}}
+/etc/meridian/login-keys/jwks.json
+{{- end }}
+
+{{/*
 Pod-template annotations of a Meridian node: (dict "ctx" $ "config" <rendered config parts>
-"extra" <podAnnotations>). The checksums roll the pods when their configuration or the
-chart-managed resume key changes.
+"extra" <podAnnotations>). The checksums roll the pods when their configuration, the
+chart-managed resume key or the chart-managed store URL changes. The bundled PostgreSQL's
+password is not among them: PostgreSQL takes it at first start only, so a changed one would
+only lock the nodes out.
 */}}
 {{- define "meridian.podAnnotations" -}}
 checksum/config: {{ .config | sha256sum }}
 {{- if and .ctx.Values.resumeKey.value (not .ctx.Values.resumeKey.existingSecret) }}
 checksum/resume-key: {{ include (print .ctx.Template.BasePath "/secret.yaml") .ctx | sha256sum }}
+{{- end }}
+{{- if and .ctx.Values.store.external.url (not .ctx.Values.store.external.existingSecret) }}
+checksum/store: {{ include (print .ctx.Template.BasePath "/store-secret.yaml") .ctx | sha256sum }}
 {{- end }}
 {{- if .ctx.Values.metrics.podAnnotations }}
 prometheus.io/scrape: "true"
@@ -293,12 +382,17 @@ livenessProbe:
 {{- end }}
 
 {{/*
-The init container that waits until etcd answers: `meridian status` connects with the same
-client the node uses, so success means the node will get past its own etcd connect.
+Init containers of gateways and shards. wait-for-etcd: `meridian status` connects with the
+same client the node uses, so success means the node will get past its own etcd connect.
+wait-for-store (bundled PostgreSQL only): a TCP connect to its Service, which has an
+endpoint only once pg_isready answers (during initdb PostgreSQL listens on no TCP port), so
+the node's own store connect at start, which it does not retry, finds PostgreSQL up.
 */}}
-{{- define "meridian.waitForEtcd" -}}
-{{- if .Values.waitForEtcd -}}
+{{- define "meridian.initContainers" -}}
+{{- $waitForStore := and .Values.waitForStore .Values.store.bundled.enabled }}
+{{- if or .Values.waitForEtcd $waitForStore -}}
 initContainers:
+{{- if .Values.waitForEtcd }}
   - name: wait-for-etcd
     image: {{ include "meridian.image" . }}
     imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -316,12 +410,36 @@ initContainers:
     securityContext:
       {{- include "meridian.containerSecurityContext" . | nindent 6 }}
     resources:
-      requests:
-        cpu: 10m
-        memory: 16Mi
-      limits:
-        memory: 64Mi
+      {{- include "meridian.initResources" . | nindent 6 }}
 {{- end }}
+{{- if $waitForStore }}
+{{- $address := printf "%s.%s/%d" (include "meridian.postgres.fullname" .) (include "meridian.svcDomain" .) (int .Values.store.bundled.port) }}
+  - name: wait-for-store
+    image: {{ include "meridian.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    # bash's /dev/tcp: the image has no PostgreSQL client.
+    command:
+      - /bin/bash
+      - -c
+      - |
+        until timeout 2 bash -c 'exec 3<>/dev/tcp/{{ $address }}' 2>/dev/null; do
+          echo "waiting for the player store (PostgreSQL) at {{ replace "/" ":" $address }}"
+          sleep 2
+        done
+    securityContext:
+      {{- include "meridian.containerSecurityContext" . | nindent 6 }}
+    resources:
+      {{- include "meridian.initResources" . | nindent 6 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "meridian.initResources" -}}
+requests:
+  cpu: 10m
+  memory: 16Mi
+limits:
+  memory: 64Mi
 {{- end }}
 
 {{/*
@@ -340,6 +458,33 @@ Included by the ConfigMap template, which every configuration renders.
 {{- $problems = append $problems "etcd: set exactly one of etcd.bundled.enabled=true or etcd.external.endpoints, not both" }}
 {{- else if not (or $bundled $external) }}
 {{- $problems = append $problems "etcd: set exactly one of etcd.bundled.enabled=true or etcd.external.endpoints (a list of http(s)://host:port); neither is set" }}
+{{- end }}
+{{- with .Values.store }}
+{{- $external := or .external.url .external.existingSecret }}
+{{- if and .bundled.enabled $external }}
+{{- $problems = append $problems "store: set at most one of store.bundled.enabled=true or store.external (url or existingSecret), not both" }}
+{{- end }}
+{{- if and .external.url .external.existingSecret }}
+{{- $problems = append $problems "store.external: set either url or existingSecret, not both" }}
+{{- end }}
+{{- if and .external.url (not (regexMatch "^postgres(ql)?://[^\\s]+$" .external.url)) }}
+{{- $problems = append $problems "store.external.url must be a PostgreSQL URL, postgres://user:password@host:5432/database (sqlite: is for one machine, not for the chart)" }}
+{{- end }}
+{{- if regexMatch "[?&]sslmode=(require|verify-ca|verify-full)" .external.url }}
+{{- $problems = append $problems "store.external.url asks for TLS (sslmode=require or verify-*), but Meridian connects to PostgreSQL without TLS: the server must accept unencrypted connections from the pods" }}
+{{- end }}
+{{- if and .bundled.password .bundled.existingSecret }}
+{{- $problems = append $problems "store.bundled: set either password or existingSecret, not both" }}
+{{- end }}
+{{- if and .bundled.password (not (regexMatch "^[A-Za-z0-9._~-]+$" .bundled.password)) }}
+{{- $problems = append $problems "store.bundled.password: letters, digits and - . _ ~ only (it goes into the store URL unescaped)" }}
+{{- end }}
+{{- if lt (int .bundled.terminationGracePeriodSeconds) 20 }}
+{{- $problems = append $problems "store.bundled.terminationGracePeriodSeconds must be at least 20 (pg_ctl stop gets all but 10 s of it)" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.gateway.loginKeys.existingSecret .Values.gateway.loginKeys.existingConfigMap }}
+{{- $problems = append $problems "gateway.loginKeys: set either existingSecret or existingConfigMap, not both" }}
 {{- end }}
 {{- if and .Values.resumeKey.value .Values.resumeKey.existingSecret }}
 {{- $problems = append $problems "resumeKey: set either resumeKey.value or resumeKey.existingSecret, not both" }}
