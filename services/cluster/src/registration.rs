@@ -23,6 +23,8 @@ use crate::{ClusterError, EtcdContact};
 pub struct RegistrationStatus {
     registered: Arc<AtomicBool>,
     expirations: Arc<std::sync::atomic::AtomicU64>,
+    /// When the latest keep-alive that etcd answered with the lease alive was sent.
+    confirmed: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl RegistrationStatus {
@@ -34,6 +36,16 @@ impl RegistrationStatus {
     /// a hang, or a network partition from etcd longer than the TTL).
     pub fn expirations(&self) -> u64 {
         self.expirations.load(Ordering::Relaxed)
+    }
+
+    /// When the latest keep-alive etcd answered with the lease alive was sent: the lease
+    /// was alive at least until then.
+    pub fn confirmed(&self) -> Option<std::time::Instant> {
+        *self.confirmed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn confirm(&self, asked: std::time::Instant) {
+        *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some(asked);
     }
 }
 
@@ -150,7 +162,8 @@ async fn keep_alive(
     loop {
         let lease_id = lease.load(Ordering::Relaxed);
         let outcome =
-            renew_until_lost(&mut client, &key, &mut value, lease_id, period, &contact).await;
+            renew_until_lost(&mut client, &key, &mut value, lease_id, period, &contact, &status)
+                .await;
         contact.lost();
         status.registered.store(false, Ordering::Relaxed);
         let mut expired = matches!(outcome, ClusterError::LeaseExpired);
@@ -169,8 +182,12 @@ async fn keep_alive(
             let renewed = if expired {
                 None
             } else {
+                let asked = std::time::Instant::now();
                 match put_on_lease(&mut client, &key, &current, lease_id).await {
-                    Ok(()) => Some(lease_id),
+                    Ok(()) => {
+                        status.confirm(asked);
+                        Some(lease_id)
+                    }
                     Err(error) if error.is_lease_not_found() => {
                         info!(key, %error, "the lease expired while etcd did not answer");
                         status.expirations.fetch_add(1, Ordering::Relaxed);
@@ -241,6 +258,7 @@ async fn renew_until_lost(
     lease_id: i64,
     period: Duration,
     contact: &EtcdContact,
+    status: &RegistrationStatus,
 ) -> ClusterError {
     let (mut keeper, mut responses) = match client.lease_keep_alive(lease_id).await {
         Ok(pair) => pair,
@@ -256,6 +274,7 @@ async fn renew_until_lost(
                 }
                 match tokio::time::timeout(period * 2, responses.message()).await {
                     Ok(Ok(Some(response))) if response.ttl() > 0 => {
+                        status.confirm(asked.into_std());
                         if asked.elapsed() > period {
                             contact.lost();
                         }

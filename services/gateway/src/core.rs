@@ -1001,6 +1001,7 @@ impl Ctx {
             restore: true,
             generation,
             gateway_id: 0,
+            epoch: self.shared.routing.read(|t| t.epoch()),
         };
         conn.held.clear();
         conn.held_bytes = 0;
@@ -1511,6 +1512,7 @@ impl Ctx {
                 restore: false,
                 generation,
                 gateway_id: 0,
+                epoch: self.shared.routing.read(|t| t.epoch()),
             }),
         );
         conn.name = name;

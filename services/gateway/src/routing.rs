@@ -103,6 +103,11 @@ impl RoutingTable {
         self.link(owner)
     }
 
+    /// The partition's epoch (0 before one is known).
+    pub fn epoch(&self) -> u64 {
+        self.partition.as_ref().map_or(0, |p| p.epoch)
+    }
+
     /// Map size, once a partition is known.
     pub fn map_size(&self) -> Option<(u32, u32)> {
         self.partition.as_ref().map(|p| (p.width, p.height))

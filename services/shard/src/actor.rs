@@ -61,6 +61,10 @@ pub enum Command {
     },
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
+    /// etcd answered a keep-alive sent at `asked` with the lease alive.
+    LeaseConfirmed {
+        asked: Instant,
+    },
     /// The player store has these players' latest saves.
     Saved {
         players: Vec<u64>,
@@ -196,6 +200,9 @@ impl WorldActor {
                 let _ = reply.send(self.core.density());
             }
             Command::LeaseExpired => self.core.handle(now, Event::LeaseExpired),
+            Command::LeaseConfirmed { asked } => {
+                self.core.handle(now, Event::LeaseConfirmed { asked })
+            }
             Command::Saved { players } => self.core.handle(now, Event::Saved { players }),
             Command::SaveAll { reply } => {
                 self.core.handle(now, Event::SaveAll);

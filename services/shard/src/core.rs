@@ -14,6 +14,7 @@
 //! (see `players.rs`).
 
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,11 @@ pub struct ShardCore {
     pub(crate) metrics: Arc<ShardMetrics>,
     /// The time of the event being handled.
     pub(crate) now: Instant,
+    /// See [`ShardCore::handle`]: the lease TTL, since when the lease is in doubt, and what
+    /// arrived meanwhile.
+    pub(crate) lease_ttl: Duration,
+    suspect_since: Option<Instant>,
+    held_while_suspect: VecDeque<Event>,
     pub(crate) links: FxHashMap<LinkId, Link>,
     pub(crate) gateway_links: FxHashMap<u32, LinkId>,
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
@@ -114,6 +120,9 @@ pub struct ShardCore {
     unix_start: u64,
     pub(crate) resume_key: TokenKey,
     pub(crate) parked: FxHashMap<PlayerId, Parked>,
+    /// Restores a gateway chose this shard for by a newer partition than this shard has
+    /// seen: they wait for the watch to catch up (see `ShardCore::restore_as`).
+    pub(crate) behind_view: Vec<crate::players::BehindView>,
     /// Handoffs whose player's gateway has no stream here yet, by gateway id.
     pub(crate) awaiting_gateway: FxHashMap<u32, Vec<AwaitingHandoff>>,
     /// Versions and recent positions of everyone in this world.
@@ -146,6 +155,9 @@ impl ShardCore {
             handed_off: FxHashMap::default(),
             ended: FxHashMap::default(),
             save_interval: config.save_interval,
+            lease_ttl: config.lease_ttl,
+            suspect_since: None,
+            held_while_suspect: VecDeque::new(),
             closing_after_save: Vec::new(),
             last_save_round: now,
             saved: FxHashMap::default(),
@@ -163,6 +175,7 @@ impl ShardCore {
             unix_start: config.unix_start,
             resume_key: config.resume_key.clone(),
             parked: FxHashMap::default(),
+            behind_view: Vec::new(),
             awaiting_gateway: FxHashMap::default(),
             history: Default::default(),
             divergent: FxHashMap::default(),
@@ -184,7 +197,68 @@ impl ShardCore {
 
     /// Handles one event at `now`. Its output waits for [`ShardCore::flush`] (the shell
     /// flushes once per round of events).
+    ///
+    /// A shard that did not run for longer than its lease TTL (no event at all, not even
+    /// the periodic tick: a stopped process, a frozen VM) may have been taken for dead and
+    /// its players restored elsewhere. Until etcd says whether its lease is alive, it acts
+    /// on nothing: what arrives waits, in order (at most what arrives in one keep-alive
+    /// round trip after it woke), and is taken once the lease is confirmed, or after the
+    /// expiry has dropped the players that live elsewhere now. Without this a woken shard
+    /// applies moves it held and hands players off as if it still owned them (found by
+    /// `meridian-sim --pauses`).
     pub fn handle(&mut self, now: Instant, event: Event) {
+        if self.suspect_since.is_none()
+            && now.saturating_duration_since(self.now) > self.lease_ttl
+            && !matches!(event, Event::LeaseExpired)
+        {
+            let gap = now.saturating_duration_since(self.now);
+            warn!(
+                shard = %self.id,
+                ?gap,
+                "did not run for longer than its lease; acting on nothing until etcd says whether the lease is alive"
+            );
+            self.metrics.pauses.inc();
+            self.suspect_since = Some(now);
+        }
+        let Some(since) = self.suspect_since else { return self.take(now, event) };
+        match event {
+            Event::LeaseConfirmed { asked } if asked >= since => {
+                debug!(shard = %self.id, "lease confirmed after the pause");
+                self.resume_after_pause(now);
+            }
+            Event::LeaseExpired => {
+                // Whether the region was given away is judged by the newest partition the
+                // watch brought meanwhile (it waits in the queue), not by the one from
+                // before the pause.
+                let newest = self.held_while_suspect.iter().rev().find_map(|event| match event {
+                    Event::View(view) => view.partition.as_ref(),
+                    _ => None,
+                });
+                let owns = newest.map(|p| p.regions_of(self.id).next().is_some());
+                self.now = self.now.max(now);
+                if self.after_lease_expiry(owns) {
+                    // What peers sent the old incarnation went with it: its ghosts and
+                    // handoffs are void (the senders learn it died, and take it from there).
+                    self.held_while_suspect.retain(|event| !matches!(event, Event::Peer { .. }));
+                }
+                self.resume_after_pause(now);
+            }
+            Event::LeaseConfirmed { .. } => {}
+            Event::Tick => self.now = self.now.max(now),
+            other => self.held_while_suspect.push_back(other),
+        }
+    }
+
+    /// Takes what waited while the lease was in doubt, in arrival order.
+    fn resume_after_pause(&mut self, now: Instant) {
+        self.suspect_since = None;
+        while let Some(event) = self.held_while_suspect.pop_front() {
+            self.take(now, event);
+        }
+    }
+
+    /// Acts on one event.
+    fn take(&mut self, now: Instant, event: Event) {
         self.now = self.now.max(now);
         match event {
             Event::LinkOpened { link, gateway } => {
@@ -220,7 +294,10 @@ impl ShardCore {
             Event::PeersUp(up) => {
                 self.peers_up = up.into_iter().collect();
             }
-            Event::LeaseExpired => self.after_lease_expiry(),
+            Event::LeaseExpired => {
+                self.after_lease_expiry(None);
+            }
+            Event::LeaseConfirmed { .. } => {}
             Event::Saved { players } => {
                 let outbox = &mut self.outbox;
                 self.closing_after_save.retain(|(player, link, session, _)| {
@@ -307,6 +384,7 @@ impl ShardCore {
             self.geometry = Geometry::from_view(view, self.id, &config);
             self.metrics.epoch.set(epoch as i64);
             self.rebalance();
+            self.restores_behind_view();
         }
     }
 
@@ -557,6 +635,7 @@ impl ShardCore {
 
     fn housekeeping(&mut self) {
         self.save_changed();
+        self.restores_behind_view();
         let now = self.now;
         let outbox = &mut self.outbox;
         self.closing_after_save.retain(|(_, link, session, since)| {
@@ -835,11 +914,14 @@ impl ShardCore {
     /// coordinator gave this shard's region away meanwhile, gateways have restored its
     /// players elsewhere: this shard's copies are stale and are dropped without a word
     /// (not handed off, which would duplicate them). If nobody took over, it keeps them.
-    fn after_lease_expiry(&mut self) {
-        let mine = self.geometry.owner_count(self.id);
-        if mine > 0 {
+    /// The lease expired: if the region is not this shard's any more (`owns`, from the
+    /// newest partition known; the current geometry's if `None`), the players here live
+    /// elsewhere now and are dropped.
+    /// Whether they were dropped.
+    fn after_lease_expiry(&mut self, owns: Option<bool>) -> bool {
+        if owns.unwrap_or_else(|| self.geometry.owner_count(self.id) > 0) {
             warn!(shard = %self.id, "lease expired but the region is still ours; keeping players");
-            return;
+            return false;
         }
         warn!(shard = %self.id, players = self.seats.len(), "taken for dead and replaced; dropping stale players");
         let config = self.world.config().clone();
@@ -854,6 +936,7 @@ impl ShardCore {
         self.ghosts = Ghosts::default();
         self.envelopes.clear();
         self.metrics.players.set(0);
+        true
     }
 
     /// Whether players may be handed to `to` now: it is registered (not dead, as far as

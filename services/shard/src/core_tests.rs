@@ -44,6 +44,9 @@ impl Harness {
             resume_key: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key"),
             unix_start: 1_800_000_000,
             save_interval,
+            // Tests jump the clock by seconds at a time (the real shell ticks every 10 ms);
+            // the one about pauses sets its own.
+            lease_ttl: Duration::from_secs(3600),
         };
         let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
         let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
@@ -75,6 +78,7 @@ impl Harness {
             restore: false,
             generation: 0,
             gateway_id: 0,
+            epoch: 0,
         };
         self.direct(player, seq, Input::Join(join));
     }
@@ -306,6 +310,7 @@ fn players_are_saved_when_they_moved_and_when_they_leave() {
         restore: false,
         generation: 5,
         gateway_id: 0,
+        epoch: 0,
     };
     h.direct(1, 1, Input::Join(join));
     h.direct(1, 2, a_move(1));
@@ -362,4 +367,28 @@ fn a_logout_closes_once_its_save_is_stored() {
     h.join(1, 1);
     h.direct(1, 2, Input::Leave(Leave { logout: true }));
     assert!(closes(&mut h), "without a store, at once");
+}
+
+/// A shard that did not run for longer than its lease (a stopped process) acts on nothing
+/// until etcd says whether the lease is alive: a move that waited meanwhile is answered
+/// only after the keep-alive sent after the pause is confirmed (not by one sent before it).
+#[test]
+fn a_shard_that_did_not_run_past_its_lease_waits_for_etcd_before_it_acts() {
+    let mut h = Harness::new();
+    h.actor.lease_ttl = Duration::from_secs(3);
+    h.join(11, 1);
+    h.received();
+    let before_the_pause = h.now;
+    h.now += Duration::from_secs(5);
+    h.direct(11, 2, a_move(1));
+    assert_eq!(h.received(), vec![], "nothing acted on while the lease is in doubt");
+    let stale = Event::LeaseConfirmed { asked: before_the_pause };
+    h.actor.handle(h.now, stale);
+    assert_eq!(h.received(), vec![], "a keep-alive from before the pause proves nothing");
+    h.actor.handle(h.now, Event::LeaseConfirmed { asked: h.now });
+    let answered = h.received();
+    assert!(
+        matches!(answered.as_slice(), [Server::Moved(m)] if m.client_time == 1),
+        "the move that waited is applied once the lease is confirmed: {answered:?}"
+    );
 }

@@ -92,6 +92,7 @@ impl ShardConfig {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             save_interval: self.store.as_ref().map(|_| self.save_interval),
+            lease_ttl: self.lease_ttl,
         }
     }
 }
@@ -386,6 +387,7 @@ async fn watch_expiry(
     commands: tokio::sync::mpsc::Sender<actor::Command>,
 ) {
     let mut seen = status.expirations();
+    let mut confirmed = status.confirmed();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tick.tick().await;
@@ -394,6 +396,17 @@ async fn watch_expiry(
             seen = now;
             if commands.send(actor::Command::LeaseExpired).await.is_err() {
                 return;
+            }
+        }
+        // Each keep-alive etcd answered with the lease alive: what a shard that did not
+        // run for longer than its lease waits for before it acts again.
+        let latest = status.confirmed();
+        if latest != confirmed {
+            confirmed = latest;
+            if let Some(asked) = latest {
+                if commands.send(actor::Command::LeaseConfirmed { asked }).await.is_err() {
+                    return;
+                }
             }
         }
     }

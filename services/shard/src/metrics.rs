@@ -32,6 +32,8 @@ pub struct ShardMetrics {
     pub handoffs_in: Arc<Counter>,
     pub restores: Arc<Counter>,
     pub resumes: Arc<Counter>,
+    /// Times the shard found it had not run for longer than its lease (see `ShardCore::handle`).
+    pub pauses: Arc<Counter>,
     /// Players taken over by a new login of their account (the old connection: REPLACED).
     pub logins_replaced: Arc<Counter>,
     /// Operators' orders carried out, by kind (`meridian player kick|move`).
@@ -124,6 +126,11 @@ impl ShardMetrics {
                 l,
                 "kind",
                 ["kick", "move"],
+            ),
+            pauses: registry.counter(
+                "meridian_shard_pauses_total",
+                "Times the shard had not run for longer than its lease and held everything until etcd said whether the lease was alive.",
+                l,
             ),
             logins_replaced: registry.counter(
                 "meridian_shard_logins_replaced_total",

@@ -32,6 +32,21 @@ use crate::types::{world_direction, HandedOff, LinkId, Parked, SaveRecord, Seat,
 /// enforced by the server separately.
 const TOKEN_LIFETIME_SECS: u64 = 24 * 3600;
 
+/// How long a restore chosen by a newer partition waits for this shard's watch to catch up
+/// before it is taken by the map this shard has.
+const BEHIND_VIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A restore waiting for this shard's view to reach the gateway's epoch.
+pub(crate) struct BehindView {
+    since: std::time::Instant,
+    link: LinkId,
+    seq: u64,
+    session: u64,
+    player: PlayerId,
+    join: Join,
+    answer: Answer,
+}
+
 /// What a player seated on a new session is told first.
 #[derive(Clone, Copy)]
 enum Answer {
@@ -83,6 +98,7 @@ impl ShardCore {
         }
         self.parked.remove(&player);
         let login_ok = self.login_ok(player, at);
+        let join_epoch = join.epoch;
         let name: Arc<str> = join.name.into();
         let now = self.since(self.started);
         // LoginOk goes first: the Entered messages the login causes for this player follow.
@@ -98,8 +114,9 @@ impl ShardCore {
                 self.metrics.players.set(self.seats.len() as i64);
                 self.route_envelopes();
                 self.mirror(player);
-                if !self.geometry.owns(at) {
-                    // A dev-mode spawn placed by a gateway with an older partition map.
+                if !self.geometry.owns(at) && join_epoch <= self.geometry.epoch {
+                    // A spawn placed by a gateway with an older partition map. (One with a
+                    // newer map than this shard's waits here for it: see `Join.epoch`.)
                     self.hand_off(player);
                 }
             }
@@ -164,6 +181,7 @@ impl ShardCore {
                 restore: true,
                 generation: parked.generation,
                 gateway_id: 0,
+                epoch: 0,
             };
             self.restore_as(link, next.saturating_sub(1), session, player, join, Answer::ViewReset);
             self.save(player);
@@ -690,6 +708,7 @@ impl ShardCore {
                     restore: true,
                     generation: parked.generation,
                     gateway_id: 0,
+                    epoch: 0,
                 };
                 let answer = if request.login {
                     self.metrics.logins_replaced.inc();
@@ -715,6 +734,24 @@ impl ShardCore {
         self.restore_as(link, seq, session, player, join, Answer::ViewReset)
     }
 
+    /// Takes the restores that waited for this shard's view and now may go: the view has
+    /// reached their epoch, or they waited long enough.
+    pub(crate) fn restores_behind_view(&mut self) {
+        if self.behind_view.is_empty() {
+            return;
+        }
+        let (epoch, now) = (self.geometry.epoch, self.now);
+        let (due, waiting): (Vec<BehindView>, Vec<BehindView>) =
+            std::mem::take(&mut self.behind_view).into_iter().partition(|w| {
+                w.join.epoch <= epoch || now.saturating_duration_since(w.since) >= BEHIND_VIEW_WAIT
+            });
+        self.behind_view = waiting;
+        for BehindView { link, seq, session, player, mut join, answer, .. } in due {
+            join.epoch = join.epoch.min(epoch);
+            self.restore_as(link, seq, session, player, join, answer);
+        }
+    }
+
     /// Ends a connection whose account logged in again elsewhere (its close follows).
     fn tell_replaced(&mut self, link: LinkId, session: u64) {
         let detail = "your account logged in on another connection";
@@ -731,6 +768,17 @@ impl ShardCore {
         join: Join,
         answer: Answer,
     ) {
+        if join.epoch > self.geometry.epoch {
+            // The gateway chose this shard by a newer partition than this shard has seen:
+            // what this shard would decide by its own map (pass the restore on along a
+            // handoff, to a shard the newer map may have taken for dead) waits until its
+            // watch catches up, at most BEHIND_VIEW_WAIT. The client's moves wait at the
+            // gateway meanwhile (it refuses them until the ViewReset).
+            let since = self.now;
+            let waiting = BehindView { since, link, seq, session, player, join, answer };
+            self.behind_view.push(waiting);
+            return;
+        }
         let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
         let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
         if !self.seats.contains_key(&player) {
@@ -820,7 +868,7 @@ impl ShardCore {
         // Inputs that waited here for the player: this session's are applied in turn,
         // an earlier session's (forwarded late by a shard it left) are dropped.
         self.take_early_inputs(player, session);
-        if !self.geometry.owns(at) {
+        if !self.geometry.owns(at) && join.epoch <= self.geometry.epoch {
             self.hand_off(player);
         }
     }

@@ -36,6 +36,10 @@ pub struct CoreConfig {
     /// With a player store: how often players whose cell changed are saved (they are
     /// saved on logout and when their connection drops, too). `None`: nothing is saved.
     pub save_interval: Option<Duration>,
+    /// The shard's etcd lease TTL: a shard that did not run for longer than this (a stopped
+    /// process, a frozen VM) may have been taken for dead, and acts on nothing until etcd
+    /// says whether its lease is alive ([`Event::LeaseConfirmed`], [`Event::LeaseExpired`]).
+    pub lease_ttl: Duration,
 }
 
 /// A local player's state for the player store, at its ownership generation (the store
@@ -66,6 +70,8 @@ pub enum Event {
     PeersUp(Vec<ShardId>),
     /// etcd let this shard's lease expire: the cluster took it for dead.
     LeaseExpired,
+    /// etcd answered a keep-alive sent at `asked` with the lease alive.
+    LeaseConfirmed { asked: Instant },
     /// The player store has these players' latest saves (written, or refused for a newer
     /// one): a logout waiting for its save can close.
     Saved { players: Vec<u64> },

@@ -607,6 +607,7 @@ impl Sim {
             resume_key: meridian_gateway::fuzzing::resume_key(),
             unix_start: 1_800_000_000,
             save_interval: None,
+            lease_ttl: LEASE_TTL,
         };
         let metrics = Arc::new(ShardMetrics::new(&Default::default(), ShardId(id)));
         let core = ShardCore::new(&config, metrics, self.now());
@@ -662,8 +663,11 @@ impl Sim {
         for event in deferred {
             core.handle(now, event);
         }
+        // Its first keep-alive after waking: etcd says the lease is gone, or alive.
         if lease_gone {
             core.handle(now, Event::LeaseExpired);
+        } else {
+            core.handle(now, Event::LeaseConfirmed { asked: now });
         }
         self.pump_shard(s);
         if lease_gone {

@@ -435,6 +435,7 @@ impl Model {
                     resume_key: meridian_gateway::fuzzing::resume_key(),
                     unix_start: 1_800_000_000,
                     save_interval: None,
+                    lease_ttl: Duration::from_secs(3),
                 };
                 let metrics = Arc::new(ShardMetrics::new(&Default::default(), id));
                 let mut core = ShardCore::new(&core_config, metrics, base);
