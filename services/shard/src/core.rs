@@ -495,7 +495,15 @@ impl ShardCore {
             (Some(link), Some(Input::Resume(_))) => return self.resume(link, input),
             _ => {}
         }
-        if self.seats.contains_key(&player) {
+        if let Some(seat) = self.seats.get(&player) {
+            // Session ids are unique per gateway only: an input straight from a gateway
+            // other than the seat's is from a connection the player has left (a login on
+            // another gateway took it over), whatever its session number.
+            let from = link.and_then(|link| self.links.get(&link)).map(|l| l.gateway);
+            if seat.gateway != 0 && from.is_some_and(|gateway| gateway != seat.gateway) {
+                debug!(%player, seq = input.seq, "input from another gateway's session dropped");
+                return;
+            }
             return self.sequence(player, input);
         }
         if let Some(handed) = self.handed_off.get_mut(&player) {

@@ -392,3 +392,86 @@ fn a_shard_that_did_not_run_past_its_lease_waits_for_etcd_before_it_acts() {
         "the move that waited is applied once the lease is confirmed: {answered:?}"
     );
 }
+
+/// What one link's sessions received in a round: (session, message, close flag) in order.
+fn received_on(h: &mut Harness, link: LinkId) -> Vec<(u64, Server, bool)> {
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    let mut messages = Vec::new();
+    for transmit in out {
+        let Transmit::Gateway { link: to, batch } = transmit else { continue };
+        if to != link {
+            continue;
+        }
+        for delivery in batch.deliveries {
+            let mut frames = &delivery.frames[..];
+            while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
+                let message =
+                    client_pb::ServerMessage::decode(header.body(frames)).expect("decodes");
+                messages.push((delivery.session, message.kind.expect("a kind"), delivery.close));
+                frames = &frames[header.total_len()..];
+            }
+        }
+    }
+    messages
+}
+
+/// A login of the same account on another gateway takes the player over even when that
+/// gateway's session id has the same number (session ids are unique per gateway only):
+/// the old connection is told REPLACED and closed, the new one gets LoginOk where the
+/// player stands, and inputs still coming from the old gateway's session are dropped.
+#[test]
+fn a_login_through_another_gateway_takes_the_player_over_whatever_its_session_number() {
+    let mut h = Harness::new();
+    let other = LinkId(2);
+    h.actor.handle(h.now, Event::LinkOpened { link: other, gateway: GATEWAY + 1 });
+    h.join(11, 1);
+    h.direct(11, 2, a_move(1));
+    h.received();
+    let login = meridian_rpc::pb::ResumeRequest { login: true, name: "p11".into(), spawn: None };
+    let inputs = vec![input(11, 1, Input::Resume(login))];
+    h.actor.handle(h.now, Event::Inputs { link: other, inputs });
+    let mut flushed = Vec::new();
+    h.actor.flush(&mut flushed);
+    let mut old = Vec::new();
+    let mut new = Vec::new();
+    for transmit in flushed {
+        let Transmit::Gateway { link, batch } = transmit else { continue };
+        for delivery in batch.deliveries {
+            let mut frames = &delivery.frames[..];
+            while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
+                let message =
+                    client_pb::ServerMessage::decode(header.body(frames)).expect("decodes");
+                let kind = message.kind.expect("a kind");
+                if link == LINK {
+                    old.push(kind)
+                } else {
+                    new.push(kind)
+                }
+                frames = &frames[header.total_len()..];
+            }
+            if link == LINK {
+                assert!(delivery.close, "the old connection is closed");
+            }
+        }
+    }
+    assert!(
+        matches!(old.as_slice(), [Server::Error(e)] if e.code == ErrorCode::Replaced as i32),
+        "the old connection is told REPLACED: {old:?}"
+    );
+    assert!(
+        matches!(new.first(), Some(Server::LoginOk(ok)) if ok.player_id == 11 && ok.position == Some(client_pb::Position { x: 11, y: 10 })),
+        "the new one gets LoginOk where the player stands: {new:?}"
+    );
+    // A move still in flight from the old gateway's session (same session number) is not
+    // the new connection's.
+    h.direct(11, 3, a_move(2));
+    assert_eq!(received_on(&mut h, other), vec![], "nothing for the new connection");
+    let moved = vec![input(11, 2, a_move(3))];
+    h.actor.handle(h.now, Event::Inputs { link: other, inputs: moved });
+    let answered = received_on(&mut h, other);
+    assert!(
+        matches!(answered.as_slice(), [(_, Server::Moved(m), false)] if m.client_time == 3 && m.position == Some(client_pb::Position { x: 12, y: 10 })),
+        "the new connection's own move: {answered:?}"
+    );
+}

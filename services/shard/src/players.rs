@@ -686,7 +686,10 @@ impl ShardCore {
         let request = request.clone();
         if let Some(seat) = self.seats.get(&player) {
             let (old_link, old_session) = (seat.link, seat.session);
-            if old_session == input.session {
+            // Session ids are unique per gateway only: the same number from another gateway
+            // is another connection.
+            let gateway = self.links.get(&link).map(|l| l.gateway);
+            if old_session == input.session && gateway == Some(seat.gateway) {
                 // This resume placed the player here already (it reached this shard twice,
                 // say passed on and sent again): the seat is the resuming session's own.
                 // Taking the player away from it would close the very client resuming.
