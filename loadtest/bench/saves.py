@@ -14,7 +14,13 @@ round); once every bot is on the shard and one save interval has passed, the scr
 measures a WINDOW of seconds: the shard process's user + system CPU from /proc/<pid>/stat,
 and from the shard's /metrics the saves written (`meridian_shard_saves_total`), the moves
 applied and the batches' write times. The shard saves every --save-interval seconds
-(MERIDIAN_SAVE_INTERVAL; `meridian up` passes the environment on to its shards).
+(MERIDIAN_SAVE_INTERVAL; `meridian up` passes the environment on to its nodes).
+
+Bots connect one per --connect-interval (2 ms: a login with a store is a store lookup, one
+after another at the gateway), and the gateway's login deadline is raised to 120 s
+(MERIDIAN_LOGIN_TIMEOUT): on a busy disk a login can wait longer than the default 10 s
+behind the lookups before it, and would be cut. Neither touches what is measured, which
+starts once every bot is in.
 
 Prints progress lines and Markdown tables, and writes saves.json into --out. With --rounds 2
 the three clusters run twice, the second time in the opposite order, so drift between runs
@@ -67,10 +73,36 @@ def parse_metrics(text):
     return out
 
 
+def pressure():
+    """CPU and I/O pressure, "some avg10" from /proc/pressure: the share of the last 10 s in
+    which some task (the cluster's own included) waited for a CPU / for I/O."""
+    out = {}
+    for what in ("cpu", "io"):
+        try:
+            line = Path(f"/proc/pressure/{what}").read_text().splitlines()[0]
+            out[what] = float(line.split("avg10=")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            out[what] = None
+    return out
+
+
 def metric(sample, name, **labels):
     """Sum of every series of `name` whose labels include `labels`."""
     want = set(labels.items())
     return sum(v for (n, ls), v in sample.items() if n == name and want <= set(ls))
+
+
+def login_trouble(cluster):
+    """What the gateway says about logins: store lookups by result, connections cut at a
+    deadline."""
+    try:
+        sample = metrics(cluster.gateway_admin)
+    except OSError as error:
+        return f"gateway metrics unavailable: {error}"
+    lookups = {result: metric(sample, "meridian_gateway_store_lookups_total", result=result)
+               for result in ("ok", "unavailable", "busy")}
+    cut = metric(sample, "meridian_gateway_deadline_closes_total", deadline="login")
+    return f"gateway store lookups {lookups}, logins cut at their deadline {cut:.0f}"
 
 
 class Postgres:
@@ -160,20 +192,21 @@ class Bench:
         log(f"round {round_number}: {LABELS[store]}: cluster (1 gateway, 1 shard"
             + (f", --store {address}" if address else "") + ")")
         extra = ["--store", address] if address else []
-        cluster = suite.Cluster(self.work, name, 1, "uring", extra=extra,
-                                env={"MERIDIAN_SAVE_INTERVAL": str(a.save_interval)})
+        env = {"MERIDIAN_SAVE_INTERVAL": str(a.save_interval), "MERIDIAN_LOGIN_TIMEOUT": "120s"}
+        cluster = suite.Cluster(self.work, name, 1, "uring", extra=extra, env=env)
         bots_process = None
         try:
             admin = cluster.shard_admins[0]
             shard = cluster.shard_pids[0]
             # Long enough for every login, the settling interval and the window; the bots
             # are stopped as soon as the window ends.
-            login_limit = 30 + a.bots // 100
+            login_limit = 30 + a.bots * a.connect_interval_ms // 1000 + a.bots // 100
             settle = a.save_interval + 2
             duration = login_limit + settle + a.window + 30
             command = [str(suite.RELEASE / "loadtest"), "--addr", cluster.game,
                        "--bots", str(a.bots), "--duration", f"{duration}s",
                        "--move-interval", "1s", "--seed", str(a.seed),
+                       "--connect-interval", f"{a.connect_interval_ms}ms",
                        "--name-prefix", f"saves-{round_number}",
                        "--json", str(self.work / f"{name}.loadtest.json")]
             progress = open(self.work / f"{name}.loadtest.log", "w")
@@ -185,10 +218,11 @@ class Bench:
                     break
                 if bots_process.poll() is not None:
                     raise RuntimeError(f"loadtest exited ({bots_process.returncode}) with "
-                                       f"{online:.0f} of {a.bots} bots on the shard")
+                                       f"{online:.0f} of {a.bots} bots on the shard; "
+                                       + login_trouble(cluster))
                 if time.time() - started > login_limit:
                     raise RuntimeError(f"only {online:.0f} of {a.bots} bots on the shard after "
-                                       f"{login_limit} s")
+                                       f"{login_limit} s; " + login_trouble(cluster))
                 time.sleep(0.5)
             logins = time.time() - started
             log(f"  {a.bots} bots on the shard after {logins:.1f} s; settling {settle} s "
@@ -220,6 +254,8 @@ class Bench:
             # the gateway's connections are long-lived; nothing else connects meanwhile).
             cpu = {k: suite.cpu_seconds(p) - cpu_before[k] for k, p in watch.items()}
             self.note_builds()
+            load_after = suite.sh("cut -d' ' -f1-3 /proc/loadavg")
+            pressure_after = pressure()
         finally:
             if bots_process is not None:
                 suite.stop(bots_process, "loadtest")
@@ -232,7 +268,8 @@ class Bench:
         result = {
             "store": store, "round": round_number, "address": address, "bots": a.bots,
             "login_s": round(logins, 1), "window_s": round(wall, 2),
-            "load_average_before": load_before,
+            "load_average_before": load_before, "load_average_after": load_after,
+            "pressure_at_end": pressure_after,
             "players": metric(after, "meridian_shard_players"),
             "moves": delta("meridian_shard_moves_total"),
             "saves_written": delta("meridian_shard_saves_total", result="written"),
@@ -290,6 +327,20 @@ def tables(runs, args):
     return "\n".join(lines)
 
 
+def conditions(runs):
+    """What else the machine was doing during each window."""
+    lines = ["| store | round | all bots in after (s) | load average at start / end of the window "
+             "| CPU / I/O pressure % at its end |",
+             "| --- | ---: | ---: | --- | --- |"]
+    for r in runs:
+        p = r["pressure_at_end"]
+        show = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        lines.append(f"| {LABELS[r['store']]} | {r['round']} | {r['login_s']} | "
+                     f"{r['load_average_before']} / "
+                     f"{r['load_average_after']} | {show(p['cpu'])} / {show(p['io'])} |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,6 +349,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--save-interval", type=int, default=10, help="seconds")
     parser.add_argument("--seed", type=int, default=1, help="the bots' seed")
+    parser.add_argument("--connect-interval-ms", type=int, default=2,
+                        help="between two bots' connections")
     parser.add_argument("--postgres-url", help="use this server instead of one of our own")
     parser.add_argument("--out", default=str(suite.RELEASE.parent / "bench-saves"))
     args = parser.parse_args()
@@ -308,6 +361,8 @@ def main():
         problems.append(f"--window {args.window} must be 10 to {MAX_WINDOW}")
     if not 1 <= args.rounds <= 5:
         problems.append(f"--rounds {args.rounds} must be 1 to 5")
+    if not 1 <= args.connect_interval_ms <= 100:
+        problems.append(f"--connect-interval-ms {args.connect_interval_ms} must be 1 to 100")
     if not 1 <= args.save_interval <= 60:
         problems.append(f"--save-interval {args.save_interval} must be 1 to 60")
     if args.postgres_url and not args.postgres_url.startswith(("postgres://", "postgresql://")):
@@ -341,7 +396,7 @@ def main():
         "load_average_at_start": load_at_start, "rustc_seen": bench.rustc_seen,
         "postgres": bench.postgres.version if bench.postgres else args.postgres_url,
     }
-    table = tables(bench.runs, args)
+    table = tables(bench.runs, args) + "\n\n" + conditions(bench.runs)
     (bench.out / "saves.json").write_text(json.dumps(
         {"settings": vars(args), "machine": machine, "runs": bench.runs}, indent=2))
     (bench.out / "saves.md").write_text(table + "\n")

@@ -188,6 +188,7 @@ class Cluster:
         # The QUIC front's UDP address (the first gateway has one; `--quic-port 0` below).
         self.quic = gateway.get("quic")
         self.gateway_pid = int(gateway["pid"])
+        self.gateway_admin = gateway["admin"]
         self.shard_pids = [int(s["pid"]) for s in ready["shards"]]
         self.shard_admins = [s["admin"] for s in ready["shards"]]
         # Give the shards a moment to settle on the partition before measuring.
