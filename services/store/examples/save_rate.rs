@@ -168,6 +168,35 @@ struct Row {
     p99: Duration,
     verified: usize,
     wrong: usize,
+    /// The machine's CPU and I/O pressure when the batch size's time ended.
+    pressure: Pressure,
+}
+
+/// Linux pressure stall information, "some" over the last 10 s: the share of that time in
+/// which at least one task (this benchmark's own included) waited for a CPU, or for I/O. On
+/// a shared machine it shows which rows were measured while something else was busy.
+#[derive(Debug, Clone, Copy)]
+struct Pressure {
+    cpu: Option<f64>,
+    io: Option<f64>,
+}
+
+impl Pressure {
+    fn now() -> Pressure {
+        let read = |what: &str| -> Option<f64> {
+            let text = std::fs::read_to_string(format!("/proc/pressure/{what}")).ok()?;
+            let some = text.lines().find(|line| line.starts_with("some "))?;
+            some.split_whitespace().find_map(|field| field.strip_prefix("avg10="))?.parse().ok()
+        };
+        Pressure { cpu: read("cpu"), io: read("io") }
+    }
+}
+
+impl fmt::Display for Pressure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |value: Option<f64>| value.map_or("-".to_string(), |v| format!("{v:.0}"));
+        write!(f, "{} / {}", show(self.cpu), show(self.io))
+    }
 }
 
 /// Where one backend's store lives; dropping it stops the server or removes the file.
@@ -393,6 +422,7 @@ impl Writer<'_> {
             p99: quantile(&latencies, 0.99),
             verified: 0,
             wrong: 0,
+            pressure: Pressure::now(),
         })
     }
 
@@ -453,13 +483,14 @@ fn print_table(config: &Config, created: &[(Backend, Duration)], rows: &[Row]) {
     );
     println!();
     println!(
-        "| store | batch | saves / s | batches / s | save call p50 ms | save call p99 ms | read back (wrong) |"
+        "| store | batch | saves / s | batches / s | save call p50 ms | save call p99 ms | \
+         read back (wrong) | CPU / I/O pressure % |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for row in rows {
         let seconds = row.elapsed.as_secs_f64();
         println!(
-            "| {} | {} | {} | {} | {:.3} | {:.3} | {} ({}) |",
+            "| {} | {} | {} | {} | {:.3} | {:.3} | {} ({}) | {} |",
             row.backend,
             row.batch,
             thousands(row.saves as f64 / seconds),
@@ -467,7 +498,8 @@ fn print_table(config: &Config, created: &[(Backend, Duration)], rows: &[Row]) {
             ms(row.p50),
             ms(row.p99),
             row.verified,
-            row.wrong
+            row.wrong,
+            row.pressure
         );
     }
     println!();
@@ -480,6 +512,12 @@ fn print_table(config: &Config, created: &[(Backend, Duration)], rows: &[Row]) {
             thousands(config.players as f64 / took.as_secs_f64())
         );
     }
+    println!(
+        "- CPU / I/O pressure: the share of the 10 s before the row's end in which some task, \
+         this benchmark's included (a commit waits for the disk), waited for a CPU / for I/O \
+         (/proc/pressure, \"some avg10\"); rows measured while the machine was busy with \
+         other work show it"
+    );
     if config.batches.iter().any(|&b| b > MAX_BATCH) {
         println!(
             "- batches over {MAX_BATCH} rows are split by the store, one statement per {MAX_BATCH}"
