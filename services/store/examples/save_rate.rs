@@ -12,7 +12,10 @@
 //! per second and the latency of one `Store::save` call (p50, p99), prints a progress line
 //! every second, and after each batch size reads a sample of the players it saved back
 //! through a second connection: a figure counts only if the rows hold what was written
-//! last. The table at the end is Markdown.
+//! last. It also reports the CPU time each save costs: this process's (user + system, all
+//! threads: the caller's side of the store, and for SQLite the database engine itself,
+//! which runs in the caller's process) and, for a server of its own, PostgreSQL's (the
+//! postmaster and its backends, from /proc). The table at the end is Markdown.
 //!
 //! Backends: `sqlite` (a file in a new temporary directory: WAL, `synchronous = FULL`, as
 //! the store always opens it), `postgres` (a server of this run's own from Debian's
@@ -170,6 +173,46 @@ struct Row {
     wrong: usize,
     /// The machine's CPU and I/O pressure when the batch size's time ended.
     pressure: Pressure,
+    /// CPU time of this process over the batch size's time.
+    own_cpu: Duration,
+    /// CPU time of the PostgreSQL server (a server of this run's own only).
+    server_cpu: Option<Duration>,
+}
+
+/// User + system CPU time of this process, all its threads.
+fn own_cpu() -> Duration {
+    // SAFETY: getrusage writes into the struct we pass and has no other effect.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// User + system CPU time of a process and its direct children (PostgreSQL's postmaster
+/// and its backends), from /proc/<pid>/stat.
+fn server_cpu(root: u32) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut ticks = 0u64;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // The fields after the command name, which is in parentheses and may hold spaces:
+        // state, ppid, ... utime and stime are the 12th and 13th.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let parent = fields.get(1).and_then(|f| f.parse::<u32>().ok());
+        if pid == root || parent == Some(root) {
+            let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+            ticks += field(11) + field(12);
+        }
+    }
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
 }
 
 /// Linux pressure stall information, "some" over the last 10 s: the share of that time in
@@ -202,7 +245,7 @@ impl fmt::Display for Pressure {
 /// Where one backend's store lives; dropping it stops the server or removes the file.
 enum Place {
     Sqlite { dir: PathBuf, remove: bool },
-    Postgres { url: String, _server: Option<TempPostgres> },
+    Postgres { url: String, server: Option<TempPostgres> },
 }
 
 impl Place {
@@ -222,7 +265,7 @@ impl Place {
             }
             Backend::Postgres if config.postgres_url.is_some() => Ok(Place::Postgres {
                 url: config.postgres_url.clone().unwrap_or_default(),
-                _server: None,
+                server: None,
             }),
             Backend::Postgres | Backend::PostgresNoFsync => {
                 let server = if backend == Backend::Postgres {
@@ -231,8 +274,16 @@ impl Place {
                     TempPostgres::start()
                 }
                 .context("starting a PostgreSQL server (Debian package `postgresql`)")?;
-                Ok(Place::Postgres { url: server.url(), _server: Some(server) })
+                Ok(Place::Postgres { url: server.url(), server: Some(server) })
             }
+        }
+    }
+
+    /// The PostgreSQL server's pid, when it is one of this run's own.
+    fn server_pid(&self) -> Option<u32> {
+        match self {
+            Place::Postgres { server: Some(server), .. } => server.server_pid(),
+            _ => None,
         }
     }
 
@@ -316,6 +367,7 @@ async fn run_backend(
 
     let mut writer = Writer {
         backend,
+        server_pid: place.server_pid(),
         store: &store,
         ids: &ids,
         last: vec![None; ids.len()],
@@ -346,6 +398,7 @@ async fn run_backend(
 /// The single writer of one backend's run, and what it wrote last to every player.
 struct Writer<'a> {
     backend: Backend,
+    server_pid: Option<u32>,
     store: &'a Store,
     ids: &'a [u64],
     /// The last save written to each player (by index in `ids`).
@@ -363,6 +416,7 @@ impl Writer<'_> {
         let backend = self.backend;
         let mut latencies = Vec::new();
         let mut saves = 0u64;
+        let (own_before, server_before) = (own_cpu(), self.server_pid.map(server_cpu));
         let started = Instant::now();
         let mut next_progress = started + Duration::from_secs(1);
         while started.elapsed() < phase {
@@ -411,6 +465,11 @@ impl Writer<'_> {
             }
         }
         let elapsed = started.elapsed();
+        let own = own_cpu().saturating_sub(own_before);
+        let server = self
+            .server_pid
+            .zip(server_before)
+            .map(|(pid, before)| server_cpu(pid).saturating_sub(before));
         latencies.sort_unstable();
         Ok(Row {
             backend,
@@ -423,6 +482,8 @@ impl Writer<'_> {
             verified: 0,
             wrong: 0,
             pressure: Pressure::now(),
+            own_cpu: own,
+            server_cpu: server,
         })
     }
 
@@ -469,6 +530,10 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+fn micros_per_save(cpu: Duration, saves: u64) -> f64 {
+    cpu.as_secs_f64() * 1e6 / saves.max(1) as f64
+}
+
 fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
 }
@@ -484,19 +549,23 @@ fn print_table(config: &Config, created: &[(Backend, Duration)], rows: &[Row]) {
     println!();
     println!(
         "| store | batch | saves / s | batches / s | save call p50 ms | save call p99 ms | \
-         read back (wrong) | CPU / I/O pressure % |"
+         CPU µs / save, this process | CPU µs / save, PostgreSQL server | read back (wrong) | \
+         CPU / I/O pressure % |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for row in rows {
         let seconds = row.elapsed.as_secs_f64();
         println!(
-            "| {} | {} | {} | {} | {:.3} | {:.3} | {} ({}) | {} |",
+            "| {} | {} | {} | {} | {:.3} | {:.3} | {:.2} | {} | {} ({}) | {} |",
             row.backend,
             row.batch,
             thousands(row.saves as f64 / seconds),
             thousands(row.batches as f64 / seconds),
             ms(row.p50),
             ms(row.p99),
+            micros_per_save(row.own_cpu, row.saves),
+            row.server_cpu
+                .map_or("-".to_string(), |cpu| format!("{:.2}", micros_per_save(cpu, row.saves))),
             row.verified,
             row.wrong,
             row.pressure

@@ -65,6 +65,13 @@ impl TempPostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The server's process id (its postmaster; the backends are its children), from the
+    /// pid file in its data directory, while it runs.
+    pub fn server_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
     /// Stops the server (`pg_ctl stop -m fast`); [`TempPostgres::restart`] starts it again
     /// on the same port with the same data.
     pub fn stop(&mut self) -> anyhow::Result<()> {
