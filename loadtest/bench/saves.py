@@ -229,6 +229,14 @@ class Bench:
                 "(one save interval) before the window")
             time.sleep(settle)
 
+            # With a store the window runs from the end of one save batch to the end of the
+            # k-th after it (k = window / save interval), so every window holds the same
+            # number of save rounds whatever the phase of the shard's save clock (its rounds
+            # come every 10.0-10.1 s: a fixed 60 s window holds 5 or 6). Without a store it
+            # is --window seconds. Metrics are read 5 times a second in every run alike.
+            rounds = max(1, round(a.window / a.save_interval))
+            if address:
+                self.wait_for_batch(admin, a.save_interval * 2 + 5)
             self.note_builds()
             watch = {"shard": [shard], "gateway": [cluster.gateway_pid]}
             if store == "postgres" and self.postgres is not None:
@@ -237,19 +245,30 @@ class Bench:
             cpu_before = {k: suite.cpu_seconds(p) for k, p in watch.items()}
             load_before = suite.sh("cut -d' ' -f1-3 /proc/loadavg")
             t0 = time.time()
-            while time.time() - t0 < a.window:
-                time.sleep(min(10, a.window - (time.time() - t0)))
+            next_progress = t0 + 10
+            limit = a.window * 2 + a.save_interval
+            while True:
+                time.sleep(0.2)
+                now = metrics(admin)
+                elapsed = time.time() - t0
+                batches = (metric(now, "meridian_shard_save_seconds_count")
+                           - metric(before, "meridian_shard_save_seconds_count"))
+                if (batches >= rounds) if address else (elapsed >= a.window):
+                    break
                 if bots_process.poll() is not None:
                     raise RuntimeError(f"loadtest exited ({bots_process.returncode}) "
                                        "during the window")
-                now = metrics(admin)
-                saved = (metric(now, "meridian_shard_saves_total", result="written")
-                         - metric(before, "meridian_shard_saves_total", result="written"))
-                cpu = suite.cpu_seconds([shard]) - cpu_before["shard"]
-                log(f"  {time.time() - t0:4.0f} s: {saved:.0f} saves written, shard CPU "
-                    f"{cpu:.2f} s")
+                if elapsed > limit:
+                    raise RuntimeError(f"{batches:.0f} of {rounds} save batches in {limit} s")
+                if time.time() >= next_progress:
+                    next_progress += 10
+                    saved = (metric(now, "meridian_shard_saves_total", result="written")
+                             - metric(before, "meridian_shard_saves_total", result="written"))
+                    cpu = suite.cpu_seconds([shard]) - cpu_before["shard"]
+                    log(f"  {elapsed:4.0f} s: {saved:.0f} saves written in {batches:.0f} "
+                        f"batches, shard CPU {cpu:.2f} s")
             wall = time.time() - t0
-            after = metrics(admin)
+            after = now
             # PostgreSQL: the processes there were when the window opened (the shard's and
             # the gateway's connections are long-lived; nothing else connects meanwhile).
             cpu = {k: suite.cpu_seconds(p) - cpu_before[k] for k, p in watch.items()}
@@ -284,6 +303,17 @@ class Bench:
             f"{result['moves']:.0f} moves, shard CPU {cpu['shard']:.2f} s in {wall:.1f} s")
         return result
 
+    @staticmethod
+    def wait_for_batch(admin, seconds):
+        """Returns just after the shard has written its next batch of saves."""
+        first = metric(metrics(admin), "meridian_shard_save_seconds_count")
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            time.sleep(0.2)
+            if metric(metrics(admin), "meridian_shard_save_seconds_count") > first:
+                return
+        raise RuntimeError(f"the shard wrote no batch of saves in {seconds} s")
+
     def run(self):
         for round_number in range(1, self.args.rounds + 1):
             order = STORES if round_number % 2 == 1 else tuple(reversed(STORES))
@@ -296,34 +326,40 @@ def fmt(value, digits=0):
 
 
 def tables(runs, args):
-    lines = [f"| store | round | moves / s | saves written | saves / s | batches | saves / batch "
-             f"| batch write ms (mean) | shard CPU s | shard CPU % of a core | shard CPU µs / "
-             f"saved player | shard CPU vs no store | µs / saved player over no store | "
-             f"PostgreSQL server CPU s | gateway CPU s |",
+    """One row per cluster. The comparison with no store is of CPU rates (the windows of
+    runs with a store end on a save batch, so their lengths differ a little), against the
+    run without a store of the same round."""
+    lines = ["| store | round | window s | moves / s | saves written | saves / s | batches "
+             "| saves / batch | batch write ms (mean) | shard CPU s | shard CPU % of a core "
+             "| shard CPU µs / saved player | shard CPU vs no store (same round) "
+             "| µs / saved player over no store | PostgreSQL server CPU % of a core "
+             "| gateway CPU % of a core |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-             "| ---: | ---: | ---: |"]
+             "| ---: | ---: | ---: | ---: |"]
     baseline = {r["round"]: r for r in runs if r["store"] == "none"}
     for r in sorted(runs, key=lambda r: (STORES.index(r["store"]), r["round"])):
         wall, saves = r["window_s"], r["saves_written"]
         shard = r["cpu_s"]["shard"]
+        rate = shard / wall
         per_save = extra = extra_per_save = "-"
         base = baseline.get(r["round"])
         if saves > 0:
             per_save = fmt(shard * 1e6 / saves, 1)
         if base and r["store"] != "none":
-            difference = shard - base["cpu_s"]["shard"]
-            extra = f"{difference:+.2f} s ({difference / base['cpu_s']['shard'] * 100:+.0f}%)"
+            base_rate = base["cpu_s"]["shard"] / base["window_s"]
+            difference = rate - base_rate
+            extra = f"{difference * 100:+.2f} points ({difference / base_rate * 100:+.0f}%)"
             if saves > 0:
-                extra_per_save = fmt(difference * 1e6 / saves, 1)
+                extra_per_save = fmt(difference * 1e6 / (saves / wall), 1)
         batches = r["save_batches"]
         lines.append(" | ".join([
-            f"| {LABELS[r['store']]}", str(r["round"]), fmt(r["moves"] / wall),
+            f"| {LABELS[r['store']]}", str(r["round"]), fmt(wall, 1), fmt(r["moves"] / wall),
             fmt(saves), fmt(saves / wall), fmt(batches),
             fmt(saves / batches) if batches else "-",
             fmt(r["save_seconds"] * 1e3 / batches, 1) if batches else "-",
-            fmt(shard, 2), fmt(shard / wall * 100, 1), per_save, extra, extra_per_save,
-            fmt(r["cpu_s"]["postgres"], 2) if "postgres" in r["cpu_s"] else "-",
-            fmt(r["cpu_s"]["gateway"], 2)]) + " |")
+            fmt(shard, 2), fmt(rate * 100, 2), per_save, extra, extra_per_save,
+            fmt(r["cpu_s"]["postgres"] / wall * 100, 2) if "postgres" in r["cpu_s"] else "-",
+            fmt(r["cpu_s"]["gateway"] / wall * 100, 1)]) + " |")
     return "\n".join(lines)
 
 

@@ -42,12 +42,19 @@ class Table(unittest.TestCase):
         rows = saves.tables(runs, None).splitlines()[2:]
         self.assertEqual(len(rows), 4)
         round_one = [r for r in rows if r.startswith("| SQLite | 1 |")][0]
-        self.assertIn("+2.00 s (+20%)", round_one)
+        self.assertIn("+3.33 points (+20%)", round_one)
         self.assertIn("| 70.9 |", round_one, "2 s over 28,200 saves")
         round_two = [r for r in rows if r.startswith("| SQLite | 2 |")][0]
-        self.assertIn("+0.50 s (+5%)", round_two)
+        self.assertIn("+0.83 points (+5%)", round_two)
         none = [r for r in rows if r.startswith("| no store | 1 |")][0]
         self.assertIn("| - |", none)
+
+    def test_cpu_is_compared_as_rates_when_windows_differ(self):
+        longer = run("sqlite", 1, 12.12, 28_200)
+        longer["window_s"] = 60.6
+        rows = saves.tables([run("none", 1, 10.0, 0), longer], None).splitlines()[2:]
+        sqlite = [r for r in rows if r.startswith("| SQLite | 1 |")][0]
+        self.assertIn("+3.33 points (+20%)", sqlite, "20.00% of a core against 16.67%")
 
 
 if __name__ == "__main__":
