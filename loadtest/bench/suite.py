@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RELEASE = ROOT / "target" / "release"
+# Where `cargo build --release` put the binaries: CARGO_TARGET_DIR when set (relative to the
+# directory cargo ran in, which run.sh makes the repository's root), else target/.
+RELEASE = (ROOT / os.environ.get("CARGO_TARGET_DIR", "target")) / "release"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Every load the suite puts on the machine, per mode: bots, seconds, move intervals.
@@ -168,7 +170,7 @@ def free_port():
 class Cluster:
     """`meridian up` with its own etcd, shards and one gateway; stopped by its PID."""
 
-    def __init__(self, work, name, shards, io, binary=None):
+    def __init__(self, work, name, shards, io, binary=None, extra=(), env=None):
         self.name = name
         self.ready_file = work / f"{name}.ready.json"
         # A ready file left by an earlier suite in the same folder would name dead ports.
@@ -176,9 +178,9 @@ class Cluster:
         self.log_file = open(work / f"{name}.up.log", "w")
         command = [str(binary or RELEASE / "meridian"), "up", "--shards", str(shards), "--io", io,
                    "--port", "0", "--quic-port", "0", "--cluster", name,
-                   "--ready-file", str(self.ready_file)]
+                   "--ready-file", str(self.ready_file), *extra]
         self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
-                                        cwd=ROOT)
+                                        cwd=ROOT, env={**os.environ, **(env or {})})
         ready = wait_for_file(self.ready_file, self.process, f"cluster {name}")
         gateway = ready["gateways"][0]
         self.game = gateway["game"]
@@ -186,7 +188,9 @@ class Cluster:
         # The QUIC front's UDP address (the first gateway has one; `--quic-port 0` below).
         self.quic = gateway.get("quic")
         self.gateway_pid = int(gateway["pid"])
+        self.gateway_admin = gateway["admin"]
         self.shard_pids = [int(s["pid"]) for s in ready["shards"]]
+        self.shard_admins = [s["admin"] for s in ready["shards"]]
         # Give the shards a moment to settle on the partition before measuring.
         time.sleep(1.0)
 

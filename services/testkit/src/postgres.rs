@@ -2,6 +2,10 @@
 //! temporary directory, listening on a free loopback port (and a socket in that directory),
 //! trust authentication, stopped and removed when dropped. As root (CI), the server runs as
 //! the `postgres` user the Debian package creates: PostgreSQL refuses to run as root.
+//!
+//! Tests run it with `fsync=off` (nothing they check needs the disk, and it is faster);
+//! benchmarks of writes start it with [`TempPostgres::start_durable`], the server's own
+//! defaults, so that a commit waits for the disk as it would in production.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -17,11 +21,22 @@ pub struct TempPostgres {
     bin: PathBuf,
     port: u16,
     running: bool,
+    /// Whether the server syncs its write-ahead log to disk (`fsync`).
+    durable: bool,
 }
 
 impl TempPostgres {
-    /// Creates a database cluster and starts its server (a few seconds).
+    /// Creates a database cluster and starts its server (a few seconds), with `fsync=off`.
     pub fn start() -> anyhow::Result<TempPostgres> {
+        TempPostgres::start_with(false)
+    }
+
+    /// The same with `fsync` on (the server's default): a commit is on disk when it returns.
+    pub fn start_durable() -> anyhow::Result<TempPostgres> {
+        TempPostgres::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> anyhow::Result<TempPostgres> {
         let bin =
             find_bin().context("PostgreSQL's server binaries (Debian package `postgresql`)")?;
         let dir = std::env::temp_dir().join(format!(
@@ -38,7 +53,7 @@ impl TempPostgres {
             }
         }
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut pg = TempPostgres { dir, bin, port, running: false };
+        let mut pg = TempPostgres { dir, bin, port, running: false, durable };
         let data = pg.data();
         pg.run("initdb", &["-D", path_str(&data)?, "-A", "trust", "-U", "postgres", "--no-sync"])?;
         pg.start_server()?;
@@ -48,6 +63,13 @@ impl TempPostgres {
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The server's process id (its postmaster; the backends are its children), from the
+    /// pid file in its data directory, while it runs.
+    pub fn server_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
     }
 
     /// Stops the server (`pg_ctl stop -m fast`); [`TempPostgres::restart`] starts it again
@@ -73,8 +95,9 @@ impl TempPostgres {
     fn start_server(&mut self) -> anyhow::Result<()> {
         let data = self.data();
         let log = self.dir.join("server.log");
+        let fsync = if self.durable { "on" } else { "off" };
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync={fsync}",
             self.port,
             path_str(&self.dir)?
         );
