@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh test
 cargo test --workspace --all-targets "$@"
-# The benchmark suite's parsing and verdicts (stdlib only, no load is run).
-PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py
+# The benchmark scripts' parsing and verdicts (stdlib only, no load is run).
+PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py loadtest/bench/test_saves.py
 # The Helm chart, offline: lint, render for several Kubernetes versions, strict schemas.
 .ci/chart-check
 # Coverage-guided fuzzing of the codec, resume tokens and the gateway's core, a bounded time
