@@ -287,26 +287,47 @@ pub async fn run(
 /// at once (`meridian_gateway_store_lookups_total{result="busy"}`).
 const ACCOUNT_QUEUE: usize = 4_096;
 
-/// Looks up each login's account in the player store, in arrival order, and hands the
-/// answer to the login's worker.
+/// Lookups of the player store a gateway runs at once; the others wait in the queue.
+const LOOKUPS_IN_FLIGHT: usize = 16;
+
+/// Looks up each login's account in the player store, [`LOOKUPS_IN_FLIGHT`] at a time
+/// (a burst of logins after a restart is not served one round trip after another), and
+/// hands each answer to the login's worker.
 async fn answer_logins(
     store: accounts::Accounts,
     mut requests: tokio::sync::mpsc::Receiver<shared::AccountRequest>,
     mailboxes: Arc<Vec<shared::Mailbox>>,
 ) {
-    use accounts::LookupError;
-    while let Some(request) = requests.recv().await {
-        let answer = match store.0.player(&request.account, &request.name, request.new_id).await {
-            Ok(player) => shared::AccountAnswer::Player(player),
-            Err(LookupError::IdTaken) => shared::AccountAnswer::IdTaken,
-            Err(LookupError::Unavailable(error)) => {
-                warn!(%error, account = %request.account, "player store lookup failed");
-                shared::AccountAnswer::Unavailable(error.to_string())
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            request = requests.recv(), if running.len() < LOOKUPS_IN_FLIGHT => {
+                let Some(request) = request else { break };
+                let (store, mailboxes) = (store.clone(), Arc::clone(&mailboxes));
+                running.spawn(async move { answer_login(store, request, mailboxes).await });
             }
-        };
-        if let Some(mailbox) = mailboxes.get(request.worker) {
-            mailbox.account(request.session, answer).await;
+            Some(_) = running.join_next(), if !running.is_empty() => {}
         }
+    }
+    while running.join_next().await.is_some() {}
+}
+
+async fn answer_login(
+    store: accounts::Accounts,
+    request: shared::AccountRequest,
+    mailboxes: Arc<Vec<shared::Mailbox>>,
+) {
+    use accounts::LookupError;
+    let answer = match store.0.player(&request.account, &request.name, request.new_id).await {
+        Ok(player) => shared::AccountAnswer::Player(player),
+        Err(LookupError::IdTaken) => shared::AccountAnswer::IdTaken,
+        Err(LookupError::Unavailable(error)) => {
+            warn!(%error, account = %request.account, "player store lookup failed");
+            shared::AccountAnswer::Unavailable(error.to_string())
+        }
+    };
+    if let Some(mailbox) = mailboxes.get(request.worker) {
+        mailbox.account(request.session, answer).await;
     }
 }
 

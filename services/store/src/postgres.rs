@@ -1,6 +1,6 @@
-//! The clustered store: PostgreSQL through `tokio-postgres`. One connection with its
-//! statements prepared once; a failed connection is dropped and opened again on the next
-//! call. A batch of saves is one execution of a prepared statement over arrays (one round
+//! The clustered store: PostgreSQL through `tokio-postgres`. A few connections ([`POOL`])
+//! with their statements prepared once, so calls from concurrent login lookups run side by
+//! side; a failed connection is dropped and opened again on the next call that takes it. A batch of saves is one execution of a prepared statement over arrays (one round
 //! trip, whatever its size).
 
 use std::str::FromStr;
@@ -16,6 +16,10 @@ use crate::{to_i64, to_u64, Player, Save, SaveReport, Saved, StoreError};
 /// unavailable.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 const CALL_WITHIN: Duration = Duration::from_secs(10);
+
+/// Connections a store keeps (opened as calls need them): a gateway's login lookups run
+/// this many at a time at most.
+pub const POOL: usize = 4;
 
 const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS meridian_players (
@@ -40,7 +44,9 @@ struct Connected {
 
 pub struct PostgresStore {
     config: Config,
-    connected: Mutex<Option<Connected>>,
+    connections: Vec<Mutex<Option<Connected>>>,
+    /// Which connection a call waits for when all are busy.
+    next: std::sync::atomic::AtomicUsize,
 }
 
 impl PostgresStore {
@@ -48,9 +54,10 @@ impl PostgresStore {
         let mut config =
             Config::from_str(url).map_err(|e| StoreError::BadAddress(format!("{url}: {e}")))?;
         config.connect_timeout(CONNECT_WITHIN);
-        let store = PostgresStore { config, connected: Mutex::new(None) };
+        let connections = (0..POOL).map(|_| Mutex::new(None)).collect();
+        let store = PostgresStore { config, connections, next: Default::default() };
         // Connect (and create the table) now, so a bad address or credentials show at once.
-        let mut connected = store.connected.lock().await;
+        let mut connected = store.connections[0].lock().await;
         *connected = Some(store.connect().await?);
         drop(connected);
         Ok(store)
@@ -106,7 +113,7 @@ impl PostgresStore {
         &self,
         call: impl AsyncFnOnce(&Connected) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut connected = self.connected.lock().await;
+        let mut connected = self.connection().await;
         let result = tokio::time::timeout(CALL_WITHIN, async {
             if connected.as_ref().is_none_or(|c| c.client.is_closed()) {
                 *connected = Some(self.connect().await?);
@@ -119,6 +126,17 @@ impl PostgresStore {
             *connected = None;
         }
         result
+    }
+
+    /// A free connection, or (all busy) the next one in turn once it is free.
+    async fn connection(&self) -> tokio::sync::MutexGuard<'_, Option<Connected>> {
+        for slot in &self.connections {
+            if let Ok(guard) = slot.try_lock() {
+                return guard;
+            }
+        }
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.connections[turn % self.connections.len()].lock().await
     }
 
     pub async fn player(

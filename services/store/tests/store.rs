@@ -139,6 +139,32 @@ async fn an_operator_finds_and_places_players(backend: Backend) {
     assert_eq!(store.load(1).await.unwrap().unwrap().saved.unwrap().at, (11, 20));
 }
 
+/// Many lookups at once (a gateway runs 16, a PostgreSQL store spreads them over its
+/// connections): each account gets its own player, and a second round finds the same ones.
+async fn concurrent_lookups_each_get_their_own_player(backend: Backend) {
+    let store = std::sync::Arc::new(backend.open().await);
+    let lookup = |n: u64| {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move { store.player(&format!("a{n}"), "n", 1_000 + n).await })
+    };
+    let first: Vec<_> = (0..40).map(lookup).collect();
+    let mut ids = Vec::new();
+    for task in first {
+        ids.push(task.await.expect("joins").expect("a player").player_id);
+    }
+    assert_eq!(ids, (1_000..1_040).collect::<Vec<u64>>(), "each account its own offered id");
+    let again: Vec<_> = (0..40)
+        .map(|n| {
+            let store = std::sync::Arc::clone(&store);
+            tokio::spawn(async move { store.player(&format!("a{n}"), "n", 9_000 + n).await })
+        })
+        .collect();
+    for (n, task) in again.into_iter().enumerate() {
+        let player = task.await.expect("joins").expect("a player");
+        assert_eq!(player.player_id, 1_000 + n as u64, "a{n} keeps its player");
+    }
+}
+
 macro_rules! suite {
     ($($test:ident),* $(,)?) => {
         mod sqlite {
@@ -162,6 +188,7 @@ suite! {
     saves_are_fenced_by_generation,
     a_big_batch_is_written_whole,
     an_operator_finds_and_places_players,
+    concurrent_lookups_each_get_their_own_player,
 }
 
 /// A PostgreSQL store that stops answering reports `Unavailable`, and works again once the
