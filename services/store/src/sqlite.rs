@@ -25,6 +25,9 @@ const SCHEMA: &str = "
 
 const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
 
+/// Tries at setting the file up when other processes are opening it too (about 4 s).
+const OPEN_TRIES: u64 = 50;
+
 pub struct SqliteStore {
     connection: Arc<Mutex<Connection>>,
 }
@@ -39,7 +42,21 @@ impl SqliteStore {
             }
             let connection = Connection::open(&path).map_err(unavailable)?;
             connection.busy_timeout(std::time::Duration::from_secs(5)).map_err(unavailable)?;
-            connection.execute_batch(SCHEMA).map_err(unavailable)?;
+            // Processes opening one file together (`meridian up` starts its shards and
+            // gateways at once) race to switch it to WAL, which takes the file to itself:
+            // the loser is told "locked" at once, without the busy timeout. It tries again.
+            let mut tries = 0;
+            while let Err(error) = connection.execute_batch(SCHEMA) {
+                let busy = matches!(
+                    error.sqlite_error_code(),
+                    Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                );
+                tries += 1;
+                if !busy || tries == OPEN_TRIES {
+                    return Err(unavailable(error));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10 * tries.min(10)));
+            }
             Ok::<_, StoreError>(connection)
         })
         .await
@@ -122,7 +139,11 @@ impl SqliteStore {
     pub async fn save(&self, saves: &[Save]) -> Result<SaveReport, StoreError> {
         let saves = saves.to_vec();
         self.with(move |connection| {
-            let transaction = connection.transaction().map_err(unavailable)?;
+            // Immediate: the write lock is taken (waiting up to the busy timeout) before the
+            // first statement, never upgraded from a read lock midway.
+            let transaction = connection
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
             let mut report = SaveReport::default();
             {
                 let mut update = transaction

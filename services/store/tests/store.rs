@@ -165,6 +165,36 @@ async fn concurrent_lookups_each_get_their_own_player(backend: Backend) {
     }
 }
 
+/// `meridian up` starts its shards and gateways at once, each opening the one SQLite file:
+/// every one of them opens it (the race to set the file up is retried, not failed).
+#[tokio::test]
+async fn processes_opening_one_sqlite_file_together_all_open_it() {
+    let backend = Backend::sqlite("open-together");
+    let address = backend.address();
+    for round in 0..5 {
+        let opening: Vec<_> = (0..8)
+            .map(|_| {
+                let address = address.clone();
+                // Own threads and runtimes, as separate processes would be.
+                std::thread::spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("a runtime");
+                    runtime.block_on(Store::open(&address)).map(|_| ())
+                })
+            })
+            .collect();
+        for opened in opening {
+            let result = opened.join().expect("the thread ends");
+            assert!(result.is_ok(), "round {round}: {result:?}");
+        }
+        if let Backend::Sqlite(path) = &backend {
+            let _ = std::fs::remove_dir_all(path.parent().expect("a dir"));
+        }
+    }
+}
+
 macro_rules! suite {
     ($($test:ident),* $(,)?) => {
         mod sqlite {
