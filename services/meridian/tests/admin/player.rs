@@ -62,7 +62,15 @@ fn an_operator_shows_moves_and_kicks_a_player() {
                 if e.code == ErrorCode::Unavailable as i32 && e.detail.contains("botting"))
         });
         ensure!(told, "the kicked client is told why: {rest:?}");
-        let shown = player(&cluster, &store, &["show", "gina"])?;
+        // The kick's save goes to the store from the shard's saver, a moment later.
+        let by = Instant::now() + Duration::from_secs(10);
+        let shown = loop {
+            let shown = player(&cluster, &store, &["show", "gina"])?;
+            if shown.contains("at (300, 121)") || Instant::now() > by {
+                break shown;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         ensure!(shown.contains("online    no"), "after the kick: {shown}");
         ensure!(shown.contains("at (300, 121)"), "saved where it stood: {shown}");
 
