@@ -44,7 +44,7 @@ impl Harness {
             resume_key: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key"),
             unix_start: 1_800_000_000,
             save_interval,
-            // Tests jump the clock by seconds at a time (the real shell ticks every 10 ms);
+            // Tests jump the clock by seconds at a time (the real shell ticks every 100 ms);
             // the one about pauses sets its own.
             lease_ttl: Duration::from_secs(3600),
         };
