@@ -146,6 +146,10 @@ fn check_client_fields(message: &ClientMessage) {
         Some(client_message::Kind::Login(login)) => check_name(&login.name),
         Some(client_message::Kind::Chat(chat)) => check_chat(&chat.text),
         Some(client_message::Kind::Move(m)) => check_direction(m.direction),
+        Some(client_message::Kind::Action(action)) => {
+            let valid = action.kind != 0 && action.payload.len() <= 1024;
+            assert_eq!(meridian_protocol::validate_action(action).is_ok(), valid, "{action:?}");
+        }
         _ => {}
     }
 }

@@ -390,6 +390,15 @@ impl Run {
                     track.moves.push(m.client_time);
                     self.summary.moves += 1;
                 }
+                // An Action is answered like a Move (ActionDone or an Error), in the same
+                // order: tracked with the moves.
+                Ok(ClientMessage { kind: Some(C::Action(action)) }) => {
+                    if action.client_time == 0 || track.moves.contains(&action.client_time) {
+                        track.matchable = false;
+                    }
+                    track.moves.push(action.client_time);
+                    self.summary.moves += 1;
+                }
                 // Moves around a Logout are answered now (tests in fuzzing.rs), but a
                 // Logout during a handoff whose old owner's link then fails meets the lost
                 // marker gap below (the link failure refuses moves the new owner still
@@ -636,6 +645,11 @@ impl Run {
                 encode_frame(&answer, &mut output.frames);
                 output.move_answers = 1;
             }
+            RelayedKind::Action { client_time, .. } => {
+                player.applied = input.seq;
+                encode_frame(&server::action_done(client_time, b""), &mut output.frames);
+                output.move_answers = 1;
+            }
             RelayedKind::Chat { text } => {
                 player.applied = input.seq;
                 encode_frame(&server::chat(player_id, text), &mut output.frames);
@@ -764,6 +778,10 @@ impl Track {
             Some(S::Error(error)) if error.client_time != 0 => {
                 summary.refusals += 1;
                 error.client_time
+            }
+            Some(S::ActionDone(done)) if done.client_time != 0 => {
+                summary.acks += 1;
+                done.client_time
             }
             _ => return,
         };

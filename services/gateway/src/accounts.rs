@@ -446,6 +446,8 @@ pub struct AccountPlayer {
     pub name: String,
     /// Where and under which ownership generation it was last saved, if ever.
     pub saved: Option<SavedCell>,
+    /// The game's private state of the player, as last saved.
+    pub state: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -116,6 +116,7 @@ pub struct Conn<T> {
     /// passes, so a handoff to another shard cannot refill them.
     moves: Bucket,
     chats: Bucket,
+    actions: Bucket,
     /// The connection's input budget over every message kind: frames and bytes.
     frames: Bucket,
     bytes: Bucket,
@@ -154,6 +155,9 @@ pub struct Conn<T> {
     name: String,
     last_position: Option<(u32, u32)>,
     generation: u64,
+    /// The player's private game state, as its shard last reported it (or the player
+    /// store had it at login): it goes with a restore.
+    state: Vec<u8>,
     /// A restore was sent and its ViewReset has not come back: moves are refused until
     /// then, so every move unanswered at the ViewReset was indeed not applied.
     restoring: bool,
@@ -292,6 +296,7 @@ impl<T> Core<T> {
             last_input_at: now,
             moves: Bucket::full(limits.moves, now),
             chats: Bucket::full(limits.chats, now),
+            actions: Bucket::full(limits.actions, now),
             frames: Bucket::full(limits.input_frames, now),
             bytes: Bucket::full(limits.input_bytes, now),
             read_paused: false,
@@ -306,6 +311,7 @@ impl<T> Core<T> {
             next_seq: 1,
             name: String::new(),
             last_position: None,
+            state: Vec::new(),
             generation: 0,
             restoring: false,
             pending_owner: None,
@@ -903,6 +909,9 @@ impl Ctx {
             conn.handed_from = None;
         }
         conn.out.extend_from_slice(&delivery.frames);
+        if delivery.has_state {
+            conn.state = std::mem::take(&mut delivery.state);
+        }
         if let Some(at) = delivery.position {
             conn.last_position = Some((at.x, at.y));
             conn.generation = delivery.generation;
@@ -1002,6 +1011,7 @@ impl Ctx {
             generation,
             gateway_id: 0,
             epoch: self.shared.routing.read(|t| t.epoch()),
+            state: conn.state.clone(),
         };
         conn.held.clear();
         conn.held_bytes = 0;
@@ -1172,7 +1182,7 @@ impl Ctx {
             return self.refuse(conn, slot, ErrorCode::InvalidArgument, "message has no kind", 0);
         };
         let limits = self.shared.admission.limits();
-        let (move_rate, chat_rate) = (limits.moves, limits.chats);
+        let chat_rate = limits.chats;
         match kind {
             C::Ping(ping) => match &conn.session {
                 // Through the shard, so the Pong follows everything the shard sent before;
@@ -1188,43 +1198,30 @@ impl Ctx {
             },
             C::Login(login) => self.login(conn, slot, session, login),
             C::Move(m) => {
-                if matches!(conn.session, Session::LoggingOut { .. }) {
-                    // After the Logout: refused, behind the answers to the moves before it.
-                    conn.refused_after_logout.push(m.client_time);
-                    if conn.inflight.is_empty() {
-                        self.refuse_after_logout(conn, slot);
+                let client_time = m.client_time;
+                self.answered_input(conn, slot, session, client_time, Input::Move(m), now);
+            }
+            C::Action(action) => {
+                let client_time = action.client_time;
+                if let Err(invalid) = meridian_protocol::validate_action(&action) {
+                    if matches!(conn.session, Session::Playing { .. }) && conn.inflight.is_empty() {
+                        let detail = invalid.to_string();
+                        return self.refuse(conn, slot, invalid.code(), &detail, client_time);
                     }
-                    return;
-                }
-                if conn.inflight.len() >= MAX_MOVES_IN_FLIGHT {
-                    let detail = "too many moves in flight";
-                    return self.refuse(conn, slot, ErrorCode::RateLimited, detail, m.client_time);
-                }
-                if let Some((player, link)) = self.route(conn, slot, m.client_time) {
-                    let client_time = m.client_time;
-                    if conn.moves.try_take(move_rate, 1, now) {
-                        conn.inflight.push_back((client_time, conn.next_seq, now));
-                        return self.relay_in_game(conn, &link, session, player, Input::Move(m));
+                    if matches!(conn.session, Session::Playing { .. }) {
+                        // Behind the answers still owed: answered by the shard in its turn.
+                        let code = invalid.code() as i32;
+                        let refused =
+                            MoveRefused { code, detail: invalid.to_string(), client_time };
+                        if let Some((player, link)) = self.route(conn, slot, client_time) {
+                            conn.inflight.push_back((client_time, conn.next_seq, now));
+                            let input = Input::Refused(refused);
+                            return self.relay_in_game(conn, &link, session, player, input);
+                        }
+                        return;
                     }
-                    self.shared.metrics.rate_limited.inc("move");
-                    let detail = "move rate limit";
-                    if conn.inflight.is_empty() {
-                        // Nothing earlier is unanswered: the answer can go now, in order.
-                        return self.refuse(
-                            conn,
-                            slot,
-                            ErrorCode::RateLimited,
-                            detail,
-                            client_time,
-                        );
-                    }
-                    // Answers come in the order of the moves: the shard answers this one
-                    // after the moves before it.
-                    conn.inflight.push_back((client_time, conn.next_seq, now));
-                    let code = ErrorCode::RateLimited as i32;
-                    let refused = MoveRefused { code, detail: detail.into(), client_time };
-                    self.relay_in_game(conn, &link, session, player, Input::Refused(refused));
                 }
+                self.answered_input(conn, slot, session, client_time, Input::Action(action), now);
             }
             C::Chat(chat) => {
                 if let Err(invalid) = validate_chat(&chat.text) {
@@ -1265,6 +1262,56 @@ impl Ctx {
             },
             C::Resume(resume) => self.resume(conn, slot, session, &resume.token, now),
         }
+    }
+
+    /// A Move or an Action: relayed to the player's shard, which answers it exactly once
+    /// (its ack, `ActionDone` or an error carrying `client_time`), in order with the
+    /// player's other answers. Both count against the moves in flight; each has its own rate
+    /// limit, refused here when nothing is owed before it, else by the shard in turn.
+    fn answered_input<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        client_time: u64,
+        input: Input,
+        now: Instant,
+    ) {
+        if matches!(conn.session, Session::LoggingOut { .. }) {
+            // After the Logout: refused, behind the answers to the inputs before it.
+            conn.refused_after_logout.push(client_time);
+            if conn.inflight.is_empty() {
+                self.refuse_after_logout(conn, slot);
+            }
+            return;
+        }
+        if conn.inflight.len() >= MAX_MOVES_IN_FLIGHT {
+            let detail = "too many moves and actions in flight";
+            return self.refuse(conn, slot, ErrorCode::RateLimited, detail, client_time);
+        }
+        let Some((player, link)) = self.route(conn, slot, client_time) else { return };
+        let limits = self.shared.admission.limits();
+        let (allowed, what, detail) = match &input {
+            Input::Action(_) => {
+                (conn.actions.try_take(limits.actions, 1, now), "action", "action rate limit")
+            }
+            _ => (conn.moves.try_take(limits.moves, 1, now), "move", "move rate limit"),
+        };
+        if allowed {
+            conn.inflight.push_back((client_time, conn.next_seq, now));
+            return self.relay_in_game(conn, &link, session, player, input);
+        }
+        self.shared.metrics.rate_limited.inc(what);
+        if conn.inflight.is_empty() {
+            // Nothing earlier is unanswered: the answer can go now, in order.
+            return self.refuse(conn, slot, ErrorCode::RateLimited, detail, client_time);
+        }
+        // Answers come in the order of the inputs: the shard answers this one after the
+        // ones before it.
+        conn.inflight.push_back((client_time, conn.next_seq, now));
+        let code = ErrorCode::RateLimited as i32;
+        let refused = MoveRefused { code, detail: detail.into(), client_time };
+        self.relay_in_game(conn, &link, session, player, Input::Refused(refused));
     }
 
     /// Checks a resume token and asks every shard which of them holds the player.
@@ -1422,6 +1469,7 @@ impl Ctx {
                 let saved = saved.map(|(x, y)| meridian_protocol::pb::Position { x, y });
                 // After the generation it was saved at: its saves from now on are newer.
                 let generation = player.saved.as_ref().map_or(0, |s| s.generation + 1);
+                conn.state = player.state;
                 // One account is online once: if a shard holds its player (another
                 // connection's, or parked), that shard hands it to this connection.
                 let login = Takeover { name: player.name, spawn: pending.spawn, saved, generation };
@@ -1513,6 +1561,7 @@ impl Ctx {
                 generation,
                 gateway_id: 0,
                 epoch: self.shared.routing.read(|t| t.epoch()),
+                state: conn.state.clone(),
             }),
         );
         conn.name = name;
@@ -1735,6 +1784,7 @@ mod tests {
         Limits {
             moves: lots,
             chats: lots,
+            actions: lots,
             input_frames: lots,
             input_bytes: lots,
             ..Limits::default()

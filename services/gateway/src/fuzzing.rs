@@ -127,6 +127,12 @@ pub enum RelayedKind {
     Ping {
         client_time: u64,
     },
+    /// A game action: answered by the shard like a move.
+    Action {
+        kind: u32,
+        target: u64,
+        client_time: u64,
+    },
     Leave {
         logout: bool,
     },
@@ -507,6 +513,7 @@ fn delivery(output: ShardOutput) -> Delivery {
         position: output.position.map(|(x, y)| Position { x, y }),
         generation: output.generation,
         resume_refused: output.resume_refused,
+        ..Default::default()
     }
 }
 
@@ -525,6 +532,11 @@ fn relayed_input(input: PlayerInput) -> RelayedInput {
         Some(Input::Ping(ping)) => RelayedKind::Ping { client_time: ping.client_time },
         Some(Input::Leave(leave)) => RelayedKind::Leave { logout: leave.logout },
         Some(Input::Resume(_)) => RelayedKind::Resume,
+        Some(Input::Action(action)) => RelayedKind::Action {
+            kind: action.kind,
+            target: action.target,
+            client_time: action.client_time,
+        },
         Some(Input::Refused(refused)) => {
             RelayedKind::Refused { code: refused.code, client_time: refused.client_time }
         }

@@ -165,6 +165,8 @@ pub struct Limits {
     pub moves: Rate,
     /// Chats per player.
     pub chats: Rate,
+    /// Game actions per player.
+    pub actions: Rate,
     /// Frames of any kind per connection; past it the gateway stops reading the connection
     /// until the budget refills (TCP flow control slows the client).
     pub input_frames: Rate,
@@ -192,6 +194,7 @@ impl Default for Limits {
         Limits {
             moves: Rate::new(20, 20),
             chats: Rate::new(2, 5),
+            actions: Rate::new(10, 20),
             input_frames: Rate::new(100, 200),
             input_bytes: Rate::new(64 * 1024, 128 * 1024),
             login_timeout: Duration::from_secs(10),

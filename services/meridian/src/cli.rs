@@ -179,7 +179,44 @@ pub struct ShardArgs {
     #[arg(long, env = "MERIDIAN_SAVE_INTERVAL", default_value_t = 10)]
     pub save_interval: u64,
     #[command(flatten)]
+    pub game: GameArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// Which game a shard runs.
+#[derive(Args, Debug, Clone)]
+pub struct GameArgs {
+    /// The game the shards run: `none` (the world with no rules; actions are refused),
+    /// `wolves` (the example game), or one a studio's own binary adds. Default: `none` for
+    /// the stock binary, the studio's game for `meridian::run::<MyGame>()`.
+    #[arg(long, env = "MERIDIAN_GAME")]
+    pub game: Option<String>,
+    /// The game's tick on every shard (NPC behaviour, state changes sent at most once per
+    /// tick).
+    #[arg(long, env = "MERIDIAN_GAME_TICK", default_value = "100ms", value_parser = parse_duration)]
+    pub game_tick: Duration,
+    /// NPCs one shard owns at most; the game's spawns past it are refused.
+    #[arg(long, env = "MERIDIAN_MAX_NPCS", default_value_t = meridian_shard::types::DEFAULT_MAX_NPCS)]
+    pub max_npcs: usize,
+}
+
+impl GameArgs {
+    pub fn config(&self, problems: &mut Vec<String>) -> meridian_shard::GameConfig {
+        let games = crate::games();
+        let name = self.game.clone().unwrap_or_else(|| games.default_name().to_string());
+        let Some(mut game) = games.get(&name) else {
+            problems
+                .push(format!("--game {name:?}: this binary knows {}", games.names().join(", ")));
+            return meridian_shard::GameConfig::none();
+        };
+        if self.game_tick < Duration::from_millis(10) || self.game_tick > Duration::from_secs(10) {
+            problems.push("--game-tick must be between 10ms and 10s".into());
+        }
+        game.tick = self.game_tick;
+        game.max_npcs = self.max_npcs;
+        game
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -254,6 +291,12 @@ pub struct LimitArgs {
     /// Chats a player may send at once before the chat rate applies.
     #[arg(long, env = "MERIDIAN_CHAT_BURST", default_value_t = 5)]
     pub chat_burst: u32,
+    /// Game actions per second per player before RATE_LIMITED.
+    #[arg(long, env = "MERIDIAN_ACTION_RATE", default_value_t = 10)]
+    pub action_rate: u32,
+    /// Game actions a player may send at once before the action rate applies.
+    #[arg(long, env = "MERIDIAN_ACTION_BURST", default_value_t = 20)]
+    pub action_burst: u32,
     /// Frames per second per connection, of every kind (burst twice that); past it the
     /// gateway stops reading the connection until the budget refills.
     #[arg(long, env = "MERIDIAN_INPUT_FRAME_RATE", default_value_t = 100)]
@@ -293,6 +336,8 @@ impl LimitArgs {
             ("--move-rate", self.move_rate),
             ("--chat-rate", self.chat_rate),
             ("--chat-burst", self.chat_burst),
+            ("--action-rate", self.action_rate),
+            ("--action-burst", self.action_burst),
             ("--input-frame-rate", self.input_frame_rate),
             ("--connect-rate", self.connect_rate),
         ] {
@@ -324,6 +369,7 @@ impl LimitArgs {
         Limits {
             moves: Rate::new(self.move_rate, self.move_rate),
             chats: Rate::new(self.chat_rate, self.chat_burst),
+            actions: Rate::new(self.action_rate, self.action_burst),
             input_frames: Rate::new(self.input_frame_rate, self.input_frame_rate.saturating_mul(2)),
             input_bytes: Rate::new(self.input_byte_rate, self.input_byte_rate.saturating_mul(2)),
             login_timeout: self.login_timeout,
@@ -579,6 +625,7 @@ impl ShardArgs {
             advertise: self.advertise,
             store,
             save_interval: Duration::from_secs(self.save_interval),
+            game: self.game.config(&mut problems),
         };
         finish(ShardNode { config, listen: self.listen, common: self.common }, problems)
     }

@@ -127,6 +127,7 @@ impl meridian_gateway::accounts::AccountStore for StoreAccounts {
                 Ok(player) => Ok(AccountPlayer {
                     player_id: player.player_id,
                     name: player.name,
+                    state: player.saved.as_ref().map(|s| s.state.clone()).unwrap_or_default(),
                     saved: player.saved.map(|s| SavedCell { at: s.at, generation: s.generation }),
                 }),
                 Err(meridian_store::StoreError::IdTaken(_)) => Err(LookupError::IdTaken),

@@ -26,8 +26,8 @@ pub use frame::{
 pub use messages::{error_codes, server};
 pub use token::{TokenError, TokenKey, TOKEN_LEN};
 pub use validate::{
-    validate_chat, validate_direction, validate_name, InvalidArgument, MAX_CHAT_BYTES,
-    MAX_NAME_BYTES,
+    validate_action, validate_chat, validate_direction, validate_name, InvalidArgument,
+    MAX_CHAT_BYTES, MAX_GAME_BYTES, MAX_NAME_BYTES,
 };
 
 /// The default largest frame body, in bytes, in both directions (the prefix not counted).

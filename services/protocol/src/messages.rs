@@ -26,7 +26,43 @@ pub mod server {
     }
 
     pub fn entered(player_id: u64, x: u32, y: u32, name: impl Into<String>) -> ServerMessage {
-        wrap(Kind::Entered(pb::Entered { player_id, position: position(x, y), name: name.into() }))
+        wrap(Kind::Entered(pb::Entered {
+            player_id,
+            position: position(x, y),
+            name: name.into(),
+            ..Default::default()
+        }))
+    }
+
+    /// `Entered` for an entity with a game kind (0: a player) and public state; with kind 0
+    /// and no state it is byte for byte [`entered`].
+    pub fn entered_as(
+        player_id: u64,
+        x: u32,
+        y: u32,
+        name: impl Into<String>,
+        kind: u32,
+        state: &[u8],
+    ) -> ServerMessage {
+        wrap(Kind::Entered(pb::Entered {
+            player_id,
+            position: position(x, y),
+            name: name.into(),
+            kind,
+            state: state.to_vec(),
+        }))
+    }
+
+    pub fn state_changed(entity_id: u64, state: &[u8]) -> ServerMessage {
+        wrap(Kind::StateChanged(pb::StateChanged { entity_id, state: state.to_vec() }))
+    }
+
+    pub fn game_event(source: u64, kind: u32, payload: &[u8]) -> ServerMessage {
+        wrap(Kind::Event(pb::GameEvent { source, kind, payload: payload.to_vec() }))
+    }
+
+    pub fn action_done(client_time: u64, payload: &[u8]) -> ServerMessage {
+        wrap(Kind::ActionDone(pb::ActionDone { client_time, payload: payload.to_vec() }))
     }
 
     pub fn moved(player_id: u64, x: u32, y: u32, client_time: u64) -> ServerMessage {

@@ -6,6 +6,8 @@ use crate::pb::{Direction, ErrorCode};
 pub const MAX_NAME_BYTES: usize = 32;
 /// Longest chat text, in bytes of UTF-8.
 pub const MAX_CHAT_BYTES: usize = 256;
+/// Largest `Action.payload`, and largest public or private game state of an entity.
+pub const MAX_GAME_BYTES: usize = 1024;
 
 /// A well-formed message with a value the protocol refuses (`INVALID_ARGUMENT`; the
 /// connection stays open). The `Display` text is the `Error.detail` sent to the client.
@@ -29,6 +31,10 @@ pub enum InvalidArgument {
     NameCharacter(u32),
     #[error("chat text contains a control or bidirectional formatting character (U+{0:04X})")]
     ChatCharacter(u32),
+    #[error("action kind 0 is not a kind")]
+    NoActionKind,
+    #[error("action payload is {0} bytes, the limit is 1024")]
+    ActionTooLarge(usize),
 }
 
 /// Characters no name or chat may carry: control characters (C0, DEL, C1: they move
@@ -72,6 +78,17 @@ pub fn validate_chat(text: &str) -> Result<(), InvalidArgument> {
     }
 }
 
+/// An `Action` needs a non-zero kind and a payload of at most [`MAX_GAME_BYTES`].
+pub fn validate_action(action: &crate::pb::Action) -> Result<(), InvalidArgument> {
+    if action.kind == 0 {
+        return Err(InvalidArgument::NoActionKind);
+    }
+    match action.payload.len() {
+        n if n > MAX_GAME_BYTES => Err(InvalidArgument::ActionTooLarge(n)),
+        _ => Ok(()),
+    }
+}
+
 /// Accepts exactly the four real directions; `DIRECTION_UNSPECIFIED` and unknown values
 /// (proto3 enums are open) are refused.
 pub fn validate_direction(raw: i32) -> Result<Direction, InvalidArgument> {
@@ -84,6 +101,16 @@ pub fn validate_direction(raw: i32) -> Result<Direction, InvalidArgument> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn actions_need_a_kind_and_at_most_1024_bytes() {
+        let action =
+            |kind, n| crate::pb::Action { kind, payload: vec![7; n], ..Default::default() };
+        assert_eq!(validate_action(&action(1, 1024)), Ok(()));
+        assert_eq!(validate_action(&action(1, 0)), Ok(()));
+        assert_eq!(validate_action(&action(0, 1)), Err(InvalidArgument::NoActionKind));
+        assert_eq!(validate_action(&action(3, 1025)), Err(InvalidArgument::ActionTooLarge(1025)));
+    }
 
     #[test]
     fn name_limits_count_bytes_not_chars() {

@@ -94,6 +94,57 @@ pub struct WorldActor {
     out: Vec<Transmit>,
     /// Where the core's saves go (to the player store's writer, if there is one).
     saves: crate::saver::Saves,
+    game_tick: Option<std::time::Duration>,
+    ids: EntityIds,
+}
+
+/// The game's part of the shell: the game, its tick, and where entity ids come from.
+pub struct GameShell {
+    pub game: Box<dyn meridian_game::Game>,
+    pub tick: Option<std::time::Duration>,
+    pub ids: EntityIds,
+}
+
+/// Blocks of cluster-unique entity ids (the players' counter in etcd), claimed in the
+/// background when the core asks: the core never waits on etcd to spawn.
+pub struct EntityIds {
+    want: Arc<tokio::sync::Notify>,
+    blocks: mpsc::Receiver<std::ops::Range<u64>>,
+}
+
+/// Entity ids claimed at once for NPCs.
+const ID_BLOCK: u64 = 1024;
+
+impl EntityIds {
+    pub fn start(
+        client: meridian_cluster::EtcdClient,
+        keys: &meridian_cluster::ClusterKeys,
+    ) -> EntityIds {
+        let want = Arc::new(tokio::sync::Notify::new());
+        let (send, blocks) = mpsc::channel(4);
+        let mut allocator = meridian_cluster::IdAllocator::new(client, keys, ID_BLOCK);
+        let wanted = Arc::clone(&want);
+        tokio::spawn(async move {
+            loop {
+                wanted.notified().await;
+                loop {
+                    match allocator.claim_block().await {
+                        Ok(block) => {
+                            if send.send(block).await.is_err() {
+                                return;
+                            }
+                            break;
+                        }
+                        Err(error) => {
+                            warn!(%error, "cannot claim entity ids for NPCs; retrying");
+                            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        }
+                    }
+                }
+            }
+        });
+        EntityIds { want, blocks }
+    }
 }
 
 impl WorldActor {
@@ -103,9 +154,10 @@ impl WorldActor {
         peer_senders: PeerSenders,
         metrics: Arc<ShardMetrics>,
         saves: crate::saver::Saves,
+        game: GameShell,
     ) -> (mpsc::Sender<Command>, WorldActor) {
         let (sender, commands) = mpsc::channel(COMMAND_QUEUE);
-        let core = ShardCore::new(config, Arc::clone(&metrics), Instant::now());
+        let core = ShardCore::with_game(config, Arc::clone(&metrics), Instant::now(), game.game);
         let actor = WorldActor {
             core,
             commands,
@@ -117,6 +169,8 @@ impl WorldActor {
             metrics,
             out: Vec::new(),
             saves,
+            game_tick: game.tick,
+            ids: game.ids,
         };
         (sender, actor)
     }
@@ -125,6 +179,10 @@ impl WorldActor {
         let mut round = Vec::with_capacity(ROUND);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Without a game the timer never fires (a day is as good as never here).
+        let game_period = self.game_tick.unwrap_or(std::time::Duration::from_secs(86_400));
+        let mut game_tick = tokio::time::interval(game_period);
+        game_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let first = self.view.borrow_and_update().clone();
         self.core.handle(Instant::now(), Event::View(first));
         loop {
@@ -150,6 +208,12 @@ impl WorldActor {
                 _ = tick.tick() => {
                     self.peers_changed();
                     self.core.handle(Instant::now(), Event::Tick);
+                }
+                _ = game_tick.tick(), if self.game_tick.is_some() => {
+                    self.core.handle(Instant::now(), Event::GameTick);
+                }
+                Some(ids) = self.ids.blocks.recv() => {
+                    self.core.handle(Instant::now(), Event::Ids(ids));
                 }
             }
             self.flush();
@@ -236,6 +300,7 @@ impl WorldActor {
                     }
                     Transmit::Peer { to, messages } => peers.push((to, messages)),
                     Transmit::Save(saves) => self.saves.push(saves),
+                    Transmit::WantIds => self.ids.want.notify_one(),
                 }
             }
             self.send_to_peers(peers);

@@ -102,7 +102,7 @@ pub struct ShardCore {
     /// store (at most [`CLOSE_AFTER_SAVE_WITHIN`] later).
     pub(crate) closing_after_save: Vec<(PlayerId, LinkId, u64, Instant)>,
     last_save_round: Instant,
-    saved: FxHashMap<PlayerId, (meridian_world::Position, u64)>,
+    saved: FxHashMap<PlayerId, (meridian_world::Position, u64, u64)>,
     /// Operators' orders seen (carried out if the player was here), of those still in etcd.
     pub(crate) orders_seen: FxHashSet<u64>,
     pub(crate) saves: Vec<SaveRecord>,
@@ -136,12 +136,33 @@ pub struct ShardCore {
     /// When an input for a handed-off player was last forwarded to its new owner.
     last_forward: Option<Instant>,
     pub(crate) resume_window: Duration,
+    /// The game and its NPC ids, mail and changed states (see `game.rs`).
+    pub(crate) game: crate::game::GameSlot,
+    /// The core wants a block of entity ids ([`Transmit::WantIds`] at the next flush).
+    pub(crate) want_ids_out: bool,
 }
 
 impl ShardCore {
-    /// A core at `now` that knows no partition yet (the first [`Event::View`] brings it).
+    /// A core at `now` that knows no partition yet (the first [`Event::View`] brings it),
+    /// running a world with no game rules.
     pub fn new(config: &CoreConfig, metrics: Arc<ShardMetrics>, now: Instant) -> ShardCore {
+        ShardCore::with_game(config, metrics, now, Box::new(meridian_game::NoGame))
+    }
+
+    /// As [`ShardCore::new`], running `game` (one instance per shard).
+    pub fn with_game(
+        config: &CoreConfig,
+        metrics: Arc<ShardMetrics>,
+        now: Instant,
+        game: Box<dyn meridian_game::Game>,
+    ) -> ShardCore {
         ShardCore {
+            game: crate::game::GameSlot::new(
+                game,
+                config.max_npcs,
+                config.seed ^ u64::from(config.id.0),
+            ),
+            want_ids_out: false,
             id: config.id,
             world: World::new(config.world.clone()),
             geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
@@ -309,12 +330,15 @@ impl ShardCore {
                 });
             }
             Event::SaveAll => {
-                let players: Vec<PlayerId> = self.seats.keys().copied().collect();
+                let players: Vec<PlayerId> =
+                    self.seats.iter().filter(|(_, s)| !s.npc).map(|(p, _)| *p).collect();
                 for player in players {
                     self.save(player);
                 }
             }
             Event::Tick => self.housekeeping(),
+            Event::GameTick => self.game_tick(),
+            Event::Ids(ids) => self.ids_arrived(ids),
         }
     }
 
@@ -401,6 +425,7 @@ impl ShardCore {
             &mut self.envelopes,
         );
         self.route_envelopes();
+        self.restore_orphaned_npcs();
         let players: Vec<PlayerId> = self.seats.keys().copied().collect();
         for player in &players {
             self.mirror(*player);
@@ -433,6 +458,12 @@ impl ShardCore {
             Some(Peer::Handoff(handoff)) => {
                 self.handoff_in(from, player, message.generation, handoff)
             }
+            Some(Peer::Action(request)) => self.action_request(from, player, request),
+            Some(Peer::Answer(answer)) => self.action_answer(player, answer),
+            Some(Peer::EntityMessage(entity_message)) => {
+                self.entity_message(player, entity_message)
+            }
+            Some(Peer::Event(event)) if event.to != 0 => self.event_for_player(player, event),
             Some(Peer::Forwarded(input)) => self.on_input(None, input),
             Some(Peer::Needed(needed)) => {
                 let holder = if needed.holder == 0 { from } else { ShardId(needed.holder) };
@@ -606,10 +637,20 @@ impl ShardCore {
     /// Answers an input that will not be applied: a Move with `UNAVAILABLE` and its
     /// client_time, a Ping with its Pong, a Chat (which its speaker would have seen) with
     /// an `UNAVAILABLE` error. A `Leave` is never refused; a kindless input wants nothing.
-    fn answer_refused(&mut self, link: LinkId, session: u64, input: PlayerInput, detail: &str) {
+    pub(crate) fn answer_refused(
+        &mut self,
+        link: LinkId,
+        session: u64,
+        input: PlayerInput,
+        detail: &str,
+    ) {
         match input.kind {
             Some(Input::Move(m)) => {
                 let error = server::error(ErrorCode::Unavailable, detail, m.client_time);
+                self.outbox.push_move_answer(link, session, &error);
+            }
+            Some(Input::Action(action)) => {
+                let error = server::error(ErrorCode::Unavailable, detail, action.client_time);
                 self.outbox.push_move_answer(link, session, &error);
             }
             Some(Input::Ping(ping)) => {
@@ -676,6 +717,7 @@ impl ShardCore {
         self.history.expire(now);
         self.metrics.ghosts.set(self.ghosts.len() as i64);
         self.expire_awaiting_gateway(now);
+        self.expire_actions(now);
         let expired: Vec<PlayerId> = self
             .early
             .iter()
@@ -794,9 +836,13 @@ impl ShardCore {
                 // longer).
                 match &envelope.note {
                     Notification::Moved { subject, .. } if *subject == envelope.to => {}
-                    Notification::Chat { speaker, .. } => {
-                        let seen = *speaker == envelope.to
-                            || divergent.told.get(speaker).is_some_and(|told| told.seen);
+                    Notification::Chat { speaker: subject, .. }
+                    | Notification::StateChanged { subject, .. }
+                    | Notification::Event { source: subject, .. } => {
+                        // One-off news about a subject the client has been told it sees
+                        // (an Entered still to come carries the current state anyway).
+                        let seen = *subject == envelope.to
+                            || divergent.told.get(subject).is_some_and(|told| told.seen);
                         if !seen {
                             continue;
                         }
@@ -809,8 +855,8 @@ impl ShardCore {
             }
             let (link, session, generation) = (seat.link, seat.session, seat.generation);
             let message = match envelope.note {
-                Notification::Entered { subject, position, name } => {
-                    server::entered(subject.0, position.x, position.y, &*name)
+                Notification::Entered { subject, position, name, kind, state } => {
+                    server::entered_as(subject.0, position.x, position.y, &*name, kind, &state)
                 }
                 Notification::Moved { subject, position, client_time } => {
                     let message = server::moved(subject.0, position.x, position.y, client_time);
@@ -825,6 +871,12 @@ impl ShardCore {
                 }
                 Notification::Left { subject } => server::left(subject.0),
                 Notification::Chat { speaker, text } => server::chat(speaker.0, &*text),
+                note @ (Notification::StateChanged { .. } | Notification::Event { .. }) => {
+                    match crate::game::game_notification(&note) {
+                        Some(message) => message,
+                        None => continue,
+                    }
+                }
             };
             self.outbox.push(link, session, &message);
         }
@@ -879,6 +931,7 @@ impl ShardCore {
         if !self.saves.is_empty() {
             out.push(Transmit::Save(std::mem::take(&mut self.saves)));
         }
+        self.flush_game(out);
     }
 
     /// Queues a save of a local player where it stands now (with a player store).
@@ -889,9 +942,13 @@ impl ShardCore {
         let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) else {
             return;
         };
+        if seat.npc {
+            return;
+        }
         let generation = seat.generation;
-        self.saved.insert(player, (at, generation));
-        self.saves.push(SaveRecord { player: player.0, generation, at: (at.x, at.y) });
+        self.saved.insert(player, (at, generation, state_hash(&seat.private)));
+        let state = seat.private.clone();
+        self.saves.push(SaveRecord { player: player.0, generation, at: (at.x, at.y), state });
     }
 
     /// Every `save_interval`: saves the local players whose cell changed since their last
@@ -906,8 +963,11 @@ impl ShardCore {
             .seats
             .iter()
             .filter(|(player, seat)| {
-                let now = self.world.position(**player).map(|at| (at, seat.generation));
-                now.is_some() && self.saved.get(*player).copied() != now
+                let now = self
+                    .world
+                    .position(**player)
+                    .map(|at| (at, seat.generation, state_hash(&seat.private)));
+                !seat.npc && now.is_some() && self.saved.get(*player).copied() != now
             })
             .map(|(player, _)| *player)
             .collect();
@@ -989,6 +1049,7 @@ impl ShardCore {
         let mut players: Vec<String> = self
             .seats
             .iter()
+            .filter(|(_, seat)| !seat.npc)
             .filter_map(|(id, seat)| {
                 let at = self.world.position(*id)?;
                 Some(format!(
@@ -998,18 +1059,26 @@ impl ShardCore {
             })
             .collect();
         for (id, handed) in &self.handed_off {
-            if handed.acked.is_none_or(|acked| now - acked < LISTED_AFTER_ACK) {
+            if !handed.npc && handed.acked.is_none_or(|acked| now - acked < LISTED_AFTER_ACK) {
                 players.push(format!(
                     "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
                     id.0, handed.generation, handed.at.x, handed.at.y
                 ));
             }
         }
+        let npcs: Vec<String> = self
+            .world
+            .npcs()
+            .map(|(id, at, kind)| {
+                format!("{{\"id\":{},\"kind\":{kind},\"x\":{},\"y\":{}}}", id.0, at.x, at.y)
+            })
+            .collect();
         format!(
-            "{{\"shard\":{},\"epoch\":{},\"players\":[{}]}}",
+            "{{\"shard\":{},\"epoch\":{},\"players\":[{}],\"npcs\":[{}]}}",
             self.id.0,
             self.geometry.epoch,
-            players.join(",")
+            players.join(","),
+            npcs.join(",")
         )
     }
 }
@@ -1030,3 +1099,11 @@ pub struct CoreSizes {
 #[cfg(test)]
 #[path = "core_tests.rs"]
 mod tests;
+
+/// A cheap fingerprint of a private state, to save players whose state changed.
+fn state_hash(state: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = rustc_hash::FxHasher::default();
+    state.hash(&mut hasher);
+    hasher.finish()
+}

@@ -47,6 +47,7 @@ impl Harness {
             // Tests jump the clock by seconds at a time (the real shell ticks every 100 ms);
             // the one about pauses sets its own.
             lease_ttl: Duration::from_secs(3600),
+            max_npcs: crate::types::DEFAULT_MAX_NPCS,
         };
         let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
         let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
@@ -79,6 +80,7 @@ impl Harness {
             generation: 0,
             gateway_id: 0,
             epoch: 0,
+            state: Vec::new(),
         };
         self.direct(player, seq, Input::Join(join));
     }
@@ -94,6 +96,7 @@ impl Harness {
             view: Vec::new(),
             subject_seq: 0,
             ghosted_at: Vec::new(),
+            ..Default::default()
         };
         self.actor.handoff_in(OLD_OWNER, PlayerId(player), 1, handoff);
     }
@@ -311,13 +314,14 @@ fn players_are_saved_when_they_moved_and_when_they_leave() {
         generation: 5,
         gateway_id: 0,
         epoch: 0,
+        state: Vec::new(),
     };
     h.direct(1, 1, Input::Join(join));
     h.direct(1, 2, a_move(1));
     assert_eq!(saves(&mut h), vec![], "not before the save round");
     h.wait(interval + Duration::from_millis(100));
-    let moved = SaveRecord { player: 1, generation: 5, at: (11, 10) };
-    assert_eq!(saves(&mut h), vec![moved]);
+    let moved = SaveRecord { player: 1, generation: 5, at: (11, 10), state: Vec::new() };
+    assert_eq!(saves(&mut h), vec![moved.clone()]);
     h.wait(interval + Duration::from_millis(100));
     assert_eq!(saves(&mut h), vec![], "standing still: nothing to save");
     h.direct(1, 3, Input::Leave(Leave { logout: true }));

@@ -69,6 +69,16 @@ impl Ghosts {
         self.tracks.get(&id).map(|t| t.generation)
     }
 
+    /// The shard the current copy's messages come from (its owner, as far as known here).
+    pub fn source(&self, id: PlayerId) -> Option<ShardId> {
+        self.tracks.get(&id).filter(|t| t.present).map(|t| t.source)
+    }
+
+    /// Whether the copy's owner is known to be dead (and nobody has taken it over yet).
+    pub fn is_orphaned(&self, id: PlayerId) -> bool {
+        self.tracks.get(&id).is_some_and(|t| t.present && t.orphaned.is_some())
+    }
+
     /// The player is now owned here: its ghost track ends.
     pub fn forget(&mut self, id: PlayerId) {
         self.tracks.remove(&id);
@@ -296,10 +306,20 @@ fn apply_now(
     let result = match message.kind {
         Some(Kind::Upsert(upsert)) => {
             track.present = true;
-            let name: Arc<str> = upsert.name.into();
+            let look = meridian_world::Look {
+                name: upsert.name.into(),
+                kind: upsert.kind,
+                state: Arc::from(upsert.state),
+            };
             let at = position(upsert.position);
             history.record(id, version, at);
-            world.upsert_ghost(id, name, at, out)
+            world.upsert_ghost_as(id, look, at, out)
+        }
+        Some(Kind::State(change)) if track.present => world
+            .set_state(id, Arc::from(change.state))
+            .and_then(|()| world.announce_state(id, out)),
+        Some(Kind::Event(event)) if track.present && event.to == 0 => {
+            world.event(id, event.kind, Arc::from(event.payload), out)
         }
         Some(Kind::Moved(at)) if track.present => {
             let name = world.name(id).cloned().unwrap_or_else(|| Arc::from(""));
@@ -370,7 +390,8 @@ mod tests {
 
     fn upsert(generation: u64, x: u32) -> PeerMessage {
         let position = Some(WirePosition { x, y: 10 });
-        message(generation, Kind::Upsert(GhostUpsert { name: "ghost".into(), position }))
+        let upsert = GhostUpsert { name: "ghost".into(), position, ..Default::default() };
+        message(generation, Kind::Upsert(upsert))
     }
 
     fn moved(generation: u64, x: u32) -> PeerMessage {
@@ -390,6 +411,8 @@ mod tests {
                 Notification::Moved { position, .. } => ("moved", position.x),
                 Notification::Left { .. } => ("left", 0),
                 Notification::Chat { .. } => ("chat", 0),
+                Notification::StateChanged { .. } => ("state", 0),
+                Notification::Event { .. } => ("event", 0),
             })
             .collect()
     }

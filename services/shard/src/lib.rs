@@ -10,6 +10,7 @@
 
 mod actor;
 pub mod core;
+mod game;
 mod geometry;
 mod ghosts;
 mod history;
@@ -76,6 +77,52 @@ pub struct ShardConfig {
     /// moved are saved (`--save-interval`).
     pub store: Option<meridian_store::Address>,
     pub save_interval: Duration,
+    /// The game this shard runs (none: the stock world with no rules).
+    pub game: GameConfig,
+}
+
+/// Which game a shard runs and how: one instance per shard from `factory`, ticked every
+/// `tick`, owning at most `max_npcs` NPCs.
+#[derive(Clone)]
+pub struct GameConfig {
+    pub name: String,
+    pub factory: meridian_game::GameFactory,
+    pub tick: Duration,
+    pub max_npcs: usize,
+}
+
+impl GameConfig {
+    /// The default game tick: 10 Hz.
+    pub const TICK: Duration = Duration::from_millis(100);
+
+    /// A game with the default tick and NPC limit.
+    pub fn new(name: impl Into<String>, factory: meridian_game::GameFactory) -> GameConfig {
+        GameConfig {
+            name: name.into(),
+            factory,
+            tick: GameConfig::TICK,
+            max_npcs: types::DEFAULT_MAX_NPCS,
+        }
+    }
+
+    /// No game: the stock world (no ticks, no NPCs; actions are refused).
+    pub fn none() -> GameConfig {
+        GameConfig::new("none", meridian_game::factory::<meridian_game::NoGame>())
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.name == "none"
+    }
+}
+
+impl std::fmt::Debug for GameConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GameConfig")
+            .field("name", &self.name)
+            .field("tick", &self.tick)
+            .field("max_npcs", &self.max_npcs)
+            .finish()
+    }
 }
 
 impl ShardConfig {
@@ -93,6 +140,7 @@ impl ShardConfig {
                 .unwrap_or(0),
             save_interval: self.store.as_ref().map(|_| self.save_interval),
             lease_ttl: self.lease_ttl,
+            max_npcs: self.game.max_npcs,
         }
     }
 }
@@ -166,12 +214,19 @@ pub async fn run(
         info!(shard = %config.id, store = store.kind(), "players are saved in the player store");
         tokio::spawn(saves.clone().write(store));
     }
+    let game = (config.game.factory)(config.id.0);
+    let game_tick = (!config.game.is_none()).then_some(config.game.tick);
+    if let Some(tick) = game_tick {
+        info!(shard = %config.id, game = %config.game.name, ?tick, "running a game");
+    }
+    let ids = actor::EntityIds::start(client.clone(), &keys);
     let (commands, actor) = actor::WorldActor::new(
         &config.core(),
         watch.changes(),
         peer_senders,
         Arc::clone(&metrics),
         saves.clone(),
+        actor::GameShell { game, tick: game_tick, ids },
     );
     saves.report_to(commands.clone());
     tokio::spawn(actor.run());

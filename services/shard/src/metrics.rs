@@ -44,6 +44,18 @@ pub struct ShardMetrics {
     pub peer_rounds_dropped: Arc<Counter>,
     pub stale_epoch_refused: Arc<Counter>,
     pub epoch: Arc<Gauge>,
+    /// The game (see `game.rs`).
+    pub npcs: Arc<Gauge>,
+    pub npcs_spawned: Arc<Counter>,
+    pub npcs_despawned: Arc<Counter>,
+    pub npcs_restored: Arc<Counter>,
+    pub game_ticks: Arc<Counter>,
+    pub game_tick_seconds: Arc<Histogram>,
+    pub actions: Arc<Counter>,
+    pub actions_forwarded: Arc<Counter>,
+    pub actions_rejected: Arc<Counter>,
+    pub state_changes: Arc<Counter>,
+    pub game_events: Arc<Counter>,
 }
 
 impl ShardMetrics {
@@ -168,6 +180,54 @@ impl ShardMetrics {
                 l,
             ),
             epoch: registry.gauge("meridian_shard_partition_epoch", "Partition epoch in use.", l),
+            npcs: registry.gauge("meridian_shard_npcs", "NPCs owned by this shard.", l),
+            npcs_spawned: registry.counter(
+                "meridian_shard_npcs_spawned_total",
+                "NPCs the game spawned here.",
+                l,
+            ),
+            npcs_despawned: registry.counter(
+                "meridian_shard_npcs_despawned_total",
+                "NPCs the game despawned here.",
+                l,
+            ),
+            npcs_restored: registry.counter(
+                "meridian_shard_npcs_restored_total",
+                "NPCs whose shard died brought back here from a ghost of them.",
+                l,
+            ),
+            game_ticks: registry.counter("meridian_shard_game_ticks_total", "Game ticks run.", l),
+            game_tick_seconds: registry.histogram(
+                "meridian_shard_game_tick_seconds",
+                "How long one game tick took (the game's hook and the state changes it made).",
+                l,
+                &[0.0001, 0.0005, 0.002, 0.01, 0.05, 0.2, 1.0],
+            ),
+            actions: registry.counter(
+                "meridian_shard_actions_total",
+                "Player actions taken in their turn here.",
+                l,
+            ),
+            actions_forwarded: registry.counter(
+                "meridian_shard_actions_forwarded_total",
+                "Player actions sent to the shard that owns their target.",
+                l,
+            ),
+            actions_rejected: registry.counter(
+                "meridian_shard_actions_rejected_total",
+                "Player actions answered REJECTED.",
+                l,
+            ),
+            state_changes: registry.counter(
+                "meridian_shard_state_changes_total",
+                "Public state changes told to observers (at most one per entity per tick).",
+                l,
+            ),
+            game_events: registry.counter(
+                "meridian_shard_game_events_total",
+                "Game events sent (to one player, or to everyone in sight of an entity).",
+                l,
+            ),
         }
     }
 

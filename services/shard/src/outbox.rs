@@ -101,6 +101,13 @@ impl Outbox {
         out.frames[index].tracked_at = out.frames[index].bytes.len();
     }
 
+    /// Records the player's private game state for the gateway (kept to restore it).
+    pub fn private_state(&mut self, link: LinkId, session: u64, state: &[u8]) {
+        let (out, index) = self.slot(link, session);
+        out.deliveries[index].has_state = true;
+        out.deliveries[index].state = state.to_vec();
+    }
+
     /// Answers a resume request for a player this shard does not hold.
     pub fn refuse_resume(&mut self, link: LinkId, session: u64) {
         let (out, index) = self.slot(link, session);

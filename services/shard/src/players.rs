@@ -99,6 +99,7 @@ impl ShardCore {
         self.parked.remove(&player);
         let login_ok = self.login_ok(player, at);
         let join_epoch = join.epoch;
+        let join_state = join.state;
         let name: Arc<str> = join.name.into();
         let now = self.since(self.started);
         // LoginOk goes first: the Entered messages the login causes for this player follow.
@@ -106,14 +107,22 @@ impl ShardCore {
             Ok(()) => {
                 self.outbox.push(link, session, &login_ok);
                 self.outbox.track(link, session, at.x, at.y, generation);
-                let seat = Seat::new(link, session, gateway, generation, input.seq + 1);
+                let mut seat = Seat::new(link, session, gateway, generation, input.seq + 1);
+                seat.private = join_state;
                 self.seats.insert(player, seat);
                 self.ended.remove(&player);
                 self.history.record(player, (generation, 0), at);
                 self.metrics.logins.inc();
-                self.metrics.players.set(self.seats.len() as i64);
+                self.metrics.players.set(self.world.n_local() as i64);
                 self.route_envelopes();
                 self.mirror(player);
+                self.run_game(|game, ctx| {
+                    game.player_joined(ctx, meridian_game::EntityId(player.0))
+                });
+                if self.seats.get(&player).is_some_and(|seat| !seat.private.is_empty()) {
+                    let private = self.seats[&player].private.clone();
+                    self.outbox.private_state(link, session, &private);
+                }
                 if !self.geometry.owns(at) && join_epoch <= self.geometry.epoch {
                     // A spawn placed by a gateway with an older partition map. (One with a
                     // newer map than this shard's waits here for it: see `Join.epoch`.)
@@ -147,7 +156,7 @@ impl ShardCore {
 
     /// Out of the world: the connection is told why and closed; saved where it stood.
     fn kick(&mut self, player: PlayerId, reason: &str) {
-        if let Some(seat) = self.seats.get(&player) {
+        if let Some(seat) = self.seats.get(&player).filter(|seat| !seat.npc) {
             let (link, session) = (seat.link, seat.session);
             info!(%player, reason, "player removed by an operator");
             self.remove(player, false);
@@ -170,7 +179,7 @@ impl ShardCore {
             return warn!(%player, x = at.x, y = at.y, "move order outside the map ignored");
         }
         let spawn = Some(client_pb::Position { x: at.x, y: at.y });
-        if let Some(seat) = self.seats.get(&player) {
+        if let Some(seat) = self.seats.get(&player).filter(|seat| !seat.npc) {
             let (link, session, next) = (seat.link, seat.session, seat.inputs.next());
             info!(%player, x = at.x, y = at.y, "player moved by an operator");
             self.remove(player, true);
@@ -182,14 +191,20 @@ impl ShardCore {
                 generation: parked.generation,
                 gateway_id: 0,
                 epoch: 0,
+                state: parked.private,
             };
             self.restore_as(link, next.saturating_sub(1), session, player, join, Answer::ViewReset);
+            let _ = self.world.set_state(player, parked.state);
             self.save(player);
         } else if let Some(parked) = self.parked.get_mut(&player) {
             info!(%player, x = at.x, y = at.y, "parked player moved by an operator");
             parked.at = at;
-            let save =
-                SaveRecord { player: player.0, generation: parked.generation, at: (at.x, at.y) };
+            let save = SaveRecord {
+                player: player.0,
+                generation: parked.generation,
+                at: (at.x, at.y),
+                state: parked.private.clone(),
+            };
             if self.save_interval.is_some() {
                 self.saves.push(save);
             }
@@ -227,8 +242,11 @@ impl ShardCore {
         let Some(seat) = self.seats.get(&player) else {
             return;
         };
+        if seat.awaiting.is_some() || !seat.blocked.is_empty() {
+            // Behind an action whose answer comes from another shard: in order after it.
+            return self.block(player, input);
+        }
         let (link, session) = (seat.link, seat.session);
-        let now = self.since(self.started);
         match input.kind {
             None | Some(Input::Join(_)) => {}
             Some(Input::Move(m)) => {
@@ -240,29 +258,8 @@ impl ShardCore {
                         return self.outbox.push_move_answer(link, session, &error);
                     }
                 };
-                let before = self.world.position(player);
-                match self.world.move_player(
-                    player,
-                    direction,
-                    m.client_time,
-                    now,
-                    &mut self.envelopes,
-                ) {
-                    Ok(after) => {
-                        self.metrics.moves.inc();
-                        self.route_envelopes();
-                        if before != Some(after) {
-                            if let Some(seat) = self.seats.get_mut(&player) {
-                                seat.subject_seq += 1;
-                                let version = (seat.generation, seat.subject_seq);
-                                self.history.record(player, version, after);
-                            }
-                            self.mirror(player);
-                            if !self.geometry.owns(after) {
-                                self.hand_off(player);
-                            }
-                        }
-                    }
+                match self.step_entity(player, direction, m.client_time) {
+                    Ok(_) => {}
                     Err(WorldError::RateLimited) => {
                         self.metrics.moves_rate_limited.inc();
                         let detail = "more moves per second than the limit";
@@ -297,6 +294,7 @@ impl ShardCore {
                 self.outbox.push(link, session, &server::pong(ping.client_time))
             }
             Some(Input::Refused(refused)) => self.answer_move_refused(link, session, refused),
+            Some(Input::Action(action)) => self.action(player, action),
             Some(Input::Resume(_)) => {}
             Some(Input::Leave(leave)) => {
                 // A dropped connection parks the player for the resume window; a logout ends it.
@@ -314,11 +312,44 @@ impl ShardCore {
         }
     }
 
+    /// Moves a local entity (player or NPC) one step: its ack to itself if it is a player,
+    /// the view diff to those that see it, its ghosts updated, and a handoff if it left the
+    /// region. Returns where it stands.
+    pub(crate) fn step_entity(
+        &mut self,
+        entity: PlayerId,
+        direction: meridian_world::Direction,
+        client_time: u64,
+    ) -> Result<Position, WorldError> {
+        let now = self.since(self.started);
+        let before = self.world.position(entity);
+        let after =
+            self.world.move_player(entity, direction, client_time, now, &mut self.envelopes)?;
+        self.metrics.moves.inc();
+        self.route_envelopes();
+        if before != Some(after) {
+            if let Some(seat) = self.seats.get_mut(&entity) {
+                seat.subject_seq += 1;
+                let version = (seat.generation, seat.subject_seq);
+                self.history.record(entity, version, after);
+            }
+            self.mirror(entity);
+            if !self.geometry.owns(after) {
+                self.hand_off(entity);
+            }
+        }
+        Ok(after)
+    }
+
     /// The player leaves the world: observers here and on neighbours get Left. With `park`,
     /// its name, cell and generation are kept for the resume window.
     pub(crate) fn remove(&mut self, player: PlayerId, park: bool) {
         // Leaving (logged out, or its connection dropped): saved where it stands.
         self.save(player);
+        if self.seats.get(&player).is_some_and(|seat| !seat.npc) {
+            // The game sees the player leave while it is still in the world.
+            self.run_game(|game, ctx| game.player_left(ctx, meridian_game::EntityId(player.0)));
+        }
         let Some(seat) = self.seats.remove(&player) else {
             return;
         };
@@ -331,6 +362,8 @@ impl ShardCore {
                     move_budget: self.world.move_budget(player),
                     generation: seat.generation,
                     since: self.now,
+                    private: seat.private.clone(),
+                    state: self.world.state(player).cloned().unwrap_or_else(|| Arc::from(&[][..])),
                 };
                 self.parked.insert(player, parked);
             }
@@ -352,7 +385,7 @@ impl ShardCore {
             );
         }
         self.metrics.leaves.inc();
-        self.metrics.players.set(self.seats.len() as i64);
+        self.metrics.players.set(self.world.n_local() as i64);
     }
 
     /// Brings the neighbours' ghosts of a local player up to date with its position:
@@ -365,7 +398,7 @@ impl ShardCore {
         let Some(at) = self.world.position(player) else {
             return;
         };
-        let Some(name) = self.world.name(player).cloned() else {
+        let Some(look) = self.world.look(player) else {
             return;
         };
         self.geometry.ghost_holders(at, &mut self.holders);
@@ -378,7 +411,7 @@ impl ShardCore {
             let kind = if before.contains(holder) {
                 Peer::Moved(client_pb::Position { x: at.x, y: at.y })
             } else {
-                Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) })
+                Peer::Upsert(upsert_of(&look, at))
             };
             self.peer_out.push(*holder, peer_at(player, version, kind));
         }
@@ -417,15 +450,15 @@ impl ShardCore {
         if holder == self.id {
             return;
         }
-        if let (Some(seat), Some(at), Some(name)) =
-            (self.seats.get_mut(&player), self.world.position(player), self.world.name(player))
+        if let (Some(seat), Some(at), Some(look)) =
+            (self.seats.get_mut(&player), self.world.position(player), self.world.look(player))
         {
             if !seat.ghosted_at.contains(&holder) {
                 seat.ghosted_at.push(holder);
                 seat.ghosted_at.sort_unstable();
             }
             let version = (seat.generation, seat.subject_seq);
-            let upsert = Peer::Upsert(GhostUpsert { name: name.to_string(), position: wire(at) });
+            let upsert = Peer::Upsert(upsert_of(&look, at));
             self.peer_out.push(holder, peer_at(player, version, upsert));
             return;
         }
@@ -451,13 +484,21 @@ impl ShardCore {
         if to == self.id || !self.peer_ready(to) {
             return;
         }
+        if self.seats.get(&player).is_some_and(|s| s.awaiting.is_some() || !s.blocked.is_empty()) {
+            // An action's answer is on its way here: the player goes once it is in (the
+            // next move, tick or partition).
+            return;
+        }
         let Some(seat) = self.seats.remove(&player) else {
             return;
         };
-        let name = self.world.name(player).map(|n| n.to_string()).unwrap_or_default();
+        let look = self.world.look(player);
+        let name = look.as_ref().map(|l| l.name.to_string()).unwrap_or_default();
         // What the player has been told: the world's view, or, if its view is still being
-        // reconciled after an earlier handoff, exactly what it was told so far.
+        // reconciled after an earlier handoff, exactly what it was told so far. An NPC has
+        // no view.
         let mut view: Vec<ViewEntry> = match self.divergent.remove(&player) {
+            _ if seat.npc => Vec::new(),
             Some(divergent) => divergent
                 .told
                 .iter()
@@ -500,7 +541,7 @@ impl ShardCore {
         // owner may not have removed them yet.
         let range = self.world.config().view_range + 2;
         for (id, left, (generation, subject_seq)) in self.history.departed_near(at, range) {
-            if id != player && !view.iter().any(|entry| entry.player_id == id.0) {
+            if !seat.npc && id != player && !view.iter().any(|entry| entry.player_id == id.0) {
                 view.push(ViewEntry {
                     player_id: id.0,
                     position: wire(left),
@@ -535,12 +576,17 @@ impl ShardCore {
             view,
             subject_seq: seat.subject_seq,
             ghosted_at: seat.ghosted_at.iter().map(|s| s.0).collect(),
+            kind: look.as_ref().map_or(0, |l| l.kind),
+            state: look.as_ref().map(|l| l.state.to_vec()).unwrap_or_default(),
+            private_state: seat.private,
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for input in held {
             self.peer_out.push(to, peer(player, next_generation, Peer::Forwarded(input)));
         }
-        self.outbox.release(seat.link, seat.session, to.0);
+        if !seat.npc {
+            self.outbox.release(seat.link, seat.session, to.0);
+        }
         let now = self.now;
         self.handed_off.insert(
             player,
@@ -551,10 +597,11 @@ impl ShardCore {
                 acked: None,
                 since: now,
                 forwarded: Vec::new(),
+                npc: seat.npc,
             },
         );
         self.metrics.handoffs_out.inc();
-        self.metrics.players.set(self.seats.len() as i64);
+        self.metrics.players.set(self.world.n_local() as i64);
     }
 
     /// Takes over a player from `from`.
@@ -563,7 +610,7 @@ impl ShardCore {
         from: ShardId,
         player: PlayerId,
         generation: u64,
-        handoff: Handoff,
+        mut handoff: Handoff,
     ) {
         if self.world.is_local(player) == Some(true) {
             // Two copies met (a resume answered by a stale parked copy elsewhere, say):
@@ -593,6 +640,9 @@ impl ShardCore {
             self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
             return;
         }
+        if handoff.kind != 0 {
+            return self.npc_handoff_in(from, player, generation, handoff);
+        }
         let Some(&link) = self.gateway_links.get(&handoff.gateway_id) else {
             // The player's gateway has not opened its stream here yet (this shard just
             // joined): take the player over when it does.
@@ -604,13 +654,17 @@ impl ShardCore {
             return;
         };
         let at = handoff.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
-        let name: Arc<str> = handoff.name.into();
+        let look = meridian_world::Look {
+            name: handoff.name.into(),
+            kind: 0,
+            state: Arc::from(std::mem::take(&mut handoff.state)),
+        };
         debug!(%player, %from, generation, ?at, epoch = self.geometry.epoch, "handoff in");
         self.ghosts.forget(player);
         // Observers here see the ghost arrive at (or move to) the handoff position...
         let ready = self
             .world
-            .upsert_ghost(player, Arc::clone(&name), at, &mut self.envelopes)
+            .upsert_ghost_as(player, look, at, &mut self.envelopes)
             .and_then(|()| self.world.promote_to_local(player));
         if let Err(error) = ready {
             warn!(%player, %error, "cannot take over a player");
@@ -618,7 +672,9 @@ impl ShardCore {
         }
         let seat =
             Seat::new(link, handoff.session, handoff.gateway_id, generation, handoff.next_seq);
-        self.seats.insert(player, Seat { subject_seq: handoff.subject_seq, ..seat });
+        let private = std::mem::take(&mut handoff.private_state);
+        self.seats.insert(player, Seat { subject_seq: handoff.subject_seq, private, ..seat });
+        self.game.mail.push_back(crate::game::GameMail::Arrived(player));
         self.ended.remove(&player);
         self.history.record(player, (generation, handoff.subject_seq), at);
         let returned = self.handed_off.remove(&player);
@@ -646,7 +702,7 @@ impl ShardCore {
         self.release_old_ghosts(player, &old_holders);
         self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
         self.metrics.handoffs_in.inc();
-        self.metrics.players.set(self.seats.len() as i64);
+        self.metrics.players.set(self.world.n_local() as i64);
         // Inputs this shard forwarded while the player was away that the shard handing it
         // back had not applied: they may never come back (that shard dies with them).
         // What does come back later is a duplicate, dropped by the sequence.
@@ -667,8 +723,37 @@ impl ShardCore {
             waiting.sort_by_key(|(_, input)| input.seq);
         }
         self.take_early_inputs(player, handoff.session);
+        self.run_game_mail();
         if !self.geometry.owns(at) {
             self.hand_off(player);
+        }
+    }
+
+    /// Takes over an NPC from `from` (a handoff, or a restore from a ghost of it there).
+    fn npc_handoff_in(&mut self, from: ShardId, npc: PlayerId, generation: u64, handoff: Handoff) {
+        let at = handoff.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
+        let look = meridian_world::Look {
+            name: handoff.name.into(),
+            kind: handoff.kind,
+            state: Arc::from(handoff.state),
+        };
+        debug!(%npc, %from, generation, ?at, "NPC handoff in");
+        let returned = self.handed_off.remove(&npc);
+        let _ = returned;
+        let private = handoff.private_state;
+        if let Err(error) = self.npc_in(npc, look, at, generation, handoff.subject_seq, private) {
+            warn!(%npc, %error, "cannot take over an NPC");
+            return;
+        }
+        let mut old_holders: Vec<ShardId> =
+            handoff.ghosted_at.iter().map(|&s| ShardId(s)).filter(|s| *s != self.id).collect();
+        old_holders.push(from);
+        self.release_old_ghosts(npc, &old_holders);
+        self.peer_out.push(from, peer(npc, generation, Peer::HandoffAck(HandoffAck {})));
+        self.metrics.handoffs_in.inc();
+        self.run_game_mail();
+        if !self.geometry.owns(at) {
+            self.hand_off(npc);
         }
     }
 
@@ -712,6 +797,7 @@ impl ShardCore {
                     generation: parked.generation,
                     gateway_id: 0,
                     epoch: 0,
+                    state: parked.private,
                 };
                 let answer = if request.login {
                     self.metrics.logins_replaced.inc();
@@ -721,6 +807,7 @@ impl ShardCore {
                     Answer::ViewReset
                 };
                 self.restore_as(link, input.seq, input.session, player, join, answer);
+                let _ = self.world.set_state(player, parked.state);
                 // The budget it left with comes back with it: a reconnect buys no burst.
                 if let Some(budget) = parked.move_budget {
                     let _ = self.world.set_move_budget(player, budget);
@@ -768,7 +855,7 @@ impl ShardCore {
         seq: u64,
         session: u64,
         player: PlayerId,
-        join: Join,
+        mut join: Join,
         answer: Answer,
     ) {
         if join.epoch > self.geometry.epoch {
@@ -834,6 +921,7 @@ impl ShardCore {
             self.take_early_inputs(player, session);
             return;
         }
+        let mut join_state = std::mem::take(&mut join.state);
         let name: Arc<str> = join.name.into();
         let generation = join.generation + 1;
         let now = self.since(self.started);
@@ -853,7 +941,9 @@ impl ShardCore {
             let message = server::error(ErrorCode::Unavailable, error.to_string(), 0);
             return self.outbox.push(link, session, &message);
         }
-        self.seats.insert(player, Seat::new(link, session, gateway, generation, seq + 1));
+        let mut seat = Seat::new(link, session, gateway, generation, seq + 1);
+        seat.private = std::mem::take(&mut join_state);
+        self.seats.insert(player, seat);
         self.ended.remove(&player);
         self.divergent.remove(&player);
         self.history.record(player, (generation, 0), at);
@@ -867,7 +957,13 @@ impl ShardCore {
         self.outbox.track(link, session, at.x, at.y, generation);
         self.mirror(player);
         self.metrics.restores.inc();
-        self.metrics.players.set(self.seats.len() as i64);
+        self.metrics.players.set(self.world.n_local() as i64);
+        if let Some(private) = self.seats.get(&player).map(|s| s.private.clone()) {
+            if !private.is_empty() {
+                self.outbox.private_state(link, session, &private);
+            }
+        }
+        self.run_game(|game, ctx| game.player_joined(ctx, meridian_game::EntityId(player.0)));
         // Inputs that waited here for the player: this session's are applied in turn,
         // an earlier session's (forwarded late by a shard it left) are dropped.
         self.take_early_inputs(player, session);
@@ -889,8 +985,8 @@ impl ShardCore {
                 Some(seen) if *seen == wire(at) => {}
                 Some(_) => self.outbox.push(link, session, &server::moved(id.0, at.x, at.y, 0)),
                 None => {
-                    let name = self.world.name(*id).map(|n| n.to_string()).unwrap_or_default();
-                    self.outbox.push(link, session, &server::entered(id.0, at.x, at.y, name));
+                    let entered = self.entered_message(*id, at);
+                    self.outbox.push(link, session, &entered);
                 }
             }
         }
@@ -899,6 +995,16 @@ impl ShardCore {
                 self.outbox.push(link, session, &server::left(*id));
             }
         }
+    }
+}
+
+/// A ghost's full state: name, cell, game kind and public state.
+fn upsert_of(look: &meridian_world::Look, at: Position) -> GhostUpsert {
+    GhostUpsert {
+        name: look.name.to_string(),
+        position: wire(at),
+        kind: look.kind,
+        state: look.state.to_vec(),
     }
 }
 

@@ -106,7 +106,7 @@ impl Saves {
                     player_id: s.player,
                     generation: s.generation,
                     at: s.at,
-                    state: Vec::new(),
+                    state: s.state.clone(),
                 })
                 .collect();
             let started = Instant::now();
@@ -165,7 +165,8 @@ mod tests {
     #[test]
     fn the_newest_save_of_a_player_is_kept() {
         let mut waiting = FxHashMap::default();
-        let save = |generation, x| SaveRecord { player: 7, generation, at: (x, 0) };
+        let save =
+            |generation, x| SaveRecord { player: 7, generation, at: (x, 0), state: Vec::new() };
         keep_newest(&mut waiting, save(2, 1));
         keep_newest(&mut waiting, save(2, 2));
         keep_newest(&mut waiting, save(1, 3));

@@ -40,15 +40,22 @@ pub struct CoreConfig {
     /// process, a frozen VM) may have been taken for dead, and acts on nothing until etcd
     /// says whether its lease is alive ([`Event::LeaseConfirmed`], [`Event::LeaseExpired`]).
     pub lease_ttl: Duration,
+    /// NPCs this shard owns at most (spawns past it are refused, `GameError::TooMany`).
+    pub max_npcs: usize,
 }
+
+/// NPCs a shard owns at most, by default.
+pub const DEFAULT_MAX_NPCS: usize = 20_000;
 
 /// A local player's state for the player store, at its ownership generation (the store
 /// keeps a save only over one of an older or the same generation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaveRecord {
     pub player: u64,
     pub generation: u64,
     pub at: (u32, u32),
+    /// The game's private state of the player.
+    pub state: Vec<u8>,
 }
 
 /// Something that happened to the shard, handed to the core (`ShardCore::handle`) with
@@ -80,6 +87,11 @@ pub enum Event {
     SaveAll,
     /// The periodic timer (every `core::TICK`).
     Tick,
+    /// The game's fixed-rate tick (`--game-tick`; only with a game).
+    GameTick,
+    /// A block of cluster-unique entity ids for the NPCs this shard spawns (asked for with
+    /// [`Transmit::WantIds`]).
+    Ids(std::ops::Range<u64>),
 }
 
 /// Output of the core for the shell to send.
@@ -92,6 +104,9 @@ pub enum Transmit {
     Peer { to: ShardId, messages: Vec<PeerMessage> },
     /// Players to save in the player store (only with `CoreConfig::save_interval`).
     Save(Vec<SaveRecord>),
+    /// The core is running low on entity ids for NPCs: claim a block and hand it in with
+    /// [`Event::Ids`]. Not repeated until that block arrives.
+    WantIds,
 }
 
 pub(crate) struct Link {
@@ -110,7 +125,25 @@ pub(crate) struct Seat {
     pub ghosted_at: Vec<ShardId>,
     /// Counts this player's position changes (see `PeerMessage.subject_seq`).
     pub subject_seq: u64,
+    /// An NPC: moved by the game, no connection ([`NO_LINK`]), no inputs.
+    pub npc: bool,
+    /// The game's private state of the entity.
+    pub private: Vec<u8>,
+    /// An action on an entity another shard owns, sent there and not yet answered: the
+    /// player's later inputs wait in `blocked` so its answers stay in order.
+    pub awaiting: Option<Awaiting>,
+    pub blocked: std::collections::VecDeque<PlayerInput>,
 }
+
+/// An action sent to its target's owner: when, and its client_time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Awaiting {
+    pub since: Instant,
+    pub client_time: u64,
+}
+
+/// The link of an NPC's seat: none. Output for it is never produced.
+pub(crate) const NO_LINK: LinkId = LinkId(u32::MAX);
 
 impl Seat {
     /// A seat whose next input is `next_seq`.
@@ -123,7 +156,16 @@ impl Seat {
             inputs: InputSequence::new(next_seq, PENDING_LIMIT),
             ghosted_at: Vec::new(),
             subject_seq: 0,
+            npc: false,
+            private: Vec::new(),
+            awaiting: None,
+            blocked: Default::default(),
         }
+    }
+
+    /// The seat of an NPC owned here at `generation`.
+    pub fn npc(generation: u64, subject_seq: u64, private: Vec<u8>) -> Seat {
+        Seat { npc: true, private, subject_seq, ..Seat::new(NO_LINK, 0, 0, generation, 0) }
     }
 }
 
@@ -135,6 +177,9 @@ pub(crate) struct Parked {
     pub since: Instant,
     /// The move budget it left with; given back when it resumes.
     pub move_budget: Option<meridian_world::MoveBudget>,
+    /// Its private game state and public state.
+    pub private: Vec<u8>,
+    pub state: std::sync::Arc<[u8]>,
 }
 
 /// Inputs for a player whose handoff has not arrived yet: since when, from which link.
@@ -155,6 +200,8 @@ pub(crate) struct HandedOff {
     /// back before the shard they went to applied them (it died with them, say), those
     /// after the returning handoff's `next_seq` are applied here.
     pub forwarded: Vec<PlayerInput>,
+    /// An NPC (not listed among the players in the report).
+    pub npc: bool,
 }
 
 /// Forwarded inputs a [`HandedOff`] keeps at most (the oldest are dropped first).

@@ -346,7 +346,8 @@ impl Sim {
                     self.answered(i, error.client_time);
                 }
             }
-            S::Chat(_) | S::Pong(_) => {}
+            S::ActionDone(done) => self.answered(i, done.client_time),
+            S::Chat(_) | S::Pong(_) | S::StateChanged(_) | S::Event(_) => {}
         }
     }
 

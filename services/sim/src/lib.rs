@@ -609,6 +609,7 @@ impl Sim {
             unix_start: 1_800_000_000,
             save_interval: None,
             lease_ttl: LEASE_TTL,
+            max_npcs: meridian_shard::types::DEFAULT_MAX_NPCS,
         };
         let metrics = Arc::new(ShardMetrics::new(&Default::default(), ShardId(id)));
         let core = ShardCore::new(&config, metrics, self.now());
@@ -715,7 +716,7 @@ impl Sim {
                     self.send(Key::Peer(s, to.0), Payload::Peer { epoch, messages });
                 }
                 // The simulated cluster has no player store.
-                Transmit::Save(_) => {}
+                Transmit::Save(_) | Transmit::WantIds => {}
             }
         }
         self.out = out;

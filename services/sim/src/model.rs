@@ -174,6 +174,11 @@ pub fn describe(m: &PeerMessage) -> String {
         Some(Peer::Forwarded(input)) => format!("{version} Forwarded {}", describe_input(input)),
         Some(Peer::HandoffAck(_)) => format!("{version} HandoffAck"),
         Some(Peer::Needed(n)) => format!("{version} Needed by {}", n.holder),
+        Some(Peer::State(_)) => format!("{version} State"),
+        Some(Peer::Action(a)) => format!("{version} Action from {}", a.actor),
+        Some(Peer::Answer(a)) => format!("{version} Answer t{}", a.client_time),
+        Some(Peer::EntityMessage(m)) => format!("{version} EntityMessage from {}", m.from),
+        Some(Peer::Event(e)) => format!("{version} Event to {}", e.to),
         None => format!("{version} (empty)"),
     }
 }
@@ -193,6 +198,7 @@ pub fn describe_input(input: &PlayerInput) -> String {
         Some(Input::Leave(l)) => format!("Leave logout={}", l.logout),
         Some(Input::Resume(_)) => "Resume".into(),
         Some(Input::Refused(r)) => format!("Refused t{}", r.client_time),
+        Some(Input::Action(a)) => format!("Action {} t{}", a.kind, a.client_time),
         None => "(empty)".into(),
     };
     format!("player {} seq {} {kind}", input.player_id, input.seq)

@@ -136,10 +136,11 @@ pub enum PeerKind {
     Forwarded,
     Needed,
     Chat,
+    Game,
 }
 
 impl PeerKind {
-    pub const ALL: [PeerKind; 9] = [
+    pub const ALL: [PeerKind; 10] = [
         PeerKind::Released,
         PeerKind::Moved,
         PeerKind::Upsert,
@@ -149,6 +150,7 @@ impl PeerKind {
         PeerKind::Forwarded,
         PeerKind::Needed,
         PeerKind::Chat,
+        PeerKind::Game,
     ];
 
     pub fn name(self) -> &'static str {
@@ -162,6 +164,7 @@ impl PeerKind {
             PeerKind::Forwarded => "Forwarded",
             PeerKind::Needed => "Needed",
             PeerKind::Chat => "Chat",
+            PeerKind::Game => "Game",
         }
     }
 
@@ -176,6 +179,11 @@ impl PeerKind {
             Peer::Forwarded(_) => PeerKind::Forwarded,
             Peer::Needed(_) => PeerKind::Needed,
             Peer::Chat(_) => PeerKind::Chat,
+            Peer::State(_)
+            | Peer::Action(_)
+            | Peer::Answer(_)
+            | Peer::EntityMessage(_)
+            | Peer::Event(_) => PeerKind::Game,
         })
     }
 
@@ -196,7 +204,7 @@ pub struct Count {
 pub struct ScaleReport {
     pub config: ScaleConfig,
     /// Indexed like [`PeerKind::ALL`].
-    pub by_kind: [Count; 9],
+    pub by_kind: [Count; PeerKind::ALL.len()],
     /// `Released` messages that went to a shard whose region is within the ghost margin of
     /// the player's cell (one that holds, or may hold, a copy of it).
     pub released_near: u64,
@@ -267,7 +275,7 @@ pub struct Prediction {
     pub ghosts_per_shard: f64,
     pub handoffs_per_shard: f64,
     /// Per player per second, indexed like [`PeerKind::ALL`].
-    pub per_player: [f64; 9],
+    pub per_player: [f64; PeerKind::ALL.len()],
     pub total_per_player: f64,
 }
 
@@ -317,14 +325,14 @@ pub fn predict(config: &ScaleConfig) -> Prediction {
     let ghosts = density * within_margin as f64;
     let handoffs = 2.0 * border as f64 * density * r / 4.0;
     let players = f64::from(config.players);
-    let mut per_player = [0.0; 9];
+    let mut per_player = [0.0; PeerKind::ALL.len()];
     for kind in PeerKind::ALL {
         per_player[kind.index()] = match kind {
             PeerKind::Released => handoffs * (shards - 2.0).max(0.0),
             PeerKind::Moved => ghosts * r,
             PeerKind::Upsert => 2.0 * handoffs,
             PeerKind::Remove | PeerKind::Handoff | PeerKind::HandoffAck => handoffs,
-            PeerKind::Forwarded | PeerKind::Needed | PeerKind::Chat => 0.0,
+            PeerKind::Forwarded | PeerKind::Needed | PeerKind::Chat | PeerKind::Game => 0.0,
         } / players;
     }
     Prediction {
@@ -436,6 +444,7 @@ impl Model {
                     unix_start: 1_800_000_000,
                     save_interval: None,
                     lease_ttl: Duration::from_secs(3),
+                    max_npcs: 0,
                 };
                 let metrics = Arc::new(ShardMetrics::new(&Default::default(), id));
                 let mut core = ShardCore::new(&core_config, metrics, base);
@@ -601,7 +610,7 @@ impl Model {
                     }
                     pending.push((from, to, messages));
                 }
-                Transmit::Save(_) => {}
+                Transmit::Save(_) | Transmit::WantIds => {}
             }
         }
     }

@@ -374,7 +374,7 @@ impl StreamCheck {
                 }
                 self.chats.push(HeardChat { speaker: chat.player_id, text: chat.text.clone() });
             }
-            S::Pong(_) => {}
+            S::Pong(_) | S::StateChanged(_) | S::Event(_) | S::ActionDone(_) => {}
         }
         Ok(())
     }

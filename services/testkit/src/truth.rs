@@ -21,7 +21,8 @@ impl Truth {
     }
 
     pub fn add(&mut self, id: u64, name: &str, position: (u32, u32)) {
-        self.players.insert(id, Seen { name: name.to_string(), position });
+        self.players
+            .insert(id, Seen { name: name.to_string(), position, kind: 0, state: Vec::new() });
     }
 
     pub fn ids(&self) -> BTreeSet<u64> {
@@ -134,8 +135,8 @@ mod tests {
         truth.add(3, "c", (300, 300));
         let mut view = BTreeMap::new();
         assert_eq!(truth.view_diff(1, &view).len(), 1);
-        view.insert(2, Seen { name: "b".into(), position: (111, 100) });
-        view.insert(3, Seen { name: "c".into(), position: (101, 100) });
+        view.insert(2, Seen { name: "b".into(), position: (111, 100), kind: 0, state: Vec::new() });
+        view.insert(3, Seen { name: "c".into(), position: (101, 100), kind: 0, state: Vec::new() });
         let diff = truth.view_diff(1, &view);
         assert_eq!(diff.len(), 2, "{diff:?}");
         assert!(diff[0].contains("really at (110, 100)"), "{diff:?}");

@@ -11,6 +11,10 @@ use meridian_protocol::pb::{server_message::Kind as S, Position, ServerMessage};
 pub struct Seen {
     pub name: String,
     pub position: (u32, u32),
+    /// 0 for a player; the game's kind for an NPC.
+    pub kind: u32,
+    /// The entity's public state, as last told.
+    pub state: Vec<u8>,
 }
 
 /// The player's own id and position, and every other player it has been told it sees.
@@ -23,6 +27,8 @@ pub struct Seen {
 pub struct View {
     own: Option<(u64, (u32, u32))>,
     others: BTreeMap<u64, Seen>,
+    /// The player's own public state, as last told (`StateChanged` for its own id).
+    own_state: Vec<u8>,
 }
 
 fn xy(position: &Option<Position>) -> (u32, u32) {
@@ -32,6 +38,11 @@ fn xy(position: &Option<Position>) -> (u32, u32) {
 impl View {
     pub fn new() -> Self {
         View::default()
+    }
+
+    /// The player's own public state, as last told.
+    pub fn own_state(&self) -> &[u8] {
+        &self.own_state
     }
 
     /// Our own player id, once logged in.
@@ -89,7 +100,12 @@ impl View {
                         seen.position
                     );
                 }
-                let seen = Seen { name: entered.name.clone(), position: xy(&entered.position) };
+                let seen = Seen {
+                    name: entered.name.clone(),
+                    position: xy(&entered.position),
+                    kind: entered.kind,
+                    state: entered.state.clone(),
+                };
                 self.others.insert(entered.player_id, seen);
             }
             S::Moved(moved) => {
@@ -130,7 +146,20 @@ impl View {
                 self.own = Some((own_id, xy(&reset.position)));
                 self.others.clear();
             }
-            S::Chat(_) | S::Pong(_) | S::Error(_) => {}
+            S::StateChanged(changed) => {
+                self.require_login("StateChanged", message)?;
+                match self.others.get_mut(&changed.entity_id) {
+                    Some(seen) => seen.state = changed.state.clone(),
+                    // Our own state is ours to know; anyone else's must be in view.
+                    None if Some(changed.entity_id) == self.own.map(|(id, _)| id) => {
+                        self.own_state = changed.state.clone();
+                    }
+                    None => bail!(
+                        "protocol violation: StateChanged {changed:?} for an entity not in view"
+                    ),
+                }
+            }
+            S::Chat(_) | S::Pong(_) | S::Error(_) | S::Event(_) | S::ActionDone(_) => {}
         }
         Ok(())
     }

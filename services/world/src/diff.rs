@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::types::{Envelope, Notification, PlayerId, Position};
-use crate::world::World;
+use crate::world::{Entity, World};
 
 impl World {
     /// Tells local observers of a newly placed entity that it entered, and, if it is local,
@@ -14,17 +14,16 @@ impl World {
     pub(crate) fn announce_arrival(&self, slot: u32, out: &mut Vec<Envelope>) {
         let subject = self.entity(slot);
         let at = self.position_of_slot(slot);
-        let subject_local = subject.kind.is_local();
+        let subject_local = subject.kind.is_observer();
         self.grid.for_each_near(at, |member| {
             if member.slot == slot || !self.config.in_sight(member.position, at) {
                 return;
             }
             if member.local {
-                out.push(entered(member.id, subject.id, at, &subject.name));
+                out.push(entered(member.id, subject, at));
             }
             if subject_local {
-                let name = &self.entity(member.slot).name;
-                out.push(entered(subject.id, member.id, member.position, name));
+                out.push(entered(subject.id, self.entity(member.slot), member.position));
             }
         });
     }
@@ -36,6 +35,17 @@ impl World {
         self.grid.for_each_near(at, |member| {
             if member.local && member.slot != slot && self.config.in_sight(member.position, at) {
                 out.push(Envelope { to: member.id, note: Notification::Left { subject } });
+            }
+        });
+    }
+
+    /// Tells every local observer of an entity (and the entity itself, if it is a local
+    /// player) `note`.
+    pub(crate) fn tell_observers(&self, slot: u32, note: &Notification, out: &mut Vec<Envelope>) {
+        let at = self.position_of_slot(slot);
+        self.grid.for_each_near(at, |member| {
+            if member.local && self.config.in_sight(member.position, at) {
+                out.push(Envelope { to: member.id, note: note.clone() });
             }
         });
     }
@@ -81,7 +91,7 @@ impl World {
 
     fn emit_view_diff(&self, slot: u32, from: Position, to: Position, out: &mut Vec<Envelope>) {
         let subject = self.entity(slot);
-        let subject_local = subject.kind.is_local();
+        let subject_local = subject.kind.is_observer();
         self.grid.for_each_near_either(from, to, |member| {
             if member.slot == slot {
                 return;
@@ -101,11 +111,10 @@ impl World {
                 }
                 (false, true) => {
                     if member.local {
-                        out.push(entered(member.id, subject.id, to, &subject.name));
+                        out.push(entered(member.id, subject, to));
                     }
                     if subject_local {
-                        let name = &self.entity(member.slot).name;
-                        out.push(entered(subject.id, member.id, member.position, name));
+                        out.push(entered(subject.id, self.entity(member.slot), member.position));
                     }
                 }
                 (true, false) => {
@@ -124,6 +133,13 @@ impl World {
     }
 }
 
-fn entered(to: PlayerId, subject: PlayerId, position: Position, name: &Arc<str>) -> Envelope {
-    Envelope { to, note: Notification::Entered { subject, position, name: Arc::clone(name) } }
+fn entered(to: PlayerId, subject: &Entity, position: Position) -> Envelope {
+    let note = Notification::Entered {
+        subject: subject.id,
+        position,
+        name: Arc::clone(&subject.name),
+        kind: subject.game_kind,
+        state: Arc::clone(&subject.state),
+    };
+    Envelope { to, note }
 }

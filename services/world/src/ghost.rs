@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::rate::MoveBudget;
-use crate::types::{EntityKind, Envelope, PlayerId, Position, WorldError};
+use crate::types::{EntityKind, Envelope, Look, Notification, PlayerId, Position, WorldError};
 use crate::world::World;
 
 impl World {
@@ -21,6 +21,20 @@ impl World {
         at: Position,
         out: &mut Vec<Envelope>,
     ) -> Result<(), WorldError> {
+        let look = self.plain_look(name);
+        self.upsert_ghost_as(id, look, at, out)
+    }
+
+    /// As [`World::upsert_ghost`], for an entity with a game kind and public state. An
+    /// existing ghost whose state differs takes the new one, and its observers are told
+    /// (`StateChanged`) after the move.
+    pub fn upsert_ghost_as(
+        &mut self,
+        id: PlayerId,
+        look: Look,
+        at: Position,
+        out: &mut Vec<Envelope>,
+    ) -> Result<(), WorldError> {
         if !self.config.contains(at) {
             return Err(WorldError::OutsideMap(at));
         }
@@ -28,13 +42,18 @@ impl World {
             Some(slot) if self.entity(slot).kind.is_local() => Err(WorldError::NotGhost(id)),
             Some(slot) => {
                 self.relocate(slot, at, out);
+                if self.entity(slot).state != look.state {
+                    self.entity_mut(slot).state = Arc::clone(&look.state);
+                    let note = Notification::StateChanged { subject: id, state: look.state };
+                    self.tell_observers(slot, &note, out);
+                }
                 Ok(())
             }
             None => {
                 // A ghost cannot move here, but a budget keeps every entity the same shape
                 // and is replaced with a fresh one on promotion anyway.
                 let budget = MoveBudget::full(self.config.move_rate);
-                let slot = self.insert_entity(id, name, EntityKind::Ghost, at, budget);
+                let slot = self.insert_entity(id, look, EntityKind::Ghost, at, budget);
                 self.announce_arrival(slot, out);
                 Ok(())
             }
@@ -70,8 +89,18 @@ impl World {
     /// anything: observers keep seeing the same entity at the same place. The new local player
     /// starts with a full move budget, whose clock starts at its first move.
     pub fn promote_to_local(&mut self, id: PlayerId) -> Result<(), WorldError> {
+        self.promote(id, EntityKind::Local)
+    }
+
+    /// Makes the ghost `id` an NPC owned here (a handoff, or a restore from this copy),
+    /// as [`World::promote_to_local`] does for a player.
+    pub fn promote_to_npc(&mut self, id: PlayerId) -> Result<(), WorldError> {
+        self.promote(id, EntityKind::Npc)
+    }
+
+    fn promote(&mut self, id: PlayerId, kind: EntityKind) -> Result<(), WorldError> {
         let slot = self.ghost_slot(id)?;
-        self.set_kind(slot, EntityKind::Local);
+        self.set_kind(slot, kind);
         self.entity_mut(slot).budget = MoveBudget::full(self.config.move_rate);
         Ok(())
     }

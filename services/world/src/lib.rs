@@ -20,5 +20,7 @@ mod world;
 
 pub use config::{ConfigError, ConfigProblem, WorldConfig, MAX_SECTORS};
 pub use rate::MoveBudget;
-pub use types::{Direction, EntityKind, Envelope, Notification, PlayerId, Position, WorldError};
+pub use types::{
+    Direction, EntityKind, Envelope, Look, Notification, PlayerId, Position, WorldError,
+};
 pub use world::World;

@@ -48,26 +48,44 @@ impl Direction {
         [Direction::Up, Direction::Down, Direction::Left, Direction::Right];
 }
 
-/// Whether an entity belongs to this world (`Local`: it moves here and receives notifications)
-/// or is a copy of a player owned by a neighbouring shard (`Ghost`: seen, never told anything).
+/// Whether an entity belongs to this world (`Local`: a player that moves here and receives
+/// notifications; `Npc`: an entity the game moves here, told nothing) or is a copy of an
+/// entity owned by a neighbouring shard (`Ghost`: seen, never told anything).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum EntityKind {
     Local,
+    Npc,
     Ghost,
 }
 
 impl EntityKind {
+    /// Owned by this world: a local player or an NPC.
     pub fn is_local(self) -> bool {
+        matches!(self, EntityKind::Local | EntityKind::Npc)
+    }
+
+    /// Told what it sees: a local player.
+    pub fn is_observer(self) -> bool {
         self == EntityKind::Local
     }
+}
+
+/// What observers are shown of an entity besides where it is: its name, its game kind (0 for
+/// a player) and its public state (game-defined bytes).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Look {
+    pub name: Arc<str>,
+    pub kind: u32,
+    pub state: Arc<[u8]>,
 }
 
 /// What one player is told about one event. Names and chat texts are shared (`Arc<str>`), so
 /// fanning a notification out to many observers costs a reference-count bump, not a copy.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Notification {
-    /// `subject` came into sight at `position`.
-    Entered { subject: PlayerId, position: Position, name: Arc<str> },
+    /// `subject` came into sight at `position`; `kind` is 0 for a player, the game's kind for
+    /// an NPC, and `state` the subject's public state.
+    Entered { subject: PlayerId, position: Position, name: Arc<str>, kind: u32, state: Arc<[u8]> },
     /// `subject`, already in sight, is now at `position`. `client_time` is non-zero only in the
     /// mover's own acknowledgement, where it echoes the value the client sent.
     Moved { subject: PlayerId, position: Position, client_time: u64 },
@@ -75,6 +93,10 @@ pub enum Notification {
     Left { subject: PlayerId },
     /// `speaker` said `text`.
     Chat { speaker: PlayerId, text: Arc<str> },
+    /// `subject`'s public state is now `state`.
+    StateChanged { subject: PlayerId, state: Arc<[u8]> },
+    /// A game event from `source` (0: the world).
+    Event { source: PlayerId, kind: u32, payload: Arc<[u8]> },
 }
 
 /// A notification addressed to one local player.

@@ -9,7 +9,9 @@ use std::time::Duration;
 use crate::config::{ConfigError, WorldConfig};
 use crate::grid::{IdHashBuilder, Member, SectorGrid};
 use crate::rate::MoveBudget;
-use crate::types::{Direction, EntityKind, Envelope, Notification, PlayerId, Position, WorldError};
+use crate::types::{
+    Direction, EntityKind, Envelope, Look, Notification, PlayerId, Position, WorldError,
+};
 
 /// An entity as the world stores it. Its position lives in its sector's member entry (the
 /// copy the hot loop scans), so there is only one place to keep up to date.
@@ -17,6 +19,9 @@ pub(crate) struct Entity {
     pub(crate) id: PlayerId,
     pub(crate) name: Arc<str>,
     pub(crate) kind: EntityKind,
+    /// The game's kind (0: a player) and the public state observers are shown.
+    pub(crate) game_kind: u32,
+    pub(crate) state: Arc<[u8]>,
     pub(crate) sector: u32,
     pub(crate) index: u32,
     pub(crate) budget: MoveBudget,
@@ -35,7 +40,10 @@ pub struct World {
     pub(crate) free_slots: Vec<u32>,
     pub(crate) by_id: HashMap<PlayerId, u32, IdHashBuilder>,
     pub(crate) n_local: usize,
+    pub(crate) n_npcs: usize,
     pub(crate) n_ghosts: usize,
+    /// The state of an entity that has none, shared.
+    pub(crate) no_state: Arc<[u8]>,
 }
 
 impl World {
@@ -60,7 +68,9 @@ impl World {
             free_slots: Vec::new(),
             by_id: HashMap::default(),
             n_local: 0,
+            n_npcs: 0,
             n_ghosts: 0,
+            no_state: Arc::from(&[][..]),
         })
     }
 
@@ -85,9 +95,101 @@ impl World {
             return Err(WorldError::OutsideMap(at));
         }
         let budget = MoveBudget::full_at(now, self.config.move_rate);
-        let slot = self.insert_entity(id, name, EntityKind::Local, at, budget);
+        let look = self.plain_look(name);
+        let slot = self.insert_entity(id, look, EntityKind::Local, at, budget);
         self.announce_arrival(slot, out);
         Ok(())
+    }
+
+    /// A player's look: its name, kind 0 and no state.
+    pub fn plain_look(&self, name: Arc<str>) -> Look {
+        Look { name, kind: 0, state: Arc::clone(&self.no_state) }
+    }
+
+    /// Adds an NPC owned by this world at `at`: the local players that see it are told it
+    /// entered (with its kind and state); it is told nothing. It moves with
+    /// [`World::move_player`], under the same rules and rate limit as a player.
+    pub fn spawn_npc(
+        &mut self,
+        id: PlayerId,
+        look: Look,
+        at: Position,
+        now: Duration,
+        out: &mut Vec<Envelope>,
+    ) -> Result<(), WorldError> {
+        if self.by_id.contains_key(&id) {
+            return Err(WorldError::AlreadyPresent(id));
+        }
+        if !self.config.contains(at) {
+            return Err(WorldError::OutsideMap(at));
+        }
+        let budget = MoveBudget::full_at(now, self.config.move_rate);
+        let slot = self.insert_entity(id, look, EntityKind::Npc, at, budget);
+        self.announce_arrival(slot, out);
+        Ok(())
+    }
+
+    /// An entity's look (name, game kind, public state).
+    pub fn look(&self, id: PlayerId) -> Option<Look> {
+        let entity = self.entity(*self.by_id.get(&id)?);
+        Some(Look {
+            name: Arc::clone(&entity.name),
+            kind: entity.game_kind,
+            state: Arc::clone(&entity.state),
+        })
+    }
+
+    /// An entity's game kind (0: a player).
+    pub fn game_kind(&self, id: PlayerId) -> Option<u32> {
+        self.by_id.get(&id).map(|&slot| self.entity(slot).game_kind)
+    }
+
+    /// An entity's public state.
+    pub fn state(&self, id: PlayerId) -> Option<&Arc<[u8]>> {
+        self.by_id.get(&id).map(|&slot| &self.entity(slot).state)
+    }
+
+    /// Sets an entity's public state without telling anyone (see [`World::announce_state`]):
+    /// whoever sees it from now on is shown the new state.
+    pub fn set_state(&mut self, id: PlayerId, state: Arc<[u8]>) -> Result<(), WorldError> {
+        let slot = self.slot_of(id)?;
+        self.entity_mut(slot).state = state;
+        Ok(())
+    }
+
+    /// Tells every local player that sees the entity (and the entity itself, if it is a
+    /// local player) its current public state.
+    pub fn announce_state(&self, id: PlayerId, out: &mut Vec<Envelope>) -> Result<(), WorldError> {
+        let slot = self.slot_of(id)?;
+        let note =
+            Notification::StateChanged { subject: id, state: Arc::clone(&self.entity(slot).state) };
+        self.tell_observers(slot, &note, out);
+        Ok(())
+    }
+
+    /// Tells every local player that sees `source` (and `source` itself, if it is a local
+    /// player) a game event.
+    pub fn event(
+        &self,
+        source: PlayerId,
+        kind: u32,
+        payload: Arc<[u8]>,
+        out: &mut Vec<Envelope>,
+    ) -> Result<(), WorldError> {
+        let slot = self.slot_of(source)?;
+        self.tell_observers(slot, &Notification::Event { source, kind, payload }, out);
+        Ok(())
+    }
+
+    /// Every NPC owned here, its position and game kind, in no particular order.
+    pub fn npcs(&self) -> impl Iterator<Item = (PlayerId, Position, u32)> + '_ {
+        self.slots.iter().flatten().filter(|entity| entity.kind == EntityKind::Npc).map(|entity| {
+            (entity.id, self.grid.member(entity.sector, entity.index).position, entity.game_kind)
+        })
+    }
+
+    pub fn n_npcs(&self) -> usize {
+        self.n_npcs
     }
 
     /// Moves a local player one step. The mover's acknowledgement (`Moved` with its own id
@@ -111,10 +213,12 @@ impl World {
         }
         let from = self.position_of_slot(slot);
         let to = self.config.step(from, direction);
-        out.push(Envelope {
-            to: id,
-            note: Notification::Moved { subject: id, position: to, client_time },
-        });
+        if self.entity(slot).kind.is_observer() {
+            out.push(Envelope {
+                to: id,
+                note: Notification::Moved { subject: id, position: to, client_time },
+            });
+        }
         self.relocate(slot, to, out);
         Ok(to)
     }
@@ -220,12 +324,12 @@ impl World {
         });
     }
 
-    /// Every local player and its position, in no particular order.
+    /// Every local player (not NPCs) and its position, in no particular order.
     pub fn local_players(&self) -> impl Iterator<Item = (PlayerId, Position)> + '_ {
         self.slots
             .iter()
             .flatten()
-            .filter(|entity| entity.kind.is_local())
+            .filter(|entity| entity.kind.is_observer())
             .map(|entity| (entity.id, self.grid.member(entity.sector, entity.index).position))
     }
 
@@ -243,13 +347,14 @@ impl World {
     #[doc(hidden)]
     pub fn assert_consistent(&self) {
         let mut n_local = 0;
+        let mut n_npcs = 0;
         let mut n_ghosts = 0;
         for (slot, entity) in self.slots.iter().enumerate() {
             let Some(entity) = entity else { continue };
             let member = self.grid.member(entity.sector, entity.index);
             assert_eq!(member.slot as usize, slot, "member of {} points to its slot", entity.id);
             assert_eq!(member.id, entity.id);
-            assert_eq!(member.local, entity.kind.is_local());
+            assert_eq!(member.local, entity.kind.is_observer());
             assert_eq!(
                 self.grid.sector_of(member.position),
                 entity.sector,
@@ -258,15 +363,15 @@ impl World {
             );
             assert!(self.config.contains(member.position));
             assert_eq!(self.by_id.get(&entity.id), Some(&(slot as u32)));
-            if entity.kind.is_local() {
-                n_local += 1;
-            } else {
-                n_ghosts += 1;
+            match entity.kind {
+                EntityKind::Local => n_local += 1,
+                EntityKind::Npc => n_npcs += 1,
+                EntityKind::Ghost => n_ghosts += 1,
             }
         }
-        assert_eq!((n_local, n_ghosts), (self.n_local, self.n_ghosts));
-        assert_eq!(self.by_id.len(), n_local + n_ghosts);
-        assert_eq!(self.grid.n_members(), n_local + n_ghosts);
+        assert_eq!((n_local, n_npcs, n_ghosts), (self.n_local, self.n_npcs, self.n_ghosts));
+        assert_eq!(self.by_id.len(), n_local + n_npcs + n_ghosts);
+        assert_eq!(self.grid.n_members(), n_local + n_npcs + n_ghosts);
     }
 
     // ----- the entity store, shared with `ghost.rs` and `diff.rs` -----
@@ -303,7 +408,7 @@ impl World {
     pub(crate) fn insert_entity(
         &mut self,
         id: PlayerId,
-        name: Arc<str>,
+        look: Look,
         kind: EntityKind,
         at: Position,
         budget: MoveBudget,
@@ -316,14 +421,13 @@ impl World {
             }
         };
         let sector = self.grid.sector_of(at);
-        let member = Member { id, position: at, slot, local: kind.is_local() };
+        let member = Member { id, position: at, slot, local: kind.is_observer() };
         let index = self.grid.insert(sector, member);
-        self.slots[slot as usize] = Some(Entity { id, name, kind, sector, index, budget });
+        let Look { name, kind: game_kind, state } = look;
+        let entity = Entity { id, name, kind, game_kind, state, sector, index, budget };
+        self.slots[slot as usize] = Some(entity);
         self.by_id.insert(id, slot);
-        match kind {
-            EntityKind::Local => self.n_local += 1,
-            EntityKind::Ghost => self.n_ghosts += 1,
-        }
+        *self.count_of(kind) += 1;
         slot
     }
 
@@ -335,9 +439,14 @@ impl World {
         }
         self.by_id.remove(&entity.id);
         self.free_slots.push(slot);
-        match entity.kind {
-            EntityKind::Local => self.n_local -= 1,
-            EntityKind::Ghost => self.n_ghosts -= 1,
+        *self.count_of(entity.kind) -= 1;
+    }
+
+    fn count_of(&mut self, kind: EntityKind) -> &mut usize {
+        match kind {
+            EntityKind::Local => &mut self.n_local,
+            EntityKind::Npc => &mut self.n_npcs,
+            EntityKind::Ghost => &mut self.n_ghosts,
         }
     }
 
@@ -346,17 +455,8 @@ impl World {
         let entity = self.entity_mut(slot);
         let old = std::mem::replace(&mut entity.kind, kind);
         let (sector, index) = (entity.sector, entity.index);
-        self.grid.member_mut(sector, index).local = kind.is_local();
-        match (old, kind) {
-            (EntityKind::Ghost, EntityKind::Local) => {
-                self.n_ghosts -= 1;
-                self.n_local += 1;
-            }
-            (EntityKind::Local, EntityKind::Ghost) => {
-                self.n_local -= 1;
-                self.n_ghosts += 1;
-            }
-            _ => {}
-        }
+        self.grid.member_mut(sector, index).local = kind.is_observer();
+        *self.count_of(old) -= 1;
+        *self.count_of(kind) += 1;
     }
 }

@@ -17,6 +17,7 @@ fn upsert(player_id: u64, name: &str, x: u32, y: u32) -> PeerMessage {
         kind: Some(Kind::Upsert(GhostUpsert {
             name: name.into(),
             position: Some(Position { x, y }),
+            ..Default::default()
         })),
     }
 }

@@ -72,7 +72,7 @@ impl Clients {
 
 fn apply(view: &mut View, to: PlayerId, note: &Notification, jumps: bool) -> anyhow::Result<()> {
     match note {
-        Notification::Entered { subject, position, name } => {
+        Notification::Entered { subject, position, name, .. } => {
             ensure!(*subject != to, "Entered about itself");
             ensure!(!name.is_empty(), "Entered without a name");
             if let Some(old) = view.insert(*subject, *position) {
@@ -97,6 +97,13 @@ fn apply(view: &mut View, to: PlayerId, note: &Notification, jumps: bool) -> any
         Notification::Left { subject } => {
             ensure!(view.remove(subject).is_some(), "Left for {subject}, which is not in view");
         }
+        Notification::StateChanged { subject, .. } => {
+            ensure!(
+                *subject == to || view.contains_key(subject),
+                "state of {subject}, not in view"
+            );
+        }
+        Notification::Event { .. } => {}
         Notification::Chat { speaker, .. } => {
             ensure!(
                 *speaker == to || view.contains_key(speaker),
@@ -193,6 +200,7 @@ impl Coverage {
                 Notification::Moved { .. } => {}
                 Notification::Left { .. } => self.left += 1,
                 Notification::Chat { .. } => self.chat += 1,
+                Notification::StateChanged { .. } | Notification::Event { .. } => {}
             }
         }
     }

@@ -97,7 +97,7 @@ impl Labels {
 
     pub fn render(&self, note: &Notification) -> String {
         match note {
-            Notification::Entered { subject, position, name } => {
+            Notification::Entered { subject, position, name, .. } => {
                 let extra = if **name == *self.name(*subject) {
                     String::new()
                 } else {
@@ -120,6 +120,14 @@ impl Labels {
             Notification::Chat { speaker, text } => {
                 format!("chat {} {text:?}", self.name(*speaker))
             }
+            Notification::StateChanged { subject, state } => {
+                format!("state {} {:?}", self.name(*subject), String::from_utf8_lossy(state))
+            }
+            Notification::Event { source, kind, payload } => format!(
+                "event {} {kind} {:?}",
+                self.name(*source),
+                String::from_utf8_lossy(payload)
+            ),
         }
     }
 
@@ -142,8 +150,10 @@ pub fn subject_of(note: &Notification) -> PlayerId {
     match note {
         Notification::Entered { subject, .. }
         | Notification::Moved { subject, .. }
-        | Notification::Left { subject } => *subject,
+        | Notification::Left { subject }
+        | Notification::StateChanged { subject, .. } => *subject,
         Notification::Chat { speaker, .. } => *speaker,
+        Notification::Event { source, .. } => *source,
     }
 }
 
@@ -309,7 +319,8 @@ fn parse_note(labels: &mut Labels, tokens: &[String]) -> anyhow::Result<Notifica
         ("entered", 2) => {
             let subject = labels.id(&args[0])?;
             let position = parse_position(&args[1])?;
-            Notification::Entered { subject, position, name: labels.name(subject) }
+            let (kind, state) = (0, std::sync::Arc::from(&[][..]));
+            Notification::Entered { subject, position, name: labels.name(subject), kind, state }
         }
         ("moved", 2 | 3) => {
             let client_time = match args.get(2) {

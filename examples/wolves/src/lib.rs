@@ -1,0 +1,332 @@
+//! Wolves: Meridian's example game, written against the game API alone (`meridian-game`).
+//!
+//! Wolves wander the map. A wolf that sees a player chases the nearest one and bites it
+//! when adjacent; a player attacks an adjacent wolf with an `Action`; a wolf with no health
+//! left dies, and a player with none dies and respawns where it stands with full health.
+//! Every shard keeps its region populated. It runs on the stock binary with
+//! `meridian up --game wolves`, and shows every part of the API across borders: wolves are
+//! handed off with their state when they chase someone into a neighbour's region, a bite
+//! of a player owned by a neighbour is a game message sent there, and an attack on a wolf
+//! across a border is carried out by the wolf's shard.
+//!
+//! The wire format a client needs (see `docs/`):
+//! - NPC kind [`WOLF`] (1); players are kind 0.
+//! - Public state of wolves and players: UTF-8 JSON `{"hp":H,"max":M}`.
+//! - Actions: [`ATTACK`] (1, `target` = an adjacent wolf; answered `{"hp":H}` or
+//!   `killed`), [`SUMMON`] (2, payload `dx,dy`, default `1,0`: a wolf appears at that
+//!   offset from the player, if the cell is on the player's shard).
+//! - Events: [`BITE`] (1, from the wolf, payload the damage), [`DIED`] (2, to everyone
+//!   who saw the entity die; to the player itself when it dies), [`RESPAWNED`] (3).
+//!
+//! Tuning comes from the environment (read once per shard): `MERIDIAN_WOLVES_PER_SHARD`
+//! (default 40), the population each shard keeps.
+
+use std::time::Duration;
+
+use meridian_game::{Action, Context, Direction, EntityId, Game, Position, Reply};
+
+pub const WOLF: u32 = 1;
+
+pub const ATTACK: u32 = 1;
+pub const SUMMON: u32 = 2;
+
+pub const BITE: u32 = 1;
+pub const DIED: u32 = 2;
+pub const RESPAWNED: u32 = 3;
+
+/// Game messages between entities (a wolf's bite to a player owned anywhere; the news of
+/// a kill to the killer's shard).
+const MSG_BITE: u32 = 1;
+const MSG_KILLED: u32 = 2;
+
+pub const PLAYER_HP: i32 = 20;
+pub const WOLF_HP: i32 = 10;
+pub const BITE_DAMAGE: i32 = 2;
+pub const ATTACK_DAMAGE: i32 = 4;
+/// A wolf steps at most this often while chasing, and bites at most this often.
+pub const STEP_EVERY: Duration = Duration::from_millis(300);
+pub const BITE_EVERY: Duration = Duration::from_millis(1000);
+/// A wolf with nobody in sight takes a step this often, in a random direction.
+pub const WANDER_EVERY: Duration = Duration::from_millis(1500);
+
+/// The game: one per shard. It keeps nothing of its own about entities (their state
+/// travels with them); only how many wolves its shard should have.
+#[derive(Debug, Clone)]
+pub struct Wolves {
+    pub per_shard: usize,
+}
+
+impl Default for Wolves {
+    fn default() -> Self {
+        let per_shard = std::env::var("MERIDIAN_WOLVES_PER_SHARD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40);
+        Wolves { per_shard }
+    }
+}
+
+/// `{"hp":H,"max":M}`.
+pub fn health_state(hp: i32, max: i32) -> Vec<u8> {
+    format!("{{\"hp\":{hp},\"max\":{max}}}").into_bytes()
+}
+
+/// The health in a public state, if it has one.
+pub fn health(state: &[u8]) -> Option<(i32, i32)> {
+    let text = std::str::from_utf8(state).ok()?;
+    let number = |key: &str| -> Option<i32> {
+        let start = text.find(key)? + key.len();
+        let rest = &text[start..];
+        let end = rest.find(|c: char| c != '-' && !c.is_ascii_digit()).unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    Some((number("\"hp\":")?, number("\"max\":")?))
+}
+
+/// A wolf's memory, its private state: when it last stepped and bit (ms since its shard
+/// started; a new shard's clock starts over, which only lets it act a moment early).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Memory {
+    last_step_ms: u64,
+    last_bite_ms: u64,
+}
+
+impl Memory {
+    fn read(bytes: &[u8]) -> Memory {
+        let word = |i: usize| {
+            bytes.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
+        };
+        Memory { last_step_ms: word(0).unwrap_or(0), last_bite_ms: word(1).unwrap_or(0) }
+    }
+
+    fn bytes(self) -> Vec<u8> {
+        let mut out = self.last_step_ms.to_le_bytes().to_vec();
+        out.extend_from_slice(&self.last_bite_ms.to_le_bytes());
+        out
+    }
+}
+
+/// A player's private state: its kills.
+fn kills(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|t| t.strip_prefix("{\"kills\":"))
+        .and_then(|t| t.strip_suffix('}'))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
+fn chebyshev(a: Position, b: Position) -> u32 {
+    a.x.abs_diff(b.x).max(a.y.abs_diff(b.y))
+}
+
+/// One step from `from` toward `to`, along the axis with the larger gap.
+fn toward(from: Position, to: Position) -> Option<Direction> {
+    let (dx, dy) = (i64::from(to.x) - i64::from(from.x), i64::from(to.y) - i64::from(from.y));
+    if dx == 0 && dy == 0 {
+        return None;
+    }
+    Some(if dx.abs() >= dy.abs() {
+        if dx > 0 {
+            Direction::Right
+        } else {
+            Direction::Left
+        }
+    } else if dy > 0 {
+        Direction::Down
+    } else {
+        Direction::Up
+    })
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl Wolves {
+    /// The nearest player a wolf at `at` sees (ties: the lowest id).
+    fn prey(ctx: &Context<'_>, at: Position) -> Option<(EntityId, Position)> {
+        let (_, _, range) = ctx.map();
+        ctx.within(at, range)
+            .into_iter()
+            .filter_map(|id| ctx.entity(id))
+            .filter(|e| e.is_player())
+            .min_by_key(|e| (chebyshev(at, e.position), e.id))
+            .map(|e| (e.id, e.position))
+    }
+
+    fn hunt(&mut self, ctx: &mut Context<'_>, wolf: EntityId) {
+        let Some(at) = ctx.position(wolf) else { return };
+        let now = millis(ctx.now());
+        let mut memory = Memory::read(ctx.private_state(wolf).unwrap_or_default());
+        match Self::prey(ctx, at) {
+            Some((player, there)) if chebyshev(at, there) <= 1 => {
+                if now.saturating_sub(memory.last_bite_ms) >= millis(BITE_EVERY) {
+                    memory.last_bite_ms = now;
+                    let _ = ctx.set_private_state(wolf, memory.bytes());
+                    ctx.send(player, wolf, MSG_BITE, &[BITE_DAMAGE as u8]);
+                }
+            }
+            Some((_, there)) => {
+                if now.saturating_sub(memory.last_step_ms) >= millis(STEP_EVERY) {
+                    memory.last_step_ms = now;
+                    // Saved before the step: a step across a border hands the wolf off,
+                    // with this state.
+                    let _ = ctx.set_private_state(wolf, memory.bytes());
+                    if let Some(direction) = toward(at, there) {
+                        let _ = ctx.step(wolf, direction);
+                    }
+                }
+            }
+            None => {
+                if now.saturating_sub(memory.last_step_ms) >= millis(WANDER_EVERY) {
+                    memory.last_step_ms = now;
+                    let _ = ctx.set_private_state(wolf, memory.bytes());
+                    let direction = Direction::ALL[ctx.random_below(4) as usize];
+                    let _ = ctx.step(wolf, direction);
+                }
+            }
+        }
+    }
+
+    fn spawn_wolf(ctx: &mut Context<'_>, at: Position) -> Result<EntityId, String> {
+        ctx.spawn(WOLF, "wolf", at, health_state(WOLF_HP, WOLF_HP)).map_err(|e| e.to_string())
+    }
+
+    fn attack(ctx: &mut Context<'_>, actor: EntityId, target: Option<EntityId>) -> Reply {
+        let Some(target) = target.and_then(|t| ctx.entity(t)) else {
+            return Reply::rejected("attack what? (target an adjacent wolf)");
+        };
+        if target.kind != WOLF {
+            return Reply::rejected("only wolves can be attacked");
+        }
+        let Some(from) = ctx.position(actor) else {
+            return Reply::rejected("the attacker is out of the wolf's sight");
+        };
+        if chebyshev(from, target.position) > 1 {
+            return Reply::rejected("too far: stand next to the wolf");
+        }
+        let (hp, max) = health(&target.state).unwrap_or((WOLF_HP, WOLF_HP));
+        let hp = hp - ATTACK_DAMAGE;
+        if hp <= 0 {
+            ctx.event_around(target.id, DIED, b"");
+            let _ = ctx.despawn(target.id);
+            ctx.send(actor, target.id, MSG_KILLED, b"");
+            return Reply::Done(b"killed".to_vec());
+        }
+        let _ = ctx.set_state(target.id, health_state(hp, max));
+        Reply::Done(format!("{{\"hp\":{hp}}}").into_bytes())
+    }
+
+    fn summon(ctx: &mut Context<'_>, actor: EntityId, payload: &[u8]) -> Reply {
+        let Some(at) = ctx.position(actor) else { return Reply::rejected("summon from where?") };
+        let (dx, dy) = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|t| t.split_once(','))
+            .and_then(|(x, y)| Some((x.trim().parse::<i64>().ok()?, y.trim().parse::<i64>().ok()?)))
+            .unwrap_or((1, 0));
+        if dx.abs() > 3 || dy.abs() > 3 {
+            return Reply::rejected("a wolf comes at most 3 cells away");
+        }
+        let (x, y) = (i64::from(at.x) + dx, i64::from(at.y) + dy);
+        let (width, height, _) = ctx.map();
+        if x < 0 || y < 0 || x >= i64::from(width) || y >= i64::from(height) {
+            return Reply::rejected("that cell is off the map");
+        }
+        match Self::spawn_wolf(ctx, Position::new(x as u32, y as u32)) {
+            Ok(wolf) => Reply::Done(wolf.0.to_string().into_bytes()),
+            Err(why) => Reply::Rejected(why),
+        }
+    }
+}
+
+impl Game for Wolves {
+    fn tick(&mut self, ctx: &mut Context<'_>) {
+        let wolves = ctx.npcs();
+        if wolves.len() < self.per_shard {
+            if let Some(at) = ctx.random_cell() {
+                let _ = Self::spawn_wolf(ctx, at);
+            }
+        }
+        for wolf in wolves {
+            self.hunt(ctx, wolf);
+        }
+    }
+
+    fn player_joined(&mut self, ctx: &mut Context<'_>, player: EntityId) {
+        let has_health = ctx.entity(player).is_some_and(|e| health(&e.state).is_some());
+        if !has_health {
+            let _ = ctx.set_state(player, health_state(PLAYER_HP, PLAYER_HP));
+        }
+    }
+
+    fn action(&mut self, ctx: &mut Context<'_>, actor: EntityId, action: Action<'_>) -> Reply {
+        match action.kind {
+            ATTACK => Self::attack(ctx, actor, action.target),
+            SUMMON => Self::summon(ctx, actor, action.payload),
+            other => Reply::rejected(format!("unknown action {other}")),
+        }
+    }
+
+    fn message(
+        &mut self,
+        ctx: &mut Context<'_>,
+        to: EntityId,
+        from: EntityId,
+        kind: u32,
+        payload: &[u8],
+    ) {
+        match kind {
+            MSG_BITE => {
+                let Some(player) = ctx.entity(to).filter(|e| e.is_player()) else { return };
+                let damage = i32::from(payload.first().copied().unwrap_or(1));
+                let (hp, max) = health(&player.state).unwrap_or((PLAYER_HP, PLAYER_HP));
+                let hp = hp - damage;
+                ctx.event_to(to, Some(from), BITE, damage.to_string().as_bytes());
+                if hp <= 0 {
+                    ctx.event_to(to, None, DIED, b"");
+                    ctx.event_around(to, RESPAWNED, b"");
+                    let _ = ctx.set_state(to, health_state(max, max));
+                } else {
+                    let _ = ctx.set_state(to, health_state(hp, max));
+                }
+            }
+            MSG_KILLED => {
+                let before = kills(ctx.private_state(to).unwrap_or_default());
+                let _ =
+                    ctx.set_private_state(to, format!("{{\"kills\":{}}}", before + 1).into_bytes());
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_reads_back_what_it_writes() {
+        assert_eq!(health(&health_state(7, 20)), Some((7, 20)));
+        assert_eq!(health(&health_state(-2, 10)), Some((-2, 10)));
+        assert_eq!(health(b""), None);
+        assert_eq!(health(b"{\"hp\":x}"), None);
+    }
+
+    #[test]
+    fn a_wolf_steps_along_the_larger_gap() {
+        let at = Position::new(10, 10);
+        assert_eq!(toward(at, Position::new(14, 11)), Some(Direction::Right));
+        assert_eq!(toward(at, Position::new(9, 4)), Some(Direction::Up));
+        assert_eq!(toward(at, at), None);
+    }
+
+    #[test]
+    fn memory_and_kills_survive_their_bytes() {
+        let memory = Memory { last_step_ms: 5, last_bite_ms: 1 << 40 };
+        assert_eq!(Memory::read(&memory.bytes()), memory);
+        assert_eq!(Memory::read(b""), Memory::default());
+        assert_eq!(kills(b"{\"kills\":12}"), 12);
+        assert_eq!(kills(b""), 0);
+    }
+}
