@@ -438,6 +438,8 @@ pub struct UpArgs {
     /// The etcd binary to start.
     #[arg(long, default_value = "etcd")]
     pub etcd_bin: String,
+    #[command(flatten)]
+    pub game: GameArgs,
     /// Seconds after a connection drops during which its player can be resumed.
     #[arg(long, default_value_t = 30)]
     pub resume_window: u64,
@@ -748,6 +750,7 @@ impl UpArgs {
             problems
                 .push(format!("--lease-ttl {} must be between 1 and 60 seconds", self.lease_ttl));
         }
+        self.game.config(&mut problems);
         finish(self, problems)
     }
 }

@@ -163,6 +163,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         let mut command = Command::new(&me);
         command.args(["shard", "--id", &id.to_string(), "--listen", "127.0.0.1:0"]);
         command.args(["--resume-window".to_string(), args.resume_window.to_string()]);
+        if let Some(game) = &args.game.game {
+            command.args(["--game", game]);
+        }
+        command.arg("--game-tick").arg(format!("{}ms", args.game.game_tick.as_millis()));
+        command.args(["--max-npcs", &args.game.max_npcs.to_string()]);
         if let Some(store) = &store {
             command.args(["--store", store]);
             command.args(["--save-interval", &args.save_interval.to_string()]);
@@ -337,6 +342,7 @@ async fn wait_until_ready(
     }
     Ok(json!({
         "cluster": args.cluster,
+        "game": args.game.game.clone().unwrap_or_else(|| crate::games().default_name().to_string()),
         "etcd": etcd_url,
         "pid": std::process::id(),
         "shards": shards,

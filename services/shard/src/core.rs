@@ -718,6 +718,9 @@ impl ShardCore {
         self.metrics.ghosts.set(self.ghosts.len() as i64);
         self.expire_awaiting_gateway(now);
         self.expire_actions(now);
+        if self.game.orphans_waiting {
+            self.restore_orphaned_npcs();
+        }
         let expired: Vec<PlayerId> = self
             .early
             .iter()

@@ -55,6 +55,9 @@ pub(crate) struct GameSlot {
     pub ids_asked: bool,
     pub max_npcs: usize,
     pub rng: rand::rngs::SmallRng,
+    /// Orphaned NPCs (their owner died) that could not be restored yet: the shard owning
+    /// their cell was not reachable. Tried again every tick while set.
+    pub orphans_waiting: bool,
 }
 
 impl GameSlot {
@@ -68,6 +71,7 @@ impl GameSlot {
             ids_asked: false,
             max_npcs,
             rng: rand::rngs::SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
+            orphans_waiting: false,
         }
     }
 
@@ -499,6 +503,7 @@ impl ShardCore {
     /// first). Their private state died with their owner; their public state is the last the
     /// owner sent.
     pub(crate) fn restore_orphaned_npcs(&mut self) {
+        self.game.orphans_waiting = false;
         let orphans: Vec<(PlayerId, Position)> = self
             .world
             .ghosts()
@@ -518,7 +523,9 @@ impl ShardCore {
                 } else {
                     self.metrics.npcs_restored.inc();
                 }
-            } else if self.peer_ready(owner) {
+            } else if !self.peer_ready(owner) {
+                self.game.orphans_waiting = true;
+            } else {
                 let handoff = meridian_rpc::pb::Handoff {
                     name: look.name.to_string(),
                     position: Some(meridian_protocol::pb::Position { x: at.x, y: at.y }),

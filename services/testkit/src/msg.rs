@@ -24,6 +24,11 @@ pub fn move_raw(direction: i32, client_time: u64) -> ClientMessage {
     wrap(Kind::Move(pb::Move { direction, client_time }))
 }
 
+/// A game action (`target` 0: none).
+pub fn action(kind: u32, target: u64, payload: &[u8], client_time: u64) -> ClientMessage {
+    wrap(Kind::Action(pb::Action { kind, payload: payload.to_vec(), target, client_time }))
+}
+
 pub fn chat(text: &str) -> ClientMessage {
     wrap(Kind::Chat(pb::Chat { text: text.to_string() }))
 }

@@ -13,7 +13,8 @@ impl World {
     /// Creates the ghost `id` at `at`, or moves it there. A new ghost is announced with
     /// `Entered` to the local players that see it; a moved one gets the same view diff as a
     /// local move (`Moved`, `Entered` or `Left` per local observer), and may jump any distance.
-    /// An existing ghost keeps its first name, because observers already hold it.
+    /// An existing ghost keeps its first name, because observers already hold it, and its
+    /// kind and state.
     pub fn upsert_ghost(
         &mut self,
         id: PlayerId,
@@ -21,8 +22,21 @@ impl World {
         at: Position,
         out: &mut Vec<Envelope>,
     ) -> Result<(), WorldError> {
-        let look = self.plain_look(name);
-        self.upsert_ghost_as(id, look, at, out)
+        if !self.config.contains(at) {
+            return Err(WorldError::OutsideMap(at));
+        }
+        match self.by_id.get(&id).copied() {
+            // An existing ghost keeps its look (name, kind, state): only its cell changes.
+            Some(slot) if self.entity(slot).kind.is_local() => Err(WorldError::NotGhost(id)),
+            Some(slot) => {
+                self.relocate(slot, at, out);
+                Ok(())
+            }
+            None => {
+                let look = self.plain_look(name);
+                self.upsert_ghost_as(id, look, at, out)
+            }
+        }
     }
 
     /// As [`World::upsert_ghost`], for an entity with a game kind and public state. An

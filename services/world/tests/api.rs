@@ -96,3 +96,43 @@ fn a_move_returns_the_new_position_and_acks_first() {
     assert_eq!(PlayerId(5).to_string(), "5");
     assert_eq!(Position::new(1, 2).to_string(), "(1, 2)");
 }
+
+/// NPCs: seen with their kind and state, told nothing themselves, moved like players; a
+/// ghost moved by its owner keeps its kind and state (found end to end: a moved ghost of a
+/// wolf lost its health).
+#[test]
+fn npcs_are_seen_with_their_kind_and_state_and_ghosts_keep_theirs() {
+    let mut world = World::new(WorldConfig::default());
+    let mut out = Vec::new();
+    let (ann, wolf, ghost) = (PlayerId(1), PlayerId(1_000), PlayerId(2_000));
+    world.login(ann, Arc::from("ann"), Position::new(5, 5), NOW, &mut out).expect("login");
+    out.clear();
+    let look =
+        meridian_world::Look { name: Arc::from("wolf"), kind: 7, state: Arc::from(&b"hp=3"[..]) };
+    world.spawn_npc(wolf, look.clone(), Position::new(6, 5), NOW, &mut out).expect("spawn");
+    let entered = |out: &[Envelope], subject: PlayerId| {
+        out.iter().any(|e| {
+            e.to == ann
+                && matches!(&e.note, Notification::Entered { subject: s, kind: 7, state, .. }
+                    if *s == subject && &state[..] == b"hp=3")
+        })
+    };
+    assert!(entered(&out, wolf), "ann sees the wolf with its kind and state: {out:?}");
+    assert!(out.iter().all(|e| e.to == ann), "the wolf is told nothing: {out:?}");
+    assert_eq!((world.n_local(), world.n_npcs()), (1, 1));
+    assert_eq!(world.kind(wolf), Some(EntityKind::Npc));
+    out.clear();
+    world.move_player(wolf, Direction::Right, 0, NOW, &mut out).expect("a wolf moves");
+    assert!(out.iter().all(|e| e.to == ann), "no ack for an NPC: {out:?}");
+
+    world.upsert_ghost_as(ghost, look, Position::new(8, 5), &mut out).expect("a ghost");
+    assert!(entered(&out, ghost));
+    out.clear();
+    world.upsert_ghost(ghost, Arc::from("wolf"), Position::new(9, 5), &mut out).expect("moved");
+    assert_eq!(world.state(ghost).map(|s| s.to_vec()), Some(b"hp=3".to_vec()));
+    assert!(
+        out.iter().all(|e| !matches!(e.note, Notification::StateChanged { .. })),
+        "a move changes no state: {out:?}"
+    );
+    world.assert_consistent();
+}

@@ -9,6 +9,7 @@ mod accounts;
 mod cluster_up;
 mod errors;
 mod failover;
+mod game;
 mod resume_close;
 mod saved;
 mod shard_failure;
