@@ -374,15 +374,19 @@ impl ShardCore {
         self.answer_refused(link, session, input, "too many inputs waiting for an action");
     }
 
-    /// Applies the inputs that waited for an action's answer, until one waits again.
+    /// Applies the inputs that waited for an action's answer, in order, until one of them
+    /// waits again (another action on a neighbour's entity): the rest wait behind it.
     fn unblock(&mut self, player: PlayerId) {
-        loop {
+        let Some(seat) = self.seats.get_mut(&player) else { return };
+        let mut waiting = std::mem::take(&mut seat.blocked);
+        while let Some(input) = waiting.pop_front() {
+            self.apply(player, input);
             let Some(seat) = self.seats.get_mut(&player) else { return };
             if seat.awaiting.is_some() {
+                waiting.extend(seat.blocked.drain(..));
+                seat.blocked = waiting;
                 return;
             }
-            let Some(input) = seat.blocked.pop_front() else { return };
-            self.apply(player, input);
         }
     }
 
@@ -736,3 +740,7 @@ pub(crate) fn game_notification(note: &Notification) -> Option<ServerMessage> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+#[path = "game_tests.rs"]
+mod tests;
