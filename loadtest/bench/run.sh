@@ -2,11 +2,14 @@
 # Meridian's benchmark suite, one command:
 #
 #   loadtest/bench/run.sh [--quick] [--update-docs] [--out DIR] [--no-proxies] [--no-micro]
+#                         [--no-game | --only-game]
 #
 # Builds the release binaries, installs what the comparisons need if it is missing
 # (etcd, nginx with its stream module, HAProxy, strace), then runs loadtest/bench/suite.py:
 # io_uring vs epoll, the gateway's relay hop vs nginx stream and HAProxy, 1 vs 4 shards,
-# the capacity and density targets, and the divan micro-benchmarks. Output in
+# the capacity and density targets, the divan micro-benchmarks, and the game section
+# (loadtest/bench/game.py: 4 shards running the wolves example with 0 and 1,000 NPCs, and
+# actions aimed across a border; --only-game runs it alone, about 2.5 minutes with --quick). Output in
 # target/bench/ (report.html, bench.json, tables.md); --update-docs also rewrites the
 # generated part of BENCHMARKS.md and docs/bench/. About 2 minutes with --quick, under 15
 # without (plus the release build). Everything runs on loopback.

@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import game  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 # Where `cargo build --release` put the binaries: CARGO_TARGET_DIR when set (relative to the
 # directory cargo ran in, which run.sh makes the repository's root), else target/.
@@ -376,7 +379,7 @@ class Suite:
                if "syscalls" in result else ""))
         return result
 
-    def ramp(self, label, cluster, section):
+    def ramp(self, label, cluster, section, watch=()):
         s = self.s
         # The longest the ramp may run: every step's connects, settling and window, plus
         # slack; the ramp ends earlier at its first failing step.
@@ -387,7 +390,7 @@ class Suite:
             extra=["--ramp", "--ramp-step", str(s["ramp_step"]),
                    "--ramp-step-duration", f"{s['ramp_step_seconds']}s",
                    "--max-p99", f"{MAX_P99_MS}ms"],
-            section=section)
+            section=section, watch=watch)
 
     # ---- the comparisons -----------------------------------------------------------
 
@@ -396,6 +399,9 @@ class Suite:
         work = self.out / "work"
         work.mkdir(exist_ok=True)
         r = self.results
+        if self.args.only_game:
+            r["game"] = self.game(work)
+            return
         spread = dict(bots=s["io_bots"], seconds=s["io_seconds"], interval=s["io_interval"])
         io_section = "Gateway I/O: io_uring vs epoll (same workloads)"
         relay_section = "Relay hop: bots -> proxy -> gateway vs bots -> gateway"
@@ -472,6 +478,12 @@ class Suite:
 
         if not self.args.no_micro:
             r["micro"] = self.micro_benchmarks()
+        if not self.args.no_game:
+            r["game"] = self.game(work)
+
+    def game(self, work):
+        """The game section (issue 13): see game.py."""
+        return game.GameBench(self, Cluster, work, cpu_seconds, log).run()
 
     def dense(self, cluster, label, watch, section, seconds=None, strace_pid=None):
         """The densest workload: every bot in sight of every other, moving 4 times a second;
@@ -790,8 +802,11 @@ def build_tables(r, s):
                        "header": ["run", "messages", "gateway", "of it in I/O workers",
                                   "shards", "proxy", "loadtest"],
                        "rows": cpu_rows})
-    tables.append({"title": "Targets of issue 5", "header": ["target", "measured", "met"],
-                   "rows": target_rows(r, s)})
+    if r.get("game"):
+        tables.extend(game.game_tables(r["game"], fmt, ratio))
+    if any(key != "game" for key in r):
+        tables.append({"title": "Targets of issue 5", "header": ["target", "measured", "met"],
+                       "rows": target_rows(r, s)})
     micro = r.get("micro")
     if micro:
         rows = []
@@ -953,10 +968,17 @@ def main():
                         help="rewrite BENCHMARKS.md's generated block and docs/bench/")
     parser.add_argument("--no-proxies", action="store_true", help="skip nginx and HAProxy")
     parser.add_argument("--no-micro", action="store_true", help="skip the divan benchmarks")
+    parser.add_argument("--no-game", action="store_true",
+                        help="skip the game section (NPCs and actions, issue 13)")
+    parser.add_argument("--only-game", action="store_true",
+                        help="run the game section alone (with --quick about 2 minutes)")
     parser.add_argument("--rerender", action="store_true",
                         help="run nothing: redraw the report, tables (and docs) from the "
                              "bench.json and manifest.json already in --out")
     args = parser.parse_args()
+    if args.only_game and args.update_docs:
+        parser.error("--update-docs rewrites the whole generated block of BENCHMARKS.md: "
+                     "run it with the whole suite, not --only-game")
     suite = Suite(args)
     if args.rerender:
         return suite.rerender()

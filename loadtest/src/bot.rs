@@ -6,6 +6,12 @@
 //! matches each own `Moved` (or `Error`) to its move by `client_time`. A slow server thus
 //! cannot slow the send schedule down and hide its own delay, and a server that stops
 //! reading cannot stop the bot from reading.
+//!
+//! With `--actions-per-second` the writer also sends the example game's `ATTACK` on a
+//! second open-loop schedule of its own, aimed at the nearest wolf the reader has seen
+//! (`sight`), and the reader matches each `ActionDone` (or `Error`) to its action the same
+//! way. Moves and actions share one `client_time` sequence, so an `Error` names exactly one
+//! of them.
 
 use std::collections::VecDeque;
 use std::io;
@@ -15,7 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use meridian_protocol::pb::{self, client_message, server_message, ClientMessage, ServerMessage};
+use meridian_protocol::pb::{
+    self, client_message, server_message, ClientMessage, ErrorCode, ServerMessage,
+};
 use meridian_protocol::{encode_frame, CodecError, FrameReader, DEFAULT_MAX_FRAME};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -26,6 +34,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::debug;
 
 use crate::cli::{bot_name, SpawnArea};
+use crate::sight::Sight;
 use crate::stats::{bump, Stats};
 
 /// How long one connection attempt may take.
@@ -36,6 +45,11 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 const LOGOUT_LINGER: Duration = Duration::from_secs(1);
 /// Socket read size; the frame reader keeps any partial frame between reads.
 const READ_CHUNK: usize = 4096;
+
+/// The example game's (`examples/wolves`) action that attacks an adjacent entity, and the
+/// entity kind of its wolves: what `--actions-per-second` sends and aims at.
+const ATTACK: u32 = 1;
+const WOLF: u32 = 1;
 
 const DIRECTIONS: [pb::Direction; 4] =
     [pb::Direction::Up, pb::Direction::Down, pb::Direction::Left, pb::Direction::Right];
@@ -64,6 +78,8 @@ pub struct Plan {
     pub border_x: Vec<u32>,
     pub border_y: Vec<u32>,
     pub move_interval: Duration,
+    /// `--actions-per-second` as an interval; `None`: the bots send no actions.
+    pub action_interval: Option<Duration>,
     pub seed: u64,
     /// When the first bot started; `client_time` counts microseconds from here.
     pub started: Instant,
@@ -168,8 +184,8 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         read_buf: &mut read_buf,
         encoded: &mut encoded,
     };
-    let player_id = match log_in(io, &login, &stats, &plan).await {
-        Ok(player_id) => player_id,
+    let (player_id, login_cell) = match log_in(io, &login, &stats, &plan).await {
+        Ok(answer) => answer,
         Err(error) => {
             debug!(bot = index, %error, "login failed");
             bump(&stats.login_failures);
@@ -186,6 +202,13 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         player_id,
         position: AtomicU64::new(u64::MAX),
         ledger: Mutex::new(Ledger::default()),
+        sight: plan.action_interval.map(|_| {
+            let mut sight = Sight::new(WOLF);
+            if let Some(cell) = login_cell {
+                sight.set_me(cell);
+            }
+            Mutex::new(sight)
+        }),
         writer_done: Notify::new(),
         reader_done: Notify::new(),
     };
@@ -197,6 +220,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
     let disconnected = {
         let ledger = session.ledger();
         stats.moves_lost.fetch_add(ledger.outstanding.len() as u64, Ordering::Relaxed);
+        stats.actions_lost.fetch_add(ledger.actions.len() as u64, Ordering::Relaxed);
         ledger.disconnected
     };
     if disconnected || !writer_intact {
@@ -242,16 +266,23 @@ async fn send(
     write_half.write_all(encoded).await
 }
 
-/// Sends `Login` and waits for `LoginOk`; returns the player id. Messages after `LoginOk`
-/// stay in `frames` for the reader.
-async fn log_in(io: Io<'_>, login: &Login, stats: &Stats, plan: &Plan) -> anyhow::Result<u64> {
+/// Sends `Login` and waits for `LoginOk`; returns the player id and its cell. Messages
+/// after `LoginOk` stay in `frames` for the reader.
+async fn log_in(
+    io: Io<'_>,
+    login: &Login,
+    stats: &Stats,
+    plan: &Plan,
+) -> anyhow::Result<(u64, Option<(u32, u32)>)> {
     let message = pb::Login { name: login.name.clone(), spawn: login.spawn, token: String::new() };
     send(io.write_half, io.encoded, client_message::Kind::Login(message)).await?;
     let deadline = (Instant::now() + LOGIN_TIMEOUT).min(plan.drain_ends());
     loop {
         while let Some(message) = io.frames.next_message::<ServerMessage>()? {
             match message.kind {
-                Some(server_message::Kind::LoginOk(ok)) => return Ok(ok.player_id),
+                Some(server_message::Kind::LoginOk(ok)) => {
+                    return Ok((ok.player_id, ok.position.map(|p| (p.x, p.y))));
+                }
                 Some(server_message::Kind::Error(error)) => {
                     stats.record_error(error.code);
                     bail!("login refused with error {}: {}", error.code, error.detail);
@@ -286,11 +317,13 @@ async fn log_out(io: Io<'_>) -> io::Result<()> {
         .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "server did not close")))
 }
 
-/// The moves of one bot that are still waiting for an answer, oldest first.
+/// The moves and actions of one bot that are still waiting for an answer, oldest first.
 #[derive(Debug, Default)]
 struct Ledger {
-    /// `(client_time, sent at)`.
+    /// Moves: `(client_time, sent at)`.
     outstanding: VecDeque<(u64, Instant)>,
+    /// Actions: `(client_time, sent at, whom it aimed at)`.
+    actions: VecDeque<(u64, Instant, Aim)>,
     /// The writer has sent its last move.
     sending_done: bool,
     /// The connection broke before the bot was done with it.
@@ -307,14 +340,47 @@ struct Session<'a> {
     /// before the first.
     position: AtomicU64,
     ledger: Mutex<Ledger>,
+    /// With `--actions-per-second`: the wolves in sight, for the actions' target.
+    sight: Option<Mutex<Sight>>,
     writer_done: Notify,
     reader_done: Notify,
 }
 
-enum Answer {
-    /// The own ack, with the position it reports.
-    Ack(Option<(u32, u32)>),
-    Error,
+/// Whom an action aimed at, seen from the bot when it sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Aim {
+    /// No wolf in sight: target 0.
+    NoOne,
+    /// A wolf on the bot's side of every `--border-x/--border-y` line (all of them when
+    /// no borders are given).
+    Within,
+    /// A wolf across a border: owned by a neighbour shard, a ghost on the bot's.
+    Across,
+}
+
+/// Whom the nearest wolf in `sight` is, for an action sent now.
+fn aim(sight: &Sight, border_x: &[u32], border_y: &[u32]) -> (u64, Aim) {
+    let Some((target, at)) = sight.nearest_at() else { return (0, Aim::NoOne) };
+    let Some(me) = sight.me() else { return (target, Aim::Within) };
+    let apart = |borders: &[u32], a: u32, b: u32| borders.iter().any(|&l| (a < l) != (b < l));
+    if apart(border_x, me.0, at.0) || apart(border_y, me.1, at.1) {
+        (target, Aim::Across)
+    } else {
+        (target, Aim::Within)
+    }
+}
+
+/// Takes the entry of `client_time` out of a ledger queue; returns when it was sent.
+/// Answers come in send order, so the match is almost always at the front.
+fn take(queue: &mut VecDeque<(u64, Instant)>, client_time: u64) -> Option<Instant> {
+    let position = queue.iter().position(|&(ct, _)| ct == client_time)?;
+    queue.remove(position).map(|(_, sent_at)| sent_at)
+}
+
+/// [`take`] for the actions' queue: when it was sent and whom it aimed at.
+fn take_action(queue: &mut VecDeque<(u64, Instant, Aim)>, ct: u64) -> Option<(Instant, Aim)> {
+    let position = queue.iter().position(|&(sent, _, _)| sent == ct)?;
+    queue.remove(position).map(|(_, sent_at, aimed)| (sent_at, aimed))
 }
 
 fn pack((x, y): (u32, u32)) -> u64 {
@@ -326,6 +392,20 @@ impl Session<'_> {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Updates the view the actions aim by, when the bot sends actions.
+    fn with_sight(&self, update: impl FnOnce(&mut Sight)) {
+        if let Some(sight) = &self.sight {
+            update(&mut sight.lock().unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+
+    /// The nearest wolf in sight (0 for none), and whether it stands across a border.
+    fn nearest_wolf(&self) -> (u64, Aim) {
+        let Some(sight) = &self.sight else { return (0, Aim::NoOne) };
+        let sight = sight.lock().unwrap_or_else(PoisonError::into_inner);
+        aim(&sight, &self.plan.border_x, &self.plan.border_y)
+    }
+
     /// Counts a broken connection once, whichever half notices it first.
     fn mark_disconnected(&self) {
         let mut ledger = self.ledger();
@@ -335,8 +415,9 @@ impl Session<'_> {
         }
     }
 
-    /// Sends every move due before the end of the run on the open-loop schedule. Returns
-    /// whether the write half is still whole (no write was cut off midway).
+    /// Sends every move (and action) due before the end of the run on the open-loop
+    /// schedules. Returns whether the write half is still whole (no write was cut off
+    /// midway).
     async fn send_moves(
         &self,
         write_half: &mut WriteHalf,
@@ -347,15 +428,27 @@ impl Session<'_> {
         let interval = self.plan.move_interval;
         let phase_ns = rng.random_range(0..interval.as_nanos().max(1) as u64);
         let mut due = logged_in_at + Duration::from_nanos(phase_ns);
+        // Actions keep a schedule and a phase of their own. The phase is drawn only when
+        // actions are asked for, so a run without them makes the same random choices.
+        let mut action_due = self.plan.action_interval.map(|every| {
+            let phase_ns = rng.random_range(0..every.as_nanos().max(1) as u64);
+            logged_in_at + Duration::from_nanos(phase_ns)
+        });
         let mut last_client_time = 0;
         let mut intact = true;
-        while due < self.plan.sending_ends() {
+        loop {
+            // The next message due: an action only if strictly before the next move.
+            let action_next = action_due.filter(|&at| at < due);
+            let next = action_next.unwrap_or(due);
+            if next >= self.plan.sending_ends() {
+                break;
+            }
             tokio::select! {
-                () = sleep_until(due) => {}
+                () = sleep_until(next) => {}
                 () = self.reader_done.notified() => break,
             }
             // Ramp mode may have ended the run while this bot slept.
-            if due >= self.plan.sending_ends() {
+            if next >= self.plan.sending_ends() {
                 break;
             }
             let now = Instant::now();
@@ -363,14 +456,24 @@ impl Session<'_> {
             let since_start = now.saturating_duration_since(self.plan.started).as_micros() as u64;
             let client_time = (since_start + 1).max(last_client_time + 1);
             last_client_time = client_time;
-            let lag = now.saturating_duration_since(due).as_micros() as u64;
+            let lag = now.saturating_duration_since(next).as_micros() as u64;
             self.stats.send_lag_max_us.fetch_max(lag, Ordering::Relaxed);
-            let direction = DIRECTIONS[rng.random_range(0..DIRECTIONS.len())];
             // Record before writing, so an answer can never arrive ahead of its entry.
-            self.ledger().outstanding.push_back((client_time, now));
-            bump(&self.stats.moves_sent);
-            let kind =
-                client_message::Kind::Move(pb::Move { direction: direction as i32, client_time });
+            let kind = if action_next.is_some() {
+                let (target, aimed) = self.nearest_wolf();
+                self.ledger().actions.push_back((client_time, now, aimed));
+                bump(&self.stats.actions_sent);
+                if aimed == Aim::Across {
+                    bump(&self.stats.actions_aimed_across);
+                }
+                let attack = pb::Action { kind: ATTACK, payload: Vec::new(), target, client_time };
+                client_message::Kind::Action(attack)
+            } else {
+                let direction = DIRECTIONS[rng.random_range(0..DIRECTIONS.len())];
+                self.ledger().outstanding.push_back((client_time, now));
+                bump(&self.stats.moves_sent);
+                client_message::Kind::Move(pb::Move { direction: direction as i32, client_time })
+            };
             tokio::select! {
                 result = send(write_half, encoded, kind) => {
                     if let Err(error) = result {
@@ -386,7 +489,10 @@ impl Session<'_> {
                     break;
                 }
             }
-            due += interval;
+            match (action_next, self.plan.action_interval) {
+                (Some(sent), Some(every)) => action_due = Some(sent + every),
+                _ => due += interval,
+            }
         }
         self.ledger().sending_done = true;
         self.writer_done.notify_one();
@@ -410,7 +516,8 @@ impl Session<'_> {
             }
             {
                 let ledger = self.ledger();
-                if ledger.disconnected || (ledger.sending_done && ledger.outstanding.is_empty()) {
+                let answered = ledger.outstanding.is_empty() && ledger.actions.is_empty();
+                if ledger.disconnected || (ledger.sending_done && answered) {
                     break;
                 }
             }
@@ -448,70 +555,160 @@ impl Session<'_> {
                     if moved.player_id == self.player_id && moved.client_time != 0 =>
                 {
                     let at = moved.position.map(|p| (p.x, p.y));
-                    self.answer(moved.client_time, Answer::Ack(at), now);
+                    if let Some(at) = at {
+                        self.with_sight(|sight| sight.set_me(at));
+                    }
+                    self.ack(moved.client_time, at, now);
+                }
+                Some(server_message::Kind::ActionDone(done)) => {
+                    self.action_answered(done.client_time, None, now);
                 }
                 Some(server_message::Kind::Error(error)) => {
                     self.stats.record_error(error.code);
                     if error.client_time != 0 {
-                        self.answer(error.client_time, Answer::Error, now);
+                        self.error_answer(error.client_time, error.code, now);
                     }
                 }
                 Some(server_message::Kind::ViewReset(reset)) => {
                     if let Some(p) = reset.position {
                         self.position.store(pack((p.x, p.y)), Ordering::Relaxed);
                     }
+                    self.with_sight(|sight| sight.reset(reset.position.map(|p| (p.x, p.y))));
                     // Moves still unanswered at a ViewReset were not applied and will not
-                    // be answered (DESIGN.md section 2).
+                    // be answered (DESIGN.md section 2); nor will actions.
                     bump(&self.stats.view_resets);
-                    let dropped = self.ledger().outstanding.drain(..).count() as u64;
-                    self.stats.moves_lost.fetch_add(dropped, Ordering::Relaxed);
+                    let (moves, actions) = {
+                        let mut ledger = self.ledger();
+                        (ledger.outstanding.drain(..).count(), ledger.actions.drain(..).count())
+                    };
+                    self.stats.moves_lost.fetch_add(moves as u64, Ordering::Relaxed);
+                    self.stats.actions_lost.fetch_add(actions as u64, Ordering::Relaxed);
                     if in_window {
                         bump(&self.stats.notifications);
                     }
                 }
-                _ if in_window => bump(&self.stats.notifications),
-                _ => {}
+                kind => {
+                    if self.sight.is_some() {
+                        self.follow(kind.as_ref());
+                    }
+                    if in_window {
+                        bump(&self.stats.notifications);
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    fn answer(&self, client_time: u64, answer: Answer, now: Instant) {
-        // Answers come in send order, so the match is almost always at the front.
-        let sent_at = {
-            let mut ledger = self.ledger();
-            let position = ledger.outstanding.iter().position(|&(ct, _)| ct == client_time);
-            position.and_then(|i| ledger.outstanding.remove(i)).map(|(_, sent_at)| sent_at)
-        };
-        match (answer, sent_at) {
-            (Answer::Ack(at), Some(sent_at)) => {
-                bump(&self.stats.moves_acked);
-                let delay = now.saturating_duration_since(sent_at).as_micros() as u64;
-                self.stats.delays.record(delay);
-                self.stats.step_delays.record(delay);
-                if let Some(at) = at {
-                    let before = self.position.swap(pack(at), Ordering::Relaxed);
-                    if before != u64::MAX
-                        && !(self.plan.border_x.is_empty() && self.plan.border_y.is_empty())
-                    {
-                        let before = ((before >> 32) as u32, before as u32);
-                        let across = |borders: &[u32], a: u32, b: u32| {
-                            borders.iter().any(|&line| (a < line) != (b < line))
-                        };
-                        let crossing = across(&self.plan.border_x, before.0, at.0)
-                            || across(&self.plan.border_y, before.1, at.1);
-                        if crossing {
-                            self.stats.delays_crossing.record(delay);
-                        } else {
-                            self.stats.delays_inner.record(delay);
-                        }
+    /// Follows the view for the actions' aim: wolves entering, moving and leaving.
+    fn follow(&self, kind: Option<&server_message::Kind>) {
+        let cell = |p: Option<pb::Position>| p.map(|p| (p.x, p.y));
+        match kind {
+            Some(server_message::Kind::Entered(entered)) => {
+                if let Some(at) = cell(entered.position) {
+                    self.with_sight(|sight| sight.entered(entered.player_id, entered.kind, at));
+                }
+            }
+            Some(server_message::Kind::Moved(moved)) => {
+                if let Some(at) = cell(moved.position) {
+                    if moved.player_id == self.player_id {
+                        self.with_sight(|sight| sight.set_me(at));
+                    } else {
+                        self.with_sight(|sight| sight.moved(moved.player_id, at));
                     }
                 }
             }
-            (Answer::Error, Some(_)) => bump(&self.stats.moves_errored),
-            (Answer::Ack(_), None) => bump(&self.stats.acks_unmatched),
-            // An error echoing a client_time we never sent is already counted by its code.
-            (Answer::Error, None) => {}
+            Some(server_message::Kind::Left(left)) => {
+                self.with_sight(|sight| sight.left(left.player_id));
+            }
+            _ => {}
         }
+    }
+
+    /// The own `Moved` ack of the move sent with `client_time`.
+    fn ack(&self, client_time: u64, at: Option<(u32, u32)>, now: Instant) {
+        let Some(sent_at) = take(&mut self.ledger().outstanding, client_time) else {
+            bump(&self.stats.acks_unmatched);
+            return;
+        };
+        bump(&self.stats.moves_acked);
+        let delay = now.saturating_duration_since(sent_at).as_micros() as u64;
+        self.stats.delays.record(delay);
+        self.stats.step_delays.record(delay);
+        let Some(at) = at else { return };
+        let before = self.position.swap(pack(at), Ordering::Relaxed);
+        if before != u64::MAX && !(self.plan.border_x.is_empty() && self.plan.border_y.is_empty()) {
+            let before = ((before >> 32) as u32, before as u32);
+            let across = |borders: &[u32], a: u32, b: u32| {
+                borders.iter().any(|&line| (a < line) != (b < line))
+            };
+            let crossing = across(&self.plan.border_x, before.0, at.0)
+                || across(&self.plan.border_y, before.1, at.1);
+            if crossing {
+                self.stats.delays_crossing.record(delay);
+            } else {
+                self.stats.delays_inner.record(delay);
+            }
+        }
+    }
+
+    /// An `Error` carrying a `client_time`: the answer to a move, or else to an action.
+    fn error_answer(&self, client_time: u64, code: i32, now: Instant) {
+        let is_move = take(&mut self.ledger().outstanding, client_time).is_some();
+        if is_move {
+            bump(&self.stats.moves_errored);
+        } else {
+            // An error echoing a client_time we never sent is already counted by its code.
+            self.action_answered(client_time, Some(code), now);
+        }
+    }
+
+    /// The answer to the action sent with `client_time`: `ActionDone` (no error code) or
+    /// an `Error`. `ActionDone` and `REJECTED` are the game's answers and timed.
+    fn action_answered(&self, client_time: u64, error: Option<i32>, now: Instant) {
+        let Some((sent_at, aimed)) = take_action(&mut self.ledger().actions, client_time) else {
+            if error.is_none() {
+                bump(&self.stats.actions_unmatched);
+            }
+            return;
+        };
+        let counter = match error {
+            None => &self.stats.actions_answered,
+            Some(code) if code == ErrorCode::Rejected as i32 => &self.stats.actions_rejected,
+            Some(_) => {
+                bump(&self.stats.actions_errored);
+                return;
+            }
+        };
+        bump(counter);
+        let delay = now.saturating_duration_since(sent_at).as_micros() as u64;
+        self.stats.action_delays.record(delay);
+        match aimed {
+            Aim::Across => self.stats.action_delays_across.record(delay),
+            Aim::Within => self.stats.action_delays_within.record(delay),
+            Aim::NoOne => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_aims_across_when_a_border_separates_bot_and_wolf() {
+        let mut sight = Sight::new(WOLF);
+        assert_eq!(aim(&sight, &[200], &[]), (0, Aim::NoOne));
+        sight.set_me((199, 50));
+        sight.entered(7, WOLF, (201, 50));
+        assert_eq!(aim(&sight, &[200], &[]), (7, Aim::Across));
+        assert_eq!(aim(&sight, &[], &[]), (7, Aim::Within), "no borders: all within");
+        assert_eq!(aim(&sight, &[300], &[200]), (7, Aim::Within));
+        sight.entered(8, WOLF, (198, 51));
+        assert_eq!(aim(&sight, &[200], &[]), (8, Aim::Within), "the nearer wolf, on this side");
+        sight.set_me((198, 199));
+        sight.left(8);
+        sight.moved(7, (198, 200));
+        assert_eq!(aim(&sight, &[200], &[200]), (7, Aim::Across), "a row border too");
     }
 }

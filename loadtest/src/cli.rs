@@ -65,6 +65,12 @@ pub struct Cli {
     #[arg(long)]
     pub border_y: Vec<u32>,
 
+    /// Also send this many actions per second per bot, on their own open-loop schedule:
+    /// the example game's ATTACK (kind 1) aimed at the nearest wolf (entity kind 1) in
+    /// sight, or at no one (target 0, which the game answers REJECTED). 0: no actions.
+    #[arg(long, default_value_t = 0.0, env = "MERIDIAN_LOADTEST_ACTIONS_PER_SECOND")]
+    pub actions_per_second: f64,
+
     /// Bot names are PREFIX-<index>.
     #[arg(long, default_value = "bot", env = "MERIDIAN_LOADTEST_NAME_PREFIX")]
     pub name_prefix: String,
@@ -138,6 +144,9 @@ pub enum Transport {
     Quic { trust: crate::quic::Trust, server_name: String },
 }
 
+/// The most actions per second per bot (the gateway's default limit is 10 a second).
+const MAX_ACTIONS_PER_SECOND: f64 = 1000.0;
+
 /// The longest any duration flag may be; keeps every deadline computable.
 const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -205,6 +214,9 @@ pub struct Config {
     pub bots: u32,
     pub duration: Duration,
     pub move_interval: Duration,
+    /// `--actions-per-second` as the interval between two actions of one bot; `None`: no
+    /// actions (the default, today's behaviour).
+    pub action_interval: Option<Duration>,
     pub connect_interval: Duration,
     pub json: Option<std::path::PathBuf>,
     pub seed: u64,
@@ -242,6 +254,12 @@ impl Config {
             if value > MAX_DURATION {
                 problems.push(format!("{flag} must be at most 7 days, got {value:?}"));
             }
+        }
+        let rate = cli.actions_per_second;
+        if !(0.0..=MAX_ACTIONS_PER_SECOND).contains(&rate) {
+            problems.push(format!(
+                "--actions-per-second must be 0..={MAX_ACTIONS_PER_SECOND}, got {rate}"
+            ));
         }
         if cli.source_ips == 0 || cli.source_ips > 65_536 {
             problems.push(format!("--source-ips must be 1..=65536, got {}", cli.source_ips));
@@ -304,6 +322,7 @@ impl Config {
             bots: cli.bots,
             duration: cli.duration,
             move_interval: cli.move_interval,
+            action_interval: (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate)),
             connect_interval: cli.connect_interval,
             json: cli.json,
             seed: cli.seed,
@@ -466,6 +485,23 @@ mod tests {
         assert_eq!(config.duration, Duration::from_secs(30));
         assert_eq!(config.drain, Duration::from_secs(3));
         assert_eq!(config.source_ips, 1);
+        assert_eq!(config.action_interval, None, "no actions unless asked");
         assert_eq!(bot_name(&config.name_prefix, 7), "bot-7");
+    }
+
+    #[test]
+    fn actions_per_second_becomes_an_interval_and_is_checked() {
+        let config = |rate: &str| {
+            let flag = format!("--actions-per-second={rate}");
+            let args = ["loadtest", "--addr", "127.0.0.1:7000", "--bots", "1", flag.as_str()];
+            Config::from_cli(Cli::try_parse_from(args).unwrap())
+        };
+        assert_eq!(config("4").unwrap().action_interval, Some(Duration::from_millis(250)));
+        assert_eq!(config("0.5").unwrap().action_interval, Some(Duration::from_secs(2)));
+        assert_eq!(config("0").unwrap().action_interval, None);
+        for bad in ["-1", "NaN", "inf", "1001"] {
+            let message = config(bad).unwrap_err().to_string();
+            assert!(message.contains("--actions-per-second"), "{bad}: {message}");
+        }
     }
 }

@@ -21,6 +21,7 @@ mod cli;
 mod histogram;
 mod quic;
 mod ramp;
+mod sight;
 mod stats;
 
 use std::net::SocketAddr;
@@ -126,6 +127,7 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
         border_x: config.border_x.clone(),
         border_y: config.border_y.clone(),
         move_interval: config.move_interval,
+        action_interval: config.action_interval,
         seed: config.seed,
         started,
         sending_ends_us: AtomicU64::new(config.duration.as_micros() as u64),
@@ -141,7 +143,8 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
 
     let (stop_reporter, stopped) = tokio::sync::oneshot::channel::<()>();
     let reporter =
-        tokio::spawn(report_every_second(Arc::clone(&stats), started, config.bots, stopped));
+        Reporter::new(started, config.bots).with_actions(config.action_interval.is_some());
+    let reporter = tokio::spawn(report_every_second(Arc::clone(&stats), reporter, stopped));
 
     let mut bots = JoinSet::new();
     bots.spawn(bot::run(Arc::clone(&plan), Arc::clone(&stats), 0, Some(first)));
@@ -161,7 +164,23 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
     // The reporter only stops when told to; if it is gone, it panicked.
     let _ = stop_reporter.send(());
     let (delays, per_second) = reporter.await.context("the progress reporter panicked")?;
-    Ok(Summary::build(config, &stats, &delays, per_second, elapsed, ramp))
+    let summary = Summary::build(config, &stats, &delays, per_second, elapsed, ramp);
+    if let Some(actions) = &summary.actions {
+        let ms = |value: Option<f64>| value.map_or("-".to_owned(), |v| format!("{v:.2}"));
+        eprintln!(
+            "actions: {} sent, {} done, {} rejected, {} other errors, {} lost, {} unmatched; \
+             delay p50 {} p99 {} ms",
+            actions.sent,
+            actions.answered,
+            actions.rejected,
+            actions.errored,
+            actions.lost,
+            actions.unmatched,
+            ms(actions.delay_ms.p50),
+            ms(actions.delay_ms.p99),
+        );
+    }
+    Ok(summary)
 }
 
 /// Starts bots `indices`, one per `--connect-interval` from `first_due`, on an absolute
@@ -215,7 +234,7 @@ impl StepCounters {
             failures: load(&stats.connect_failures)
                 + load(&stats.login_failures)
                 + load(&stats.disconnects)
-                + stats.errors_total(),
+                + stats.failure_errors(),
         }
     }
 }
@@ -295,11 +314,10 @@ fn report_panic(done: Result<(), tokio::task::JoinError>) {
 /// Prints a progress line every second, and once more for the last partial second.
 async fn report_every_second(
     stats: Arc<Stats>,
-    started: Instant,
-    bots_target: u32,
+    mut reporter: Reporter,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> (Histogram, Vec<SecondStats>) {
-    let mut reporter = Reporter::new(started, bots_target);
+    let started = reporter.started();
     let second = Duration::from_secs(1);
     let mut ticker = tokio::time::interval_at(started + second, second);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);

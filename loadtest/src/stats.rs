@@ -50,6 +50,23 @@ pub struct Stats {
     pub delays_inner: AtomicHistogram,
     /// Ramp mode: the delays of the current step, swept by the ramp at each step's edges.
     pub step_delays: AtomicHistogram,
+    /// `--actions-per-second`: actions sent, and their fates: `ActionDone`, `REJECTED`,
+    /// another error carrying their `client_time`, or no answer at all.
+    pub actions_sent: AtomicU64,
+    pub actions_answered: AtomicU64,
+    pub actions_rejected: AtomicU64,
+    pub actions_errored: AtomicU64,
+    pub actions_lost: AtomicU64,
+    /// `ActionDone`s whose `client_time` matched no outstanding action.
+    pub actions_unmatched: AtomicU64,
+    /// Delays from sending an action to its `ActionDone` or `REJECTED`, in µs.
+    pub action_delays: AtomicHistogram,
+    /// With `--border-x/--border-y`: actions aimed at a wolf across a border (a ghost on
+    /// the bot's shard, so the action is carried out by the wolf's owner) and their delays,
+    /// and the delays of those aimed at a wolf on the bot's side.
+    pub actions_aimed_across: AtomicU64,
+    pub action_delays_across: AtomicHistogram,
+    pub action_delays_within: AtomicHistogram,
 }
 
 /// Adds one to a counter; relaxed because the counters are only read for reporting.
@@ -72,6 +89,12 @@ impl Stats {
     /// Every `Error` received so far, whatever its code.
     pub fn errors_total(&self) -> u64 {
         load(&self.errors)
+    }
+
+    /// Every `Error` received so far except `REJECTED`: the game's refusal of an action is
+    /// an answer, not a failure of the server.
+    pub fn failure_errors(&self) -> u64 {
+        self.errors_total() - load(&self.errors_by_code[ErrorCode::Rejected as usize])
     }
 
     pub fn errors_by_code(&self) -> BTreeMap<String, u64> {
@@ -97,6 +120,8 @@ struct Totals {
     sent: u64,
     acked: u64,
     notifications: u64,
+    actions_sent: u64,
+    actions_answered: u64,
 }
 
 impl Totals {
@@ -105,6 +130,8 @@ impl Totals {
             sent: load(&stats.moves_sent),
             acked: load(&stats.moves_acked),
             notifications: load(&stats.notifications),
+            actions_sent: load(&stats.actions_sent),
+            actions_answered: load(&stats.actions_answered) + load(&stats.actions_rejected),
         }
     }
 }
@@ -129,6 +156,10 @@ pub struct SecondStats {
 pub struct Reporter {
     started: Instant,
     bots_target: u32,
+    /// `--actions-per-second` is on: the progress line shows actions too.
+    actions: bool,
+    /// Actions sent and answered (`ActionDone` or `REJECTED`) in the last closed interval.
+    actions_in_interval: (u64, u64),
     last_at: Instant,
     last: Totals,
     total_delays: Histogram,
@@ -140,11 +171,24 @@ impl Reporter {
         Reporter {
             started,
             bots_target,
+            actions: false,
+            actions_in_interval: (0, 0),
             last_at: started,
             last: Totals::default(),
             total_delays: Histogram::default(),
             per_second: Vec::new(),
         }
+    }
+
+    /// When the run started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Shows actions sent and answered on every progress line.
+    pub fn with_actions(mut self, actions: bool) -> Reporter {
+        self.actions = actions;
+        self
     }
 
     /// Closes the second that ends `now`: prints its line to stderr and keeps its entry.
@@ -178,6 +222,10 @@ impl Reporter {
             p50_ms: delays.quantile(0.5).map(micros_to_ms),
             p99_ms: delays.quantile(0.99).map(micros_to_ms),
         };
+        self.actions_in_interval = (
+            totals.actions_sent - self.last.actions_sent,
+            totals.actions_answered - self.last.actions_answered,
+        );
         self.last = totals;
         entry
     }
@@ -198,6 +246,15 @@ impl Reporter {
             load(&stats.errors),
             load(&stats.disconnects),
         );
+        if self.actions {
+            let (sent, answered) = self.actions_in_interval;
+            eprintln!(
+                "[{:>7.1}s] actions sent {:>7.0}/s answered {:>7.0}/s (done or rejected)",
+                entry.t,
+                sent as f64 / span,
+                answered as f64 / span,
+            );
+        }
     }
 }
 
@@ -244,6 +301,56 @@ impl BoxStats {
     }
 }
 
+/// `--actions-per-second`: what became of the actions, apart from the moves.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActionSummary {
+    /// Actions per second per bot, as asked.
+    pub per_second_per_bot: f64,
+    pub sent: u64,
+    /// Answered `ActionDone`: the game carried the action out.
+    pub answered: u64,
+    /// Answered `REJECTED`: the game refused it (no wolf adjacent, no target).
+    pub rejected: u64,
+    /// Answered by another error carrying its `client_time` (`RATE_LIMITED`,
+    /// `UNAVAILABLE`: the target's shard did not answer in time).
+    pub errored: u64,
+    /// Not answered by the end of the drain, or unanswered at a `ViewReset`.
+    pub lost: u64,
+    /// `ActionDone`s that matched no outstanding action.
+    pub unmatched: u64,
+    /// From sending to `ActionDone` or `REJECTED` (both are the game's answer).
+    pub delay_ms: DelaySummary,
+    /// Only with `--border-x/--border-y`: actions aimed at a wolf across a border when
+    /// sent, and the delays of those and of the ones aimed at a wolf on the bot's side
+    /// (actions aimed at no one are in neither).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aimed_across: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_across_ms: Option<DelaySummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_within_ms: Option<DelaySummary>,
+}
+
+impl ActionSummary {
+    fn of(stats: &Stats, interval: Duration, borders: bool) -> ActionSummary {
+        let across = stats.action_delays_across.sweep();
+        let within = stats.action_delays_within.sweep();
+        ActionSummary {
+            per_second_per_bot: round3(1.0 / interval.as_secs_f64()),
+            sent: load(&stats.actions_sent),
+            answered: load(&stats.actions_answered),
+            rejected: load(&stats.actions_rejected),
+            errored: load(&stats.actions_errored),
+            lost: load(&stats.actions_lost),
+            unmatched: load(&stats.actions_unmatched),
+            delay_ms: DelaySummary::of(&stats.action_delays.sweep()),
+            aimed_across: borders.then(|| load(&stats.actions_aimed_across)),
+            delay_across_ms: borders.then(|| DelaySummary::of(&across)),
+            delay_within_ms: borders.then(|| DelaySummary::of(&within)),
+        }
+    }
+}
+
 /// The delay CDF's resolution: a point per 0.5% of the samples (at most ~200 points).
 const CDF_STEP: f64 = 0.005;
 
@@ -287,6 +394,9 @@ pub struct Summary {
     /// Only with `--ramp`: every step and the largest passing number of bots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ramp: Option<RampSummary>,
+    /// Only with `--actions-per-second`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actions: Option<ActionSummary>,
     pub seed: u64,
 }
 
@@ -340,6 +450,9 @@ impl Summary {
             elapsed_s: round3(elapsed.as_secs_f64()),
             per_second,
             ramp,
+            actions: config
+                .action_interval
+                .map(|interval| ActionSummary::of(stats, interval, borders)),
             seed: config.seed,
         }
     }
@@ -398,5 +511,39 @@ mod tests {
         assert_eq!(seconds[1].p99_ms, Some(4.0));
         assert_eq!(seconds[2].p99_ms, None);
         assert_eq!(seconds[2].t, 2.5);
+    }
+
+    #[test]
+    fn rejected_actions_are_answers_not_failures() {
+        let stats = Stats::default();
+        stats.record_error(ErrorCode::Rejected as i32);
+        stats.record_error(ErrorCode::Rejected as i32);
+        stats.record_error(ErrorCode::RateLimited as i32);
+        assert_eq!(stats.errors_total(), 3);
+        assert_eq!(stats.failure_errors(), 1, "only RATE_LIMITED counts against a ramp step");
+    }
+
+    #[test]
+    fn the_action_summary_keeps_each_fate_apart() {
+        let stats = Stats::default();
+        for counter in [&stats.actions_sent; 5] {
+            bump(counter);
+        }
+        bump(&stats.actions_answered);
+        bump(&stats.actions_rejected);
+        bump(&stats.actions_rejected);
+        bump(&stats.actions_errored);
+        bump(&stats.actions_lost);
+        stats.action_delays.record(3_000);
+        stats.action_delays.record(5_000);
+        let summary = ActionSummary::of(&stats, Duration::from_millis(500), false);
+        assert_eq!(summary.per_second_per_bot, 2.0);
+        assert_eq!(
+            (summary.sent, summary.answered, summary.rejected, summary.errored, summary.lost),
+            (5, 1, 2, 1, 1)
+        );
+        assert_eq!(summary.delay_ms.p50, Some(3.0));
+        assert_eq!(summary.delay_ms.max, Some(5.0));
+        assert!(summary.delay_across_ms.is_none(), "no borders, no split");
     }
 }

@@ -6,7 +6,10 @@
 //! else: `LoginOk` (plus one `Entered` of a fake neighbour), then for every `Move` either
 //! its own `Moved` ack with the `client_time` echoed, a `RATE_LIMITED` error carrying it,
 //! or silence, as the test's `Behaviour` says. It listens on TCP, or on QUIC (quinn, a
-//! self-signed certificate, ALPN `meridian/1`) for `--transport quic`.
+//! self-signed certificate, ALPN `meridian/1`) for `--transport quic`. For
+//! `--actions-per-second` it plays a tiny wolf game: two wolves in sight that move and
+//! leave as the bot's actions come in, `ActionDone` for an action aimed at anyone,
+//! `REJECTED` for one aimed at no one.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -26,6 +29,10 @@ use tokio::time::{sleep_until, Instant};
 
 /// A player id no bot gets, used for the fake neighbour's notifications.
 const NEIGHBOUR: u64 = 1_000_000;
+/// The fake game's wolves (entity kind 1): one near the bot's cell (1,1), one far.
+const NEAR_WOLF: u64 = 2_000_000;
+const FAR_WOLF: u64 = 2_000_001;
+const WOLF_KIND: u32 = 1;
 /// No run here should take anywhere near this long; past it the test fails, not hangs.
 const RUN_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -42,6 +49,10 @@ struct Behaviour {
     reject_login: Option<String>,
     /// Close this bot's connection on its n-th move, without answering it.
     cut: Option<(String, u64)>,
+    /// Show two wolves at login and move them as actions come in (see `wolf_script`).
+    wolves: bool,
+    /// Leave every n-th action of a connection unanswered.
+    drop_action_every: Option<u64>,
 }
 
 /// What the fake server did, to compare with what the load test reports.
@@ -55,6 +66,12 @@ struct Counts {
     notifications_sent: AtomicU64,
     logouts: AtomicU64,
     spawns: Mutex<Vec<(u32, u32)>>,
+    actions_received: AtomicU64,
+    actions_done: AtomicU64,
+    actions_rejected: AtomicU64,
+    actions_unanswered: AtomicU64,
+    /// Per player, the target of each action in the order received.
+    action_targets: Mutex<std::collections::BTreeMap<u64, Vec<u64>>>,
     peers: Mutex<BTreeSet<std::net::IpAddr>>,
 }
 
@@ -171,6 +188,7 @@ async fn serve_connection(
     let mut buf = vec![0u8; 4096];
     let mut name = String::new();
     let mut moves = 0u64;
+    let mut actions = 0u64;
     'connection: loop {
         let n = match read_half.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -201,6 +219,39 @@ async fn serve_connection(
                     });
                     reply_now(server::entered(NEIGHBOUR, 2, 2, "neighbour"));
                     add(&counts.notifications_sent);
+                    if behaviour.wolves {
+                        reply_now(server::entered_as(NEAR_WOLF, 3, 3, "", WOLF_KIND, b""));
+                        reply_now(server::entered_as(FAR_WOLF, 30, 30, "", WOLF_KIND, b""));
+                        add(&counts.notifications_sent);
+                        add(&counts.notifications_sent);
+                    }
+                }
+                client_message::Kind::Action(action) => {
+                    add(&counts.actions_received);
+                    actions += 1;
+                    counts
+                        .action_targets
+                        .lock()
+                        .unwrap()
+                        .entry(player_id)
+                        .or_default()
+                        .push(action.target);
+                    if behaviour.drop_action_every.is_some_and(|n| actions.is_multiple_of(n)) {
+                        add(&counts.actions_unanswered);
+                    } else if action.target == 0 {
+                        add(&counts.actions_rejected);
+                        let detail = "no target";
+                        reply(server::error(ErrorCode::Rejected, detail, action.client_time));
+                    } else {
+                        add(&counts.actions_done);
+                        reply(server::action_done(action.client_time, b"{\"hp\":6}"));
+                    }
+                    if behaviour.wolves {
+                        if let Some(news) = wolf_script(actions) {
+                            reply(news);
+                            add(&counts.notifications_sent);
+                        }
+                    }
                 }
                 client_message::Kind::Move(mv) => {
                     add(&counts.moves_received);
@@ -238,6 +289,18 @@ async fn serve_connection(
     // Answers already queued still go out; then the write half closes with a FIN.
     drop(answers);
     let _ = writer.await;
+}
+
+/// What the wolves do after a connection's n-th action: the far wolf comes next to the bot
+/// (1,1) after the 3rd, leaves after the 6th, the near one leaves after the 9th. A bot that
+/// aims at the nearest wolf thus aims near x3, far x3, near x3, then at no one.
+fn wolf_script(actions: u64) -> Option<ServerMessage> {
+    match actions {
+        3 => Some(server::moved(FAR_WOLF, 2, 1, 0)),
+        6 => Some(server::left(FAR_WOLF)),
+        9 => Some(server::left(NEAR_WOLF)),
+        _ => None,
+    }
 }
 
 fn json_path(test: &str) -> PathBuf {
@@ -295,6 +358,7 @@ async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
         reply_delay: Duration::ZERO,
         reject_login: Some("bot-3".to_owned()),
         cut: Some(("bot-4".to_owned(), 3)),
+        ..Behaviour::default()
     };
     let (addr, counts) = start_fake_server(behaviour).await;
     let addr = addr.to_string();
@@ -345,6 +409,8 @@ async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
     assert_eq!(summary["errors_by_code"]["RATE_LIMITED"].as_u64(), Some(errored));
     assert_eq!(summary["errors_by_code"]["UNAVAILABLE"].as_u64(), Some(1));
     assert_eq!(get(&counts.logouts), 6, "every bot still connected logs out");
+    assert_eq!(get(&counts.actions_received), 0, "no actions unless asked for");
+    assert!(summary.get("actions").is_none(), "no actions in the summary: {summary}");
 
     let notifications = n(&summary, "notifications");
     assert!(notifications >= 7, "at least each bot's Entered: {summary}");
@@ -462,6 +528,9 @@ async fn a_ramp_against_a_quick_server_passes_every_step_and_writes_a_report() {
             &html_arg,
             "--label",
             "quick",
+            // With no wolves every action is REJECTED: an answer, not a failed step.
+            "--actions-per-second",
+            "2",
         ],
     )
     .await;
@@ -484,6 +553,9 @@ async fn a_ramp_against_a_quick_server_passes_every_step_and_writes_a_report() {
     assert!(summary["delay_cdf"].as_array().is_some_and(|cdf| !cdf.is_empty()));
     assert!(summary["delay_box_ms"]["p50"].as_f64().is_some());
     assert!(summary["per_second"][0].get("p50_ms").is_some());
+    let actions = &summary["actions"];
+    assert!(n(actions, "rejected") > 0, "bots acted at no one and were refused: {actions}");
+    assert_eq!(n(actions, "rejected"), get(&counts.actions_rejected), "{actions}");
 
     let page = std::fs::read_to_string(&html).expect("--html written");
     let _ = std::fs::remove_file(&html);
@@ -584,4 +656,77 @@ async fn quic_refuses_a_server_it_does_not_trust() {
     assert!(!output.status.success(), "an untrusted certificate was accepted: {stderr}");
     assert!(stderr.contains("cannot connect"), "{stderr}");
     assert_eq!(get(&counts.logins), 0, "nobody logged in");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_aim_at_the_nearest_wolf_and_each_fate_is_counted_apart_from_moves() {
+    let behaviour = Behaviour {
+        wolves: true,
+        drop_action_every: Some(7),
+        error_every: Some(5),
+        ..Behaviour::default()
+    };
+    let (addr, counts) = start_fake_server(behaviour).await;
+    let addr = addr.to_string();
+    let summary = run_ok(
+        "actions",
+        &[
+            "--addr",
+            &addr,
+            "--bots",
+            "3",
+            "--duration",
+            "2500ms",
+            "--move-interval",
+            "50ms",
+            "--actions-per-second",
+            "10",
+            "--drain",
+            "1s",
+            "--seed",
+            "7",
+        ],
+    )
+    .await;
+    let actions = &summary["actions"];
+    assert_eq!(actions["per_second_per_bot"].as_f64(), Some(10.0), "{actions}");
+    let (sent, answered, rejected, errored, lost) = (
+        n(actions, "sent"),
+        n(actions, "answered"),
+        n(actions, "rejected"),
+        n(actions, "errored"),
+        n(actions, "lost"),
+    );
+    assert_eq!(sent, get(&counts.actions_received), "every action reached the server");
+    assert_eq!(answered, get(&counts.actions_done), "ActionDone the server sent");
+    assert_eq!(rejected, get(&counts.actions_rejected), "REJECTED the server sent");
+    assert_eq!(lost, get(&counts.actions_unanswered), "unanswered actions are lost");
+    assert_eq!(errored, 0);
+    assert_eq!(sent, answered + rejected + lost, "every action has one fate: {actions}");
+    assert_eq!(n(actions, "unmatched"), 0);
+    // About 2.5 s x 10/s = 25 actions per bot: 9 aimed at wolves, the rest at no one.
+    assert!(sent >= 3 * 20, "expected about 25 actions per bot: {actions}");
+    assert!(lost >= 3 && rejected >= 3 * 8, "the run was too short to test anything");
+    for field in ["p50", "p99", "max"] {
+        assert!(actions["delay_ms"][field].as_f64().is_some(), "delay_ms.{field}: {actions}");
+    }
+
+    // Moves are counted as before, apart from the actions.
+    let (moves, acked, moves_errored) =
+        (n(&summary, "moves_sent"), n(&summary, "moves_acked"), n(&summary, "moves_errored"));
+    assert_eq!(moves, get(&counts.moves_received));
+    assert_eq!(moves, acked + moves_errored + n(&summary, "moves_lost"), "{summary}");
+    assert_eq!(acked, get(&counts.moves_acked));
+    assert_eq!(moves_errored, get(&counts.moves_errored), "RATE_LIMITED went to the moves");
+    assert_eq!(summary["errors_by_code"]["REJECTED"].as_u64(), Some(rejected));
+    assert_eq!(n(&summary, "acks_unmatched"), 0);
+
+    let targets = counts.action_targets.lock().unwrap().clone();
+    assert_eq!(targets.len(), 3, "every bot acted: {targets:?}");
+    let script = [NEAR_WOLF, NEAR_WOLF, NEAR_WOLF, FAR_WOLF, FAR_WOLF, FAR_WOLF];
+    for (player, aimed) in &targets {
+        assert_eq!(aimed[..6], script, "player {player} aimed: {aimed:?}");
+        assert_eq!(aimed[6..9], [NEAR_WOLF; 3], "player {player} aimed: {aimed:?}");
+        assert!(aimed[9..].iter().all(|&t| t == 0), "no wolf left: {aimed:?}");
+    }
 }
