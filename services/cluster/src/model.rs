@@ -84,6 +84,9 @@ pub struct DensityReport {
     pub cell: u32,
     /// `[column, row, players]` for every square with players (column = x / cell).
     pub counts: Vec<[u32; 3]>,
+    /// `[column, row, npcs]` for every square with NPCs the shard owns (a game's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub npcs: Vec<[u32; 3]>,
 }
 
 impl DensityReport {

@@ -2097,6 +2097,52 @@ mod tests {
     }
 
     #[test]
+    fn actions_past_their_burst_or_invalid_are_answered_in_order_with_moves() {
+        let (mut core, mut links, mail) = core_limited(64, 1, Limits::default());
+        let t0 = Instant::now();
+        let slot = login_at(&mut core, t0);
+        let session = core.relayed_session(slot);
+        let action = |kind, client_time, bytes: usize| {
+            C::Action(meridian_protocol::pb::Action {
+                kind,
+                payload: vec![0; bytes],
+                target: 0,
+                client_time,
+            })
+        };
+        // Nothing in flight: an invalid action is answered here at once, and takes no seq.
+        write_all_at(&mut core, slot, vec![action(0, 1, 0), action(1, 2, 1025)], t0);
+        assert_eq!(
+            errors(&replies(&mut core, slot)),
+            vec![(ErrorCode::InvalidArgument, 1), (ErrorCode::InvalidArgument, 2)]
+        );
+        // The burst of 20 goes to the shard; the 21st waits behind them, answered by the
+        // shard in its turn; so does an invalid one.
+        let burst: Vec<C> = (3..=23).map(|t| action(5, t, 8)).collect();
+        write_all_at(&mut core, slot, burst, t0);
+        write_all_at(&mut core, slot, vec![action(0, 24, 0)], t0);
+        let relayed = relayed_inputs(&mut links[0].1);
+        let kinds: Vec<(&str, u64)> = relayed
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Some(Input::Action(a)) => Some(("action", a.client_time)),
+                Some(Input::Refused(r)) => Some(("refused", r.client_time)),
+                _ => None,
+            })
+            .collect();
+        let mut expected: Vec<(&str, u64)> = (3..=22).map(|t| ("action", t)).collect();
+        expected.extend([("refused", 23), ("refused", 24)]);
+        assert_eq!(kinds, expected);
+        assert!(errors(&replies(&mut core, slot)).is_empty(), "nothing answered out of turn");
+        // The shard answers all 22: once they are, a refusal is answered at once again.
+        let answered = Delivery { session, move_answers: 22, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![answered] }).unwrap();
+        core.process_mail(t0);
+        write_all_at(&mut core, slot, vec![action(5, 25, 0)], t0);
+        assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::RateLimited, 25)]);
+    }
+
+    #[test]
     fn the_move_budget_holds_across_a_change_of_owner() {
         let (mut core, mut links, mail) = core_limited(64, 2, Limits::default());
         let t0 = Instant::now();

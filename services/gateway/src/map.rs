@@ -37,8 +37,12 @@ pub const PALETTE: [&str; 12] = [
 
 /// The colour shard `id` is drawn in.
 pub fn shard_color(id: ShardId) -> &'static str {
+    // (NPC_COLOR is none of these.)
     PALETTE[(id.0 as usize).wrapping_sub(1) % PALETTE.len()]
 }
+
+/// The colour NPCs are drawn in: not a shard's, the background's or the overlay's.
+pub const NPC_COLOR: &str = "#00ffff";
 
 /// Whether this node has a live stream to a shard (`None`: it does not know, e.g. a
 /// `meridian status --web` that routes no traffic).
@@ -61,6 +65,10 @@ pub struct MapSnapshot {
     /// `[column, row, players]` per square with players, over all shards (estimated from
     /// the load bands for shards that did not answer: then the counts may be fractional).
     pub density: Vec<[f64; 3]>,
+    /// `[column, row, npcs]` per square with a game's NPCs (from the shards that answered).
+    pub npcs: Vec<[f64; 3]>,
+    /// The colour NPCs are drawn in.
+    pub npc_color: &'static str,
     /// Players of all shards, as their etcd records count them.
     pub players: u64,
     pub gateways: Vec<u32>,
@@ -221,6 +229,7 @@ pub fn assemble(
         serving.iter().map(|s| s.players).sum::<u64>() as f64 / serving.len() as f64
     };
     let mut density: BTreeMap<(u32, u32), f64> = BTreeMap::new();
+    let mut npcs: BTreeMap<(u32, u32), f64> = BTreeMap::new();
     let mut shards = Vec::new();
     for id in shard_ids(view) {
         let record = view.shards.get(&id);
@@ -228,7 +237,8 @@ pub fn assemble(
         let link = links.get(&id).copied().flatten();
         let source = match (report, record) {
             (Some(report), _) => {
-                add_reported(&mut density, report);
+                add_reported(&mut density, report.cell, &report.counts);
+                add_reported(&mut npcs, report.cell, &report.npcs);
                 "shard"
             }
             (None, Some(record)) => {
@@ -278,6 +288,8 @@ pub fn assemble(
         shards,
         density_cell: DENSITY_CELL,
         density: density.into_iter().map(|((c, r), n)| [f64::from(c), f64::from(r), n]).collect(),
+        npcs: npcs.into_iter().map(|((c, r), n)| [f64::from(c), f64::from(r), n]).collect(),
+        npc_color: NPC_COLOR,
         players,
         gateways: view.gateways.keys().map(|g| g.0).collect(),
         taken_at_ms: std::time::SystemTime::now()
@@ -286,10 +298,10 @@ pub fn assemble(
     }
 }
 
-fn add_reported(density: &mut BTreeMap<(u32, u32), f64>, report: &DensityReport) {
+fn add_reported(density: &mut BTreeMap<(u32, u32), f64>, cell: u32, counts: &[[u32; 3]]) {
     // A shard on another grid size (a different build) is rescaled to ours.
-    let cell = report.cell.max(1);
-    for &[column, row, n] in &report.counts {
+    let cell = cell.max(1);
+    for &[column, row, n] in counts {
         let key = (column * cell / DENSITY_CELL, row * cell / DENSITY_CELL);
         *density.entry(key).or_default() += f64::from(n);
     }
@@ -363,7 +375,14 @@ mod tests {
     fn a_snapshot_has_every_shard_with_its_state_health_and_load() {
         let reports = BTreeMap::from([(
             ShardId(1),
-            DensityReport { shard: 1, epoch: 7, ready: true, cell: 10, counts: vec![[3, 4, 6]] },
+            DensityReport {
+                shard: 1,
+                epoch: 7,
+                ready: true,
+                cell: 10,
+                counts: vec![[3, 4, 6]],
+                npcs: vec![[3, 5, 2]],
+            },
         )]);
         let links = BTreeMap::from([(ShardId(1), Some(true)), (ShardId(2), Some(true))]);
         let snapshot = assemble("c", Some(GatewayId(1)), &view(), &reports, &links);
@@ -384,13 +403,22 @@ mod tests {
         assert_eq!(snapshot.players, 10);
         // Shard 1's reported square, and shard 2's four players estimated in one square.
         assert_eq!(snapshot.density, vec![[3.0, 4.0, 6.0], [30.0, 5.0, 4.0]]);
+        assert_eq!(snapshot.npcs, vec![[3.0, 5.0, 2.0]], "the NPCs a shard reported");
+        assert!(!PALETTE.contains(&snapshot.npc_color), "NPCs in a colour of their own");
     }
 
     #[test]
     fn a_shard_without_a_link_or_not_ready_says_so() {
         let reports = BTreeMap::from([(
             ShardId(1),
-            DensityReport { shard: 1, epoch: 7, ready: false, cell: 10, counts: vec![] },
+            DensityReport {
+                shard: 1,
+                epoch: 7,
+                ready: false,
+                cell: 10,
+                counts: vec![],
+                npcs: vec![],
+            },
         )]);
         let snapshot =
             assemble("c", None, &view(), &reports, &BTreeMap::from([(ShardId(1), Some(true))]));

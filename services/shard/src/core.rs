@@ -1039,7 +1039,12 @@ impl ShardCore {
         for (_, at) in self.world.local_players() {
             *squares.entry((at.x / cell, at.y / cell)).or_default() += 1;
         }
+        let mut npcs: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
+        for (_, at, _) in self.world.npcs() {
+            *npcs.entry((at.x / cell, at.y / cell)).or_default() += 1;
+        }
         meridian_cluster::DensityReport {
+            npcs: npcs.into_iter().map(|((column, row), n)| [column, row, n]).collect(),
             shard: self.id.0,
             epoch: self.geometry.epoch,
             ready: false,

@@ -82,3 +82,8 @@ fn metrics_are_strict_prometheus_and_move_under_load() {
 fn live_map_in_headless_chromium() {
     map::live_map_in_headless_chromium();
 }
+
+#[test]
+fn the_live_map_draws_a_games_npcs_in_their_own_colour() {
+    map::the_live_map_draws_a_games_npcs_in_their_own_colour();
+}

@@ -424,3 +424,45 @@ pub fn live_map_in_headless_chromium() {
         Ok(())
     });
 }
+
+/// `meridian up --game wolves`: the map counts each shard's wolves by square and draws them
+/// in the NPC colour, which no shard has.
+pub fn the_live_map_draws_a_games_npcs_in_their_own_colour() {
+    if !browser::chromium_installed() {
+        panic!("{} is missing: run deploy/install-deps.sh", browser::CHROMIUM);
+    }
+    const WOLVES: f64 = 12.0;
+    let opts = two_shards().arg("--game").arg("wolves").env("MERIDIAN_WOLVES_PER_SHARD", "6");
+    with_cluster("NPCs on the live map", opts, |cluster| {
+        let admin = cluster.gateway(0).admin;
+        let map = wait_map(admin, Duration::from_secs(20), "/map.json to count 12 wolves", |m| {
+            let total: f64 = m["npcs"]
+                .as_array()
+                .map(|squares| squares.iter().filter_map(|c| c[2].as_f64()).sum())
+                .unwrap_or(0.0);
+            total >= WOLVES
+        })?;
+        let npc = parse_colour(map["npc_color"].as_str().context("npc_color")?)?;
+        for shard in map["shards"].as_array().into_iter().flatten() {
+            let colour = parse_colour(shard["color"].as_str().context("color")?)?;
+            ensure!(!same_colour(colour, npc), "shard {shard} is drawn in the NPC colour");
+        }
+        let png = browser::screenshot_once(&format!("http://{admin}/map"), WINDOW, BUDGET)?;
+        let shot = keep(&png, "npcs");
+        let image = Image::decode(&png)?;
+        let mut drawn = 0;
+        for y in 0..image.height {
+            for x in 0..image.width {
+                drawn += usize::from(image.at(x, y) == npc);
+            }
+        }
+        // Each square with wolves gets a mark of at least 2 x 2 pixels.
+        let squares = map["npcs"].as_array().map_or(0, Vec::len);
+        ensure!(
+            drawn >= squares * 4,
+            "{drawn} pixels in the NPC colour for {squares} squares with wolves; see {}",
+            shot.display()
+        );
+        Ok(())
+    })
+}
