@@ -86,7 +86,7 @@ impl GatewayMetrics {
                 "Inputs refused with RATE_LIMITED by a per-player limit, by kind.",
                 l,
                 "kind",
-                ["move", "chat"],
+                ["move", "chat", "action"],
             ),
             login_tokens: registry.counter_family(
                 "meridian_gateway_login_tokens_total",
