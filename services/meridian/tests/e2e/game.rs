@@ -257,3 +257,63 @@ fn npcs_near_a_border_come_back_after_their_shard_is_killed() {
         Ok(())
     })
 }
+
+/// NPCs drain with their shard: `meridian drain` hands them to the shards that take its
+/// region, like its players, and nothing of them is lost.
+#[test]
+fn npcs_are_drained_with_their_shard() {
+    with_cluster(wolves_on_four_shards(), |cluster| {
+        let west = shard_id_owning(cluster, 100, 100)?;
+        let mut hana = Bot::connect(cluster.client_addr(0))?;
+        hana.login("hana", Some((100, 100)))?;
+        let wolf = summon(&mut hana, 0, 3, 1)?;
+        ensure!(owners_of(cluster, wolf)? == [west]);
+        meridian_testkit::drain_shard(cluster, west, Duration::from_secs(30))?;
+        wait_until(deadline(Duration::from_secs(10)), "another shard to own the wolf", || {
+            owners_of(cluster, wolf).is_ok_and(|o| o.len() == 1 && o[0] != west)
+        })?;
+        let got = listen(&mut hana, Duration::from_millis(500))?;
+        ensure!(
+            arrivals_and_departures(&got, wolf).is_empty(),
+            "hana saw the wolf leave or come back while it changed shards: {got:?}"
+        );
+        ensure!(hana.view().sees(wolf), "and still sees it");
+        Ok(())
+    })
+}
+
+/// A player's private game state (the wolves' kill count) moves with it across a border
+/// and is saved with it in the player store when it logs out.
+#[test]
+fn a_players_private_state_moves_with_it_and_is_saved() {
+    let data = std::env::temp_dir().join(format!("meridian-e2e-game-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let store = format!("sqlite:{}", data.join("players.sqlite").display());
+    let opts = wolves_on_four_shards().arg("--data-dir").arg(data.display().to_string());
+    with_cluster(opts, |cluster| {
+        let mut ivy = Bot::connect(cluster.client_addr(0))?;
+        ivy.login("ivy", Some((199, 150)))?;
+        let wolf = summon(&mut ivy, -1, 0, 1)?;
+        for t in 2..5 {
+            ivy.send(&msg::action(ATTACK, wolf, b"", t))?;
+            ivy.recv_until(deadline(Duration::from_secs(5)), "the attack's answer", |m| {
+                answers(m, t)
+            })?;
+        }
+        // Over the border: shard 3 owns ivy now, and the kill she made on shard 1 with her.
+        ensure!(ivy.move_ok(Direction::Right, 5)? == (200, 150));
+        ivy.send(&msg::logout())?;
+        ivy.expect_closed(deadline(Duration::from_secs(10)))?;
+        let output = std::process::Command::new(crate::meridian_bin())
+            .args(["player", "show", "ivy", "--store", &store])
+            .args(["--cluster", cluster.cluster_name(), "--etcd", cluster.etcd_url()])
+            .output()?;
+        let shown = String::from_utf8_lossy(&output.stdout).into_owned();
+        let kills = r#"{"kills":1}"#.len();
+        ensure!(
+            shown.contains(&format!("state {kills} bytes")),
+            "ivy's kill saved with her: {shown}"
+        );
+        Ok(())
+    })
+}
