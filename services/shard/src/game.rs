@@ -128,9 +128,16 @@ impl ShardCore {
         };
         let result = {
             let mut ctx = Context::new(self);
-            hook(&mut *game, &mut ctx)
+            // A game's bug must not take the shard (and every player on it) down: a hook
+            // that panics did what it did up to the panic, and is counted.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&mut *game, &mut ctx)))
         };
         self.game.game = Some(game);
+        let Ok(result) = result else {
+            self.metrics.game_panics.inc();
+            tracing::error!("a game hook panicked; the shard goes on");
+            return None;
+        };
         self.game_mail();
         Some(result)
     }
@@ -149,16 +156,20 @@ impl ShardCore {
                 self.game.mail.push_front(mail);
                 return;
             };
-            {
+            let handled = {
                 let mut ctx = Context::new(self);
-                match mail {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match mail {
                     GameMail::Message { to, from, kind, payload } => {
                         game.message(&mut ctx, entity_id(to), entity_id(from), kind, &payload)
                     }
                     GameMail::Arrived(entity) => game.arrived(&mut ctx, entity_id(entity)),
-                }
-            }
+                }))
+            };
             self.game.game = Some(game);
+            if handled.is_err() {
+                self.metrics.game_panics.inc();
+                tracing::error!("a game hook panicked; the shard goes on");
+            }
         }
         if !self.game.mail.is_empty() {
             warn!(
@@ -284,7 +295,7 @@ impl ShardCore {
             target: (action.target != 0).then_some(EntityId(action.target)),
         };
         self.run_game(|game, ctx| game.action(ctx, entity_id(actor), game_action))
-            .unwrap_or_else(|| Reply::rejected("the game is busy"))
+            .unwrap_or_else(|| Reply::rejected("the game failed to answer"))
     }
 
     fn answer_action(&mut self, link: LinkId, session: u64, client_time: u64, reply: Reply) {

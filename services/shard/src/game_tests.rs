@@ -25,13 +25,14 @@ const SESSION: u64 = 0x100;
 const PLAYER: u64 = 1;
 const GHOST_WOLF: u64 = 5_000;
 
-/// Answers every action with its own payload; `kind` 9 is refused.
+/// Answers every action with its own payload; `kind` 9 is refused, `kind` 13 panics.
 struct Echo;
 
 impl Game for Echo {
     fn action(&mut self, _: &mut Context<'_>, _: EntityId, action: Action<'_>) -> Reply {
         match action.kind {
             9 => Reply::rejected("not that one"),
+            13 => panic!("a bug in the game"),
             _ => Reply::Done(action.payload.to_vec()),
         }
     }
@@ -302,4 +303,14 @@ fn two_actions_on_ghosts_in_a_row_are_sent_one_after_the_other() {
     h.peer(PLAYER, Peer::Answer(done(2)));
     let (told, _) = h.flush();
     assert_eq!(answers(&told), ["done 2 ", "ack 3"]);
+}
+
+#[test]
+fn a_game_that_panics_does_not_take_the_shard_down() {
+    let mut h = Harness::new();
+    h.action(13, 0, 1);
+    h.action(3, 0, 2);
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["REJECTED 1", "done 2 p2"], "answered, and the game goes on");
+    assert_eq!(h.core.metrics.game_panics.get(), 1);
 }

@@ -56,6 +56,7 @@ pub struct ShardMetrics {
     pub actions_rejected: Arc<Counter>,
     pub state_changes: Arc<Counter>,
     pub game_events: Arc<Counter>,
+    pub game_panics: Arc<Counter>,
 }
 
 impl ShardMetrics {
@@ -221,6 +222,11 @@ impl ShardMetrics {
             state_changes: registry.counter(
                 "meridian_shard_state_changes_total",
                 "Public state changes told to observers (at most one per entity per tick).",
+                l,
+            ),
+            game_panics: registry.counter(
+                "meridian_shard_game_panics_total",
+                "Game hooks that panicked (the shard went on; an action is answered REJECTED).",
                 l,
             ),
             game_events: registry.counter(
