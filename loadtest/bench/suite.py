@@ -180,7 +180,7 @@ class Cluster:
         self.ready_file.unlink(missing_ok=True)
         self.log_file = open(work / f"{name}.up.log", "w")
         command = [str(binary or RELEASE / "meridian"), "up", "--shards", str(shards), "--io", io,
-                   "--port", "0", "--quic-port", "0", "--cluster", name,
+                   "--port", "0", "--quic-port", "0", "--ws-port", "0", "--cluster", name,
                    "--ready-file", str(self.ready_file), *extra]
         self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
                                         cwd=ROOT, env={**os.environ, **(env or {})})

@@ -104,6 +104,9 @@ pub struct GatewayRecord {
     /// The QUIC front's UDP address, if the gateway runs one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<String>,
+    /// The WebSocket front's TCP address, if the gateway runs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ws: Option<String>,
 }
 
 /// A half-open rectangle of cells `[x0, x1) x [y0, y1)` owned by one shard.

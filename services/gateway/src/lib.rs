@@ -27,6 +27,7 @@ mod shared;
 mod sockets;
 mod uring;
 mod worker;
+mod ws;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +46,7 @@ pub use quic::QuicFront;
 pub use quic_tls::{PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 pub use sockets::raise_open_files_limit;
 pub use worker::bind_game_listener;
+pub use ws::{WsFront, SUBPROTOCOL as WS_SUBPROTOCOL};
 
 /// File descriptors kept out of reach of client connections (gRPC links to shards, etcd,
 /// the admin port, the rings and eventfds); a quarter of the limit where that is less.
@@ -123,11 +125,13 @@ pub enum GatewayError {
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
 /// reused by every worker with SO_REUSEPORT); `quic`, if given, is the QUIC front (one more
-/// worker, after the TCP ones); `admin` serves the admin endpoints.
+/// worker, after the TCP ones); `ws`, if given, is the WebSocket front (one more);
+/// `admin` serves the admin endpoints.
 pub async fn run(
     config: GatewayConfig,
     game: std::net::TcpListener,
     quic: Option<QuicFront>,
+    ws: Option<WsFront>,
     admin: TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), GatewayError> {
@@ -166,7 +170,7 @@ pub async fn run(
     let io = select_backend(config.io);
     let metrics = Arc::new(GatewayMetrics::new(&registry, config.id, io));
     // Every event loop takes id blocks: the TCP workers and the QUIC front.
-    let loops = config.workers.max(1) + usize::from(quic.is_some());
+    let loops = config.workers.max(1) + usize::from(quic.is_some()) + usize::from(ws.is_some());
     let ids = ids::IdPool::start(client.clone(), &keys, loops).await?;
     let routing = routing::Routing::new();
     let listeners = worker::reuseport_listeners(game, config.workers)
@@ -206,6 +210,14 @@ pub async fn run(
         }
         None => None,
     };
+    let ws_addr = match ws {
+        Some(front) => {
+            let addr = front.local_addr().map_err(GatewayError::Listener)?;
+            workers.spawn_ws(front, Arc::clone(&shared))?;
+            Some(addr)
+        }
+        None => None,
+    };
     let mailboxes = Arc::new(workers.mailboxes());
     if let Some(store) = store {
         info!(store = store.0.kind(), "accounts keep their players in the player store");
@@ -224,6 +236,7 @@ pub async fn run(
         game: config.advertise.clone().unwrap_or_else(|| game_addr.to_string()),
         admin: config.advertise_admin.clone().unwrap_or_else(|| admin_addr.to_string()),
         quic: quic_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
+        ws: ws_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
     };
     let registration = Registration::start(
         client,
@@ -261,7 +274,7 @@ pub async fn run(
         Arc::new(move |id| Some(links.read(|t| t.link(id).is_some_and(|l| l.is_up())))),
     );
     tokio::spawn(serve_admin_with(admin, registry, readiness, live_map.routes()));
-    info!(gateway = %config.id, %game_addr, ?quic_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
+    info!(gateway = %config.id, %game_addr, ?quic_addr, ?ws_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
 
     let failed = tokio::select! {
         () = shutdown => false,

@@ -28,6 +28,9 @@ pub struct GatewayMetrics {
     /// client: the gateway-shard-gateway round trip as the gateway sees it.
     pub move_delay: Arc<Histogram>,
     pub quic_connections: Arc<Gauge>,
+    pub ws_connections: Arc<Gauge>,
+    pub ws_handshakes: Arc<Counter>,
+    pub ws_handshake_failures: Arc<Counter>,
     pub quic_handshakes: Arc<Counter>,
     pub quic_handshake_failures: Arc<Counter>,
     pub quic_migrations: Arc<Counter>,
@@ -215,6 +218,21 @@ impl GatewayMetrics {
             quic_connections: registry.gauge(
                 "meridian_gateway_quic_connections",
                 "Open QUIC sessions (also counted in meridian_gateway_connections).",
+                l,
+            ),
+            ws_connections: registry.gauge(
+                "meridian_gateway_ws_connections",
+                "Open WebSocket sessions (also counted in meridian_gateway_connections).",
+                l,
+            ),
+            ws_handshakes: registry.counter(
+                "meridian_gateway_ws_handshakes_total",
+                "WebSocket upgrades completed.",
+                l,
+            ),
+            ws_handshake_failures: registry.counter(
+                "meridian_gateway_ws_handshake_failures_total",
+                "WebSocket connections refused: failed or timed-out upgrades, or too many at once.",
                 l,
             ),
             quic_handshakes: registry.counter(

@@ -42,6 +42,20 @@ impl Workers {
         Ok(())
     }
 
+    pub fn spawn_ws(
+        &mut self,
+        front: crate::WsFront,
+        shared: Arc<Shared>,
+    ) -> Result<(), GatewayError> {
+        let index = self.mailboxes.len();
+        let (sender, mail, woken) = mailbox();
+        let (waker, thread) = crate::ws::spawn(index, front, shared, mail)
+            .map_err(|source| GatewayError::Worker { index, source })?;
+        self.threads.push(thread);
+        self.mailboxes.push(Mailbox { sender, waker, woken });
+        Ok(())
+    }
+
     pub fn join(self) {
         for thread in self.threads {
             let _ = thread.join();

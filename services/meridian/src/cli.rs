@@ -255,6 +255,10 @@ pub struct GatewayArgs {
     /// Bytes of unsent output per client before it is disconnected as too slow.
     #[arg(long, env = "MERIDIAN_MAX_OUTPUT", default_value_t = 1 << 20)]
     pub max_output: usize,
+    /// WebSocket front: TCP listen address (`ws://ADDR/`, any path; one binary message per
+    /// protobuf body, no length prefix; for browsers). No WebSocket front if not given.
+    #[arg(long, env = "MERIDIAN_WS")]
+    pub ws: Option<SocketAddr>,
     /// QUIC front: UDP listen address (ALPN meridian/1). No QUIC front if not given.
     #[arg(long, env = "MERIDIAN_QUIC")]
     pub quic: Option<SocketAddr>,
@@ -428,6 +432,9 @@ pub struct UpArgs {
     /// QUIC (UDP) port of the first gateway (0: any free port); the others take any.
     #[arg(long, default_value_t = 7777)]
     pub quic_port: u16,
+    /// WebSocket port of the first gateway (0: any free port); the others take any.
+    #[arg(long, default_value_t = 7778)]
+    pub ws_port: u16,
     /// The gateways' QUIC idle timeout in milliseconds (see `meridian gateway --help`).
     #[arg(long, default_value_t = 10_000)]
     pub quic_idle_timeout_ms: u64,
@@ -581,6 +588,8 @@ pub struct GatewayNode {
     pub listen: SocketAddr,
     /// The QUIC front's address, certificate and timeouts, if it is on.
     pub quic: Option<(SocketAddr, QuicCert, QuicTimeouts)>,
+    /// The WebSocket front's address, if it is on.
+    pub ws: Option<SocketAddr>,
     pub common: CommonArgs,
 }
 
@@ -725,7 +734,14 @@ impl GatewayArgs {
             jwks: self.jwks,
             accounts: None,
         };
-        let node = GatewayNode { config, store, listen: self.listen, quic, common: self.common };
+        let node = GatewayNode {
+            config,
+            store,
+            listen: self.listen,
+            quic,
+            ws: self.ws,
+            common: self.common,
+        };
         finish(node, problems)
     }
 }

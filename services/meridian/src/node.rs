@@ -77,6 +77,13 @@ pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
             }
             None => None,
         };
+        let ws = match node.ws {
+            Some(addr) => Some(
+                meridian_gateway::WsFront::bind(addr)
+                    .with_context(|| format!("binding the WebSocket listener {addr}"))?,
+            ),
+            None => None,
+        };
         let admin = tokio::net::TcpListener::bind(node.common.admin)
             .await
             .with_context(|| format!("binding admin listener {}", node.common.admin))?;
@@ -94,9 +101,12 @@ pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
                     ready["quic_cert_pem"] = json!(pem);
                 }
             }
+            if let Some(front) = &ws {
+                ready["ws"] = json!(front.local_addr()?.to_string());
+            }
             write_json_atomically(path, &ready)?;
         }
-        meridian_gateway::run(node.config, game, quic, admin, terminated()).await?;
+        meridian_gateway::run(node.config, game, quic, ws, admin, terminated()).await?;
         Ok(())
     })
 }

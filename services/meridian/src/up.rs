@@ -183,11 +183,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         let ready = run_dir.join(format!("gateway-{id}.json"));
         let port = if id == 1 { args.port } else { 0 };
         let quic_port = if id == 1 { args.quic_port } else { 0 };
+        let ws_port = if id == 1 { args.ws_port } else { 0 };
         let mut command = Command::new(&me);
         command
             .args(["gateway", "--id", &id.to_string(), "--io", io])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--quic", &format!("127.0.0.1:{quic_port}")])
+            .args(["--ws", &format!("127.0.0.1:{ws_port}")])
             .args(["--quic-idle-timeout-ms", &args.quic_idle_timeout_ms.to_string()])
             .args(["--quic-keep-alive-ms", &(args.quic_idle_timeout_ms / 3).to_string()]);
         let exempt: Vec<&str> =
@@ -232,10 +234,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     for gateway in summary["gateways"].as_array().into_iter().flatten() {
         println!(
-            "  gateway-{} game {}  quic {}/udp  admin {}",
+            "  gateway-{} game {}  quic {}/udp  ws ws://{}/  admin {}",
             gateway["id"],
             gateway["game"].as_str().unwrap_or("?"),
             gateway["quic"].as_str().unwrap_or("?"),
+            gateway["ws"].as_str().unwrap_or("?"),
             gateway["admin"].as_str().unwrap_or("?")
         );
         println!(

@@ -20,6 +20,7 @@ use crate::quic::{QuicClient, QuicOptions, QuicRead, QuicTarget};
 use crate::stream::StreamCheck;
 use crate::view::View;
 use crate::wait::{deadline, DEFAULT_WAIT};
+use crate::ws::{WsClient, WsRead};
 
 /// How many received messages a bot remembers to explain a failure.
 const HISTORY: usize = 32;
@@ -36,6 +37,8 @@ static NEXT_BOT: AtomicU64 = AtomicU64::new(1);
 pub enum GameAddr {
     Tcp(SocketAddr),
     Quic(QuicTarget),
+    /// A gateway's WebSocket front.
+    Ws(SocketAddr),
 }
 
 impl From<SocketAddr> for GameAddr {
@@ -54,6 +57,7 @@ impl From<QuicTarget> for GameAddr {
 enum Link {
     Tcp(TcpStream),
     Quic(Box<QuicClient>),
+    Ws(Box<WsClient>),
 }
 
 /// A connected client. Every message it receives goes through its [`View`], so a protocol
@@ -177,6 +181,12 @@ impl Bot {
                 })?;
                 (target.addr, Link::Quic(Box::new(client)))
             }
+            GameAddr::Ws(addr) => {
+                let client = WsClient::connect(addr, DEFAULT_WAIT).with_context(|| {
+                    format!("bot #{n} connecting to gateway {addr} over WebSocket")
+                })?;
+                (addr, Link::Ws(Box::new(client)))
+            }
         };
         Ok(Bot {
             label: format!("bot #{n}"),
@@ -263,6 +273,7 @@ impl Bot {
         let sent = match &mut self.link {
             Link::Tcp(stream) => stream.write_all(bytes).map_err(anyhow::Error::from),
             Link::Quic(client) => client.write_all(bytes),
+            Link::Ws(client) => client.write_all(bytes),
         };
         sent.with_context(|| {
             format!("{} sending {} bytes to {}", self.label, bytes.len(), self.addr)
@@ -278,7 +289,7 @@ impl Bot {
     pub fn quic_handshake(&self) -> Option<Duration> {
         match &self.link {
             Link::Quic(client) => Some(client.handshake),
-            Link::Tcp(_) => None,
+            Link::Tcp(_) | Link::Ws(_) => None,
         }
     }
 
@@ -287,7 +298,9 @@ impl Bot {
     pub fn rebind(&mut self) -> anyhow::Result<SocketAddr> {
         match &mut self.link {
             Link::Quic(client) => client.rebind(),
-            Link::Tcp(_) => bail!("{} is a TCP bot: only QUIC connections migrate", self.label),
+            Link::Tcp(_) | Link::Ws(_) => {
+                bail!("{} is not a QUIC bot: only QUIC connections migrate", self.label)
+            }
         }
     }
 
@@ -296,6 +309,7 @@ impl Bot {
         match &self.link {
             Link::Tcp(stream) => Ok(stream.local_addr()?),
             Link::Quic(client) => client.local_addr(),
+            Link::Ws(client) => client.local_addr(),
         }
     }
 
@@ -307,7 +321,9 @@ impl Bot {
                 client.vanish();
                 Ok(())
             }
-            Link::Tcp(_) => bail!("{} is a TCP bot: vanish is a QUIC test", self.label),
+            Link::Tcp(_) | Link::Ws(_) => {
+                bail!("{} is not a QUIC bot: vanish is a QUIC test", self.label)
+            }
         }
     }
 
@@ -550,7 +566,21 @@ impl Bot {
                 let _ = stream.shutdown(Shutdown::Both);
             }
             Link::Quic(client) => client.close(),
+            Link::Ws(client) => client.close(),
         }
+    }
+
+    /// WebSocket only: sends a text message (which the protocol does not allow).
+    pub fn send_text(&mut self, text: &str) -> anyhow::Result<()> {
+        match &mut self.link {
+            Link::Ws(client) => client.send_text(text),
+            _ => bail!("{} is not a WebSocket bot", self.label),
+        }
+    }
+
+    /// Whether this bot speaks WebSocket.
+    pub fn is_ws(&self) -> bool {
+        matches!(self.link, Link::Ws(_))
     }
 
     /// Aborts the connection with a TCP reset (SO_LINGER 0), as a crashed client would.
@@ -562,6 +592,7 @@ impl Bot {
                 client.abort();
                 return Ok(());
             }
+            Link::Ws(client) => client.into_stream(),
         };
         let linger = libc::linger { l_onoff: 1, l_linger: 0 };
         // SAFETY: the fd is open for the life of `self.stream`, and the option value is a
@@ -639,6 +670,15 @@ impl Bot {
                     Ok(QuicRead::TimedOut) => continue,
                     Err(e) => return Err(self.failure(&format!("{e:#}"))),
                 },
+                Link::Ws(client) => match client.read(now + wait) {
+                    Ok(WsRead::Data(framed)) => {
+                        self.reader.extend(&framed);
+                        continue;
+                    }
+                    Ok(WsRead::Closed) => return Ok(Received::Closed),
+                    Ok(WsRead::TimedOut) => continue,
+                    Err(e) => return Err(self.failure(&format!("{e:#}"))),
+                },
             };
             stream.set_read_timeout(Some(wait))?;
             match stream.read(&mut buf) {
@@ -654,7 +694,11 @@ impl Bot {
 
     /// An error naming this bot, what went wrong, and what it received last.
     fn failure(&self, what: &str) -> anyhow::Error {
-        let transport = if self.is_quic() { "QUIC" } else { "TCP" };
+        let transport = match self.link {
+            Link::Quic(_) => "QUIC",
+            Link::Ws(_) => "WebSocket",
+            Link::Tcp(_) => "TCP",
+        };
         let player = match self.view.own_id() {
             Some(id) => format!("player {id}, "),
             None => String::new(),

@@ -53,6 +53,7 @@ impl Io {
 pub enum Transport {
     Tcp,
     Quic,
+    Ws,
 }
 
 /// A gateway backend and the transport bots use: what a scenario is run against.
@@ -65,6 +66,10 @@ pub struct Front {
 impl Front {
     pub fn quic(io: Io) -> Front {
         Front { io, transport: Transport::Quic }
+    }
+
+    pub fn ws(io: Io) -> Front {
+        Front { io, transport: Transport::Ws }
     }
 }
 
@@ -158,6 +163,9 @@ pub struct GatewayInfo {
     pub quic_cert_sha256: Option<String>,
     #[serde(default)]
     pub quic_cert_pem: Option<String>,
+    /// The WebSocket front (TCP).
+    #[serde(default)]
+    pub ws: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -213,7 +221,7 @@ impl Cluster {
             .args(["--shards", &opts.shards.to_string()])
             .args(["--gateways", &opts.gateways.to_string()])
             .args(["--io", opts.io.as_arg()])
-            .args(["--port", "0", "--quic-port", "0"])
+            .args(["--port", "0", "--quic-port", "0", "--ws-port", "0"])
             .arg("--ready-file")
             .arg(&ready_path)
             .args(["--cluster", &name])
@@ -327,7 +335,18 @@ impl Cluster {
         match self.transport {
             Transport::Tcp => GameAddr::Tcp(self.game_addr(index)),
             Transport::Quic => GameAddr::Quic(self.quic_target(index)),
+            Transport::Ws => GameAddr::Ws(self.ws_addr(index)),
         }
+    }
+
+    /// The WebSocket front of gateway `index` (`meridian up` always starts one).
+    ///
+    /// # Panics
+    /// If that gateway has none.
+    pub fn ws_addr(&self, index: usize) -> SocketAddr {
+        self.ready.gateways[index]
+            .ws
+            .expect("meridian up starts a WebSocket front on every gateway")
     }
 
     /// The QUIC front of gateway `index`, with the certificate to trust.

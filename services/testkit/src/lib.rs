@@ -57,6 +57,7 @@ mod truth;
 mod view;
 mod wait;
 mod walk;
+pub mod ws;
 
 pub use bot::{Answer, Bot, GameAddr, LoggedIn, MoveAnswer};
 pub use bystander::Bystander;
