@@ -9,7 +9,7 @@
 //! of a player owned by a neighbour is a game message sent there, and an attack on a wolf
 //! across a border is carried out by the wolf's shard.
 //!
-//! The wire format a client needs (see `docs/`):
+//! The wire format a client needs (`docs/protocol.md`, section 12, has it worked through):
 //! - NPC kind [`WOLF`] (1); players are kind 0.
 //! - Public state of wolves and players: UTF-8 JSON `{"hp":H,"max":M}`.
 //! - Actions: [`ATTACK`] (1, `target` = an adjacent wolf; answered `{"hp":H}` or

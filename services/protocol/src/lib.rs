@@ -1,4 +1,5 @@
-//! The public client protocol of Meridian (DESIGN.md section 2), without any I/O.
+//! The public client protocol of Meridian (`docs/protocol.md`, `proto/client.proto`),
+//! without any I/O.
 //!
 //! Bytes in, messages out, and back: varint length-delimited framing with a frame limit
 //! that is checked as soon as the length prefix is read, decoding of `ClientMessage` /
