@@ -48,6 +48,8 @@ class Answers:
 
     def expect(self, kind: Kind, client_time: int, generation: int) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # A caller that gave up never reads its error: that is no reason for asyncio to warn.
+        future.add_done_callback(_retrieve)
         self._pending[client_time] = Pending(kind, client_time, generation, future)
         return future
 
@@ -113,3 +115,8 @@ def _settle(pending: Pending, result: Any = None, error: Exception | None = None
         pending.future.set_exception(error)
     else:
         pending.future.set_result(result)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
