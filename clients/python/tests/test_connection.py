@@ -1,0 +1,173 @@
+"""The connection against a scripted fake gateway on 127.0.0.1:0 (no cluster): login,
+answers through the socket, keep-alive, and the resume after a drop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+import pytest
+
+from meridian_client import (
+    Connection,
+    ConnectionClosed,
+    Direction,
+    FrameDecoder,
+    MeridianError,
+    NotApplied,
+    Position,
+    encode_frame,
+    pb,
+)
+
+from messages import action_done, entered, error, login_ok, moved, view_reset
+
+WAIT = 5.0
+
+
+class Peer:
+    """One accepted connection, seen from the fake gateway."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.decoder = FrameDecoder()
+
+    async def recv(self) -> pb.ClientMessage:
+        while (body := self.decoder.next_frame()) is None:
+            data = await asyncio.wait_for(self.reader.read(4096), WAIT)
+            assert data, "the client closed"
+            self.decoder.feed(data)
+        message = pb.ClientMessage()
+        message.ParseFromString(body)
+        return message
+
+    def send(self, *messages: pb.ServerMessage) -> None:
+        for message in messages:
+            self.writer.write(encode_frame(message.SerializeToString()))
+
+    def drop(self) -> None:
+        self.writer.transport.abort()
+
+
+class FakeGateway:
+    def __init__(self) -> None:
+        self.peers: asyncio.Queue[Peer] = asyncio.Queue()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self.peers.put(Peer(reader, writer))
+
+        self.server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def accept(self) -> Peer:
+        return await asyncio.wait_for(self.peers.get(), WAIT)
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[tuple[FakeGateway, int]]:
+    fake = FakeGateway()
+    port = await fake.start()
+    yield fake, port
+    assert fake.server is not None
+    fake.server.close()
+
+
+async def logged_in(gateway: FakeGateway, port: int, **options: float) -> tuple[Connection, Peer]:
+    connection = await Connection.connect("127.0.0.1", port, **options)  # type: ignore[arg-type]
+    peer = await gateway.accept()
+    login = asyncio.create_task(connection.login("ann", spawn=(3, 4)))
+    sent = await peer.recv()
+    assert sent.WhichOneof("kind") == "login" and sent.login.name == "ann"
+    assert (sent.login.spawn.x, sent.login.spawn.y) == (3, 4)
+    peer.send(login_ok(1, 3, 4, token=b"tok"))
+    info = await login
+    assert info.player_id == 1 and info.resume_token == b"tok"
+    return connection, peer
+
+
+async def test_login_refused_raises_and_the_connection_stays(gateway: tuple[FakeGateway, int]) -> None:
+    fake, port = gateway
+    async with await Connection.connect("127.0.0.1", port) as connection:
+        peer = await fake.accept()
+        login = asyncio.create_task(connection.login("bad\u202ename"))
+        await peer.recv()
+        peer.send(error(pb.INVALID_ARGUMENT, "name has a bidirectional character"))
+        with pytest.raises(MeridianError) as refused:
+            await login
+        assert refused.value.code == pb.INVALID_ARGUMENT
+        assert connection.state == "connected"
+
+
+async def test_answers_arrive_through_the_socket(gateway: tuple[FakeGateway, int]) -> None:
+    fake, port = gateway
+    connection, peer = await logged_in(*gateway)
+    async with connection:
+        move = asyncio.create_task(connection.move(Direction.RIGHT))
+        action = asyncio.create_task(connection.action(2, target=9, payload=b"1,0"))
+        refused = asyncio.create_task(connection.move("left"))
+        sent = [await peer.recv() for _ in range(3)]
+        times = [m.move.client_time if m.HasField("move") else m.action.client_time for m in sent]
+        assert len(set(times)) == 3 and 0 not in times
+        assert sent[1].action.kind == 2 and sent[1].action.target == 9 and sent[1].action.payload == b"1,0"
+        # Someone else's move with no client_time, then the answers, out of order.
+        peer.send(entered(5, 6, 4, "bo"), moved(5, 7, 4))
+        peer.send(error(pb.RATE_LIMITED, "move rate limit", times[2]))
+        peer.send(action_done(times[1], b"77"), moved(1, 4, 4, times[0]))
+        assert await asyncio.wait_for(move, WAIT) == Position(4, 4)
+        assert await asyncio.wait_for(action, WAIT) == b"77"
+        with pytest.raises(MeridianError):
+            await asyncio.wait_for(refused, WAIT)
+        assert connection.view.entities[5].position == (7, 4)
+        assert connection.view.own_position == (4, 4)
+
+
+async def test_keepalive_pings_a_quiet_connection(gateway: tuple[FakeGateway, int]) -> None:
+    connection, peer = await logged_in(*gateway, keepalive=0.2)
+    async with connection:
+        first = await peer.recv()
+        second = await peer.recv()
+        assert first.WhichOneof("kind") == "ping" and second.WhichOneof("kind") == "ping"
+        assert 0 < first.ping.client_time < second.ping.client_time
+
+
+async def test_a_drop_resumes_and_what_it_owed_was_not_applied(gateway: tuple[FakeGateway, int]) -> None:
+    fake, port = gateway
+    connection, peer = await logged_in(fake, port)
+    async with connection:
+        owed = asyncio.create_task(connection.move(Direction.UP))
+        await peer.recv()
+        peer.drop()
+        # The new connection resumes with the token; a move sent meanwhile waits for it.
+        again = await fake.accept()
+        resume = await again.recv()
+        assert resume.WhichOneof("kind") == "resume" and resume.resume.token == b"tok"
+        later = asyncio.create_task(connection.move(Direction.DOWN))
+        await asyncio.sleep(0.05)
+        assert not later.done() and connection.state == "resuming"
+        again.send(view_reset(1, 3, 4), entered(5, 6, 4, "bo"))
+        with pytest.raises(NotApplied):
+            await asyncio.wait_for(owed, WAIT)
+        sent = await again.recv()
+        assert sent.WhichOneof("kind") == "move" and sent.move.direction == pb.DOWN
+        again.send(moved(1, 3, 5, sent.move.client_time))
+        assert await asyncio.wait_for(later, WAIT) == (3, 5)
+        assert connection.resumes == 1 and list(connection.view.entities) == [5]
+
+
+async def test_a_refused_resume_closes_for_good(gateway: tuple[FakeGateway, int]) -> None:
+    fake, port = gateway
+    connection, peer = await logged_in(fake, port)
+    owed = asyncio.create_task(connection.action(1, target=5))
+    await peer.recv()
+    peer.drop()
+    again = await fake.accept()
+    await again.recv()
+    again.send(error(pb.INVALID_TOKEN, "nothing to resume: the resume window has passed"))
+    with pytest.raises(ConnectionClosed):
+        await asyncio.wait_for(owed, WAIT)
+    assert connection.state == "closed"
+    with pytest.raises(ConnectionClosed):
+        await connection.move(Direction.UP)
+    await connection.close()
