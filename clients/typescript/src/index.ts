@@ -1,0 +1,19 @@
+/**
+ * `@meridian/client`: the TypeScript SDK for Meridian's public client protocol.
+ *
+ * Everything is exported from here, so that a bundler (esbuild for the gateway's `/play`
+ * page) can take this one entry point. The SDK uses no Node API: in a browser it needs
+ * nothing but the page's WebSocket.
+ */
+export * from "./gen/client_pb.js";
+export { Emitter, type Listener } from "./emitter.js";
+export { MeridianError, type ProtocolViolation } from "./errors.js";
+export { DEFAULT_MAX_FRAME_BYTES, encodeFrame, FrameDecoder, FrameError, type FrameErrorKind } from "./framing.js";
+export {
+  decodeServerMessage,
+  encodeClientFrame,
+  encodeClientMessage,
+  toPoint,
+  type ClientMessageInit,
+  type Point,
+} from "./messages.js";
