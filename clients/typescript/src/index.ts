@@ -6,6 +6,7 @@
  * nothing but the page's WebSocket.
  */
 export * from "./gen/client_pb.js";
+export { AnswerBook, type RequestKind, type AnswerOutcome } from "./answers.js";
 export { Emitter, type Listener } from "./emitter.js";
 export { MeridianError, type ProtocolViolation } from "./errors.js";
 export { DEFAULT_MAX_FRAME_BYTES, encodeFrame, FrameDecoder, FrameError, type FrameErrorKind } from "./framing.js";
@@ -17,3 +18,5 @@ export {
   type ClientMessageInit,
   type Point,
 } from "./messages.js";
+export { PLAYER_KIND, View, type Entity, type ViewEvents, type WorldInfo } from "./view.js";
+export { globalWebSocket, type WebSocketConstructor, type WebSocketLike } from "./transport.js";
