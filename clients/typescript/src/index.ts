@@ -7,6 +7,17 @@
  */
 export * from "./gen/client_pb.js";
 export { AnswerBook, type RequestKind, type AnswerOutcome } from "./answers.js";
+export {
+  Connection,
+  type ActionOptions,
+  type CloseReason,
+  type ConnectionEvents,
+  type ConnectionOptions,
+  type ConnectionState,
+  type DirectionName,
+  type LoginInfo,
+  type LoginOptions,
+} from "./connection.js";
 export { Emitter, type Listener } from "./emitter.js";
 export { MeridianError, type ProtocolViolation } from "./errors.js";
 export { DEFAULT_MAX_FRAME_BYTES, encodeFrame, FrameDecoder, FrameError, type FrameErrorKind } from "./framing.js";
@@ -18,5 +29,5 @@ export {
   type ClientMessageInit,
   type Point,
 } from "./messages.js";
-export { PLAYER_KIND, View, type Entity, type ViewEvents, type WorldInfo } from "./view.js";
 export { globalWebSocket, type WebSocketConstructor, type WebSocketLike } from "./transport.js";
+export { PLAYER_KIND, View, type Entity, type ViewEvents, type WorldInfo } from "./view.js";
