@@ -160,9 +160,18 @@ impl Ghosts {
             track.generation = message.generation;
             track.closed = false;
         }
+        let shown_from = track.source;
         track.source = from;
         track.orphaned = None;
-        if let (true, Some(Kind::Released(released))) = (fresh && track.present, &message.kind) {
+        // A release of the generation shown, by a shard other than the one the copy is from:
+        // two shards owned the player at that generation (this one handed it to a shard
+        // that was paused past its lease and taken for dead, and the gateway restored the
+        // player elsewhere at the same generation). The copy shown is the lost handoff's,
+        // which nobody updates: it ends as below (`meridian-sim --pauses` seed 64).
+        let foreign = !fresh && from != shown_from;
+        if let (true, Some(Kind::Released(released))) =
+            ((fresh || foreign) && track.present, &message.kind)
+        {
             // A generation's end with none of its messages before it (they would have come
             // first, on the same stream): its owner never mirrored the player here, and the
             // copy shown is an older owner's that nobody updates any more (that owner died,
@@ -595,6 +604,27 @@ mod tests {
         );
         assert_eq!(told(&mut out), [], "tombstone of generation 1 drops generation 0");
         assert_eq!(world.position(PlayerId(GHOST)), None);
+    }
+
+    /// This shard handed the player (generation 2) to shard 3, which was paused past its
+    /// lease and never took it; the gateway restored the player on shard 2, also at
+    /// generation 2, and shard 2 now hands it on: its `Released` of generation 2 is not from
+    /// the shard the copy here is from. The copy is the lost handoff's: it goes (kept, and
+    /// asked for, only while a player here sees it). Found by `meridian-sim --pauses`, seed 64.
+    #[test]
+    fn a_release_of_the_shown_generation_by_another_shard_ends_the_copy() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut history = History::default();
+        let mut out = Vec::new();
+        let now = Instant::now();
+        let far = Position { x: 30, y: 10 };
+        world.upsert_ghost(PlayerId(GHOST), "ghost".into(), far, &mut out).unwrap();
+        ghosts.demoted(PlayerId(GHOST), 2, ShardId(3), now);
+        let released = message(2, Kind::Released(Released { new_owner: 3 }));
+        ghosts.apply(&mut world, &mut history, ShardId(2), released, now, &mut out);
+        assert_eq!(world.position(PlayerId(GHOST)), None, "out of everyone's sight: gone");
+        assert!(ghosts.needed.is_empty());
     }
 
     fn out_of_reach(generation: u64, x: u32) -> PeerMessage {
