@@ -355,7 +355,12 @@ impl ShardCore {
                     .handed_off
                     .values()
                     .all(|h| now.saturating_duration_since(h.since) >= FORWARD_QUIET);
-        (self.seats.len(), unconfirmed, quiet)
+        // NPCs are handed off like players while another shard lives to take them; the
+        // last shard of a cluster that stops goes without them (NPCs are not saved: the
+        // game makes its world again when the cluster starts).
+        let others_live = self.live.iter().any(|s| *s != self.id);
+        let npcs_left = if others_live { 0 } else { self.world.n_npcs() };
+        (self.seats.len() - npcs_left, unconfirmed, quiet)
     }
 
     /// The players owned here and where they stand (for the simulator's checks).

@@ -314,3 +314,30 @@ fn a_game_that_panics_does_not_take_the_shard_down() {
     assert_eq!(answers(&told), ["REJECTED 1", "done 2 p2"], "answered, and the game goes on");
     assert_eq!(h.core.metrics.game_panics.get(), 1);
 }
+
+/// A drain waits for NPCs to be handed off while another shard lives to take them; the
+/// last shard of a stopping cluster does not wait for them (found in CI: `meridian up`
+/// stopping its shards one by one handed a wolf along to the last one, which then waited
+/// for its drain deadline).
+#[test]
+fn a_drain_waits_for_npcs_only_while_another_shard_can_take_them() {
+    let mut h = Harness::new();
+    Host::spawn(&mut h.core, 1, "wolf", Position::new(30, 30), Vec::new()).expect("spawn");
+    let (waiting, ..) = h.core.drain_status(h.now);
+    assert_eq!(waiting, 1, "alone in the cluster: only the player counts");
+    let mut view = ClusterView { partition: None, ..Default::default() };
+    let record = meridian_cluster::ShardRecord {
+        id: NEIGHBOUR,
+        grpc: "127.0.0.1:1".into(),
+        admin: "127.0.0.1:2".into(),
+        state: meridian_cluster::ShardState::Serving,
+        players: 0,
+        load: Default::default(),
+    };
+    view.shards.insert(NEIGHBOUR, record);
+    let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
+    view.partition = Some(PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] });
+    h.core.handle(h.now, Event::View(view));
+    let (waiting, ..) = h.core.drain_status(h.now);
+    assert_eq!(waiting, 2, "another shard lives: the wolf is to be handed off too");
+}
