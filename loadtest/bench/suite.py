@@ -46,6 +46,7 @@ SETTINGS = {
         "ramp_max": 1500, "ramp_step": 500, "ramp_step_seconds": 2,
         "capacity_bots": 5000, "capacity_window_seconds": 4,
         "dense_bots": 300, "dense_seconds": 5, "dense_interval": "250ms", "dense_side": 20,
+        "ws_bots": 1000, "ws_seconds": 6, "ws_interval": "250ms",
         "bench_args": ["--sample-count", "100"],
     },
     "full": {
@@ -54,11 +55,17 @@ SETTINGS = {
         "ramp_max": 6000, "ramp_step": 500, "ramp_step_seconds": 3,
         "capacity_bots": 5000, "capacity_window_seconds": 15,
         "dense_bots": 400, "dense_seconds": 12, "dense_interval": "250ms", "dense_side": 20,
+        "ws_bots": 1000, "ws_seconds": 15, "ws_interval": "250ms",
         "bench_args": ["--sample-count", "500"],
     },
 }
 MAX_P99_MS = 50
 CAPACITY_INTERVAL = "1s"
+WS_SECTION = "Transport: TCP vs WebSocket (same gateway, same workload)"
+# The TCP and WebSocket runs of that section, in the order they run: A B B A, so a drift of
+# the busy machine over the four runs weighs on both transports alike.
+WS_RUNS = (("ws_tcp_1", "tcp", "tcp spread 1"), ("ws_ws_1", "ws", "ws spread 1"),
+           ("ws_ws_2", "ws", "ws spread 2"), ("ws_tcp_2", "tcp", "tcp spread 2"))
 
 
 def log(message):
@@ -190,6 +197,8 @@ class Cluster:
         self.game_port = int(self.game.rsplit(":", 1)[1])
         # The QUIC front's UDP address (the first gateway has one; `--quic-port 0` below).
         self.quic = gateway.get("quic")
+        # The WebSocket front's TCP address (`--ws-port 0` below).
+        self.ws = gateway.get("ws")
         self.gateway_pid = int(gateway["pid"])
         self.gateway_admin = gateway["admin"]
         self.shard_pids = [int(s["pid"]) for s in ready["shards"]]
@@ -350,6 +359,7 @@ class Suite:
             "notifications_per_s": summary["notifications_per_s"],
             "messages": messages, "wall_s": round(wall, 3),
             "p50_ms": summary["delay_ms"]["p50"], "p99_ms": summary["delay_ms"]["p99"],
+            "p999_ms": summary["delay_ms"].get("p999"),
             "send_lag_max_ms": summary["send_lag_max_ms"],
             "cpu_s": {name: round(value, 3) for name, value in cpu.items()},
             "cpu_us_per_msg": {name: round(value * 1e6 / max(messages, 1), 3)
@@ -422,6 +432,8 @@ class Suite:
                     self.manifest_sections["Transport: TCP vs QUIC (same gateway, same workload)"]\
                         .insert(0, {"label": "uring spread",
                                     "summary": r["uring_direct"]["summary_file"]})
+                if io == "uring" and cluster.ws:
+                    self.websocket(cluster, watch)
                 r[f"{io}_strace"] = self.loadtest(
                     f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
                     s["io_interval"], strace_pid=cluster.gateway_pid)
@@ -484,6 +496,20 @@ class Suite:
     def game(self, work):
         """The game section (issue 13): see game.py."""
         return game.GameBench(self, Cluster, work, cpu_seconds, log).run()
+
+    def websocket(self, cluster, watch):
+        """TCP against the WebSocket front of the same gateway (issue 14): the same bots,
+        spread over the map, run A B B A (see WS_RUNS)."""
+        s = self.s
+        load = dict(bots=s["ws_bots"], seconds=s["ws_seconds"], interval=s["ws_interval"])
+        for key, transport, label in WS_RUNS:
+            if transport == "tcp":
+                self.results[key] = self.loadtest(label, cluster.game, **load, watch=watch,
+                                                  section=WS_SECTION)
+            else:
+                self.results[key] = self.loadtest(label, cluster.ws, **load, watch=watch,
+                                                  extra=["--transport", "ws"],
+                                                  section=WS_SECTION)
 
     def dense(self, cluster, label, watch, section, seconds=None, strace_pid=None):
         """The densest workload: every bot in sight of every other, moving 4 times a second;
@@ -677,6 +703,76 @@ def times_fewer(many, few):
     return f"{fmt(value)}x fewer" if value else "-"
 
 
+def gateway_thread_split(run):
+    """The gateway's CPU per message by thread group: the WebSocket front (`gw-ws`), the
+    io_uring (or epoll) workers, and everything else (the tokio threads of the gRPC streams
+    to the shards, the admin server, the main thread)."""
+    threads = run.get("gateway_cpu_s_by_thread") or {}
+    groups = {"gw-ws": 0.0, "I/O workers": 0.0, "other threads": 0.0}
+    for kind, seconds in threads.items():
+        if kind == "gw-ws":
+            group = "gw-ws"
+        elif kind in ("gw-uring", "gw-epoll"):
+            group = "I/O workers"
+        else:
+            group = "other threads"
+        groups[group] += seconds
+    messages = max(run["messages"], 1)
+    return {group: round(seconds * 1e6 / messages, 3) for group, seconds in groups.items()}
+
+
+def mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def websocket_table(r, s):
+    """TCP vs WebSocket through one gateway: the mean of each transport's runs, their
+    ratio, and every run apart (their spread shows what the busy machine did)."""
+    runs = {"tcp": [], "ws": []}
+    for key, transport, _ in WS_RUNS:
+        if r.get(key):
+            runs[transport].append(r[key])
+    if not (runs["tcp"] and runs["ws"]):
+        return None
+    measures = [
+        ("delay p50 (ms)", lambda x: x["p50_ms"], 3),
+        ("delay p99 (ms)", lambda x: x["p99_ms"], 3),
+        ("delay p999 (ms)", lambda x: x.get("p999_ms"), 3),
+        ("messages relayed / s", lambda x: x["messages"] / x["wall_s"], 0),
+        ("moves lost", lambda x: x["moves_lost"], 0),
+        ("gateway CPU µs / message", lambda x: x["cpu_us_per_msg"]["gateway"], 2),
+    ]
+    for group in ("gw-ws", "I/O workers", "other threads"):
+        measures.append((f"of it in {group} (µs / message)",
+                         lambda x, g=group: gateway_thread_split(x)[g], 2))
+    measures.append(("loadtest CPU µs / message", lambda x: x["cpu_us_per_msg"].get("loadtest"),
+                     2))
+    rows = []
+    for label, value, digits in measures:
+        tcp = [value(x) for x in runs["tcp"]]
+        ws = [value(x) for x in runs["ws"]]
+        tcp_mean, ws_mean = mean(tcp), mean(ws)
+        rows.append([label, fmt(round_to(tcp_mean, digits), digits),
+                     fmt(round_to(ws_mean, digits), digits),
+                     f"{fmt(ratio(ws_mean, tcp_mean))}x" if ratio(ws_mean, tcp_mean) else "-",
+                     " / ".join(fmt(round_to(v, digits), digits) for v in tcp),
+                     " / ".join(fmt(round_to(v, digits), digits) for v in ws)])
+    return {"title": f"Transport: TCP vs WebSocket through one io_uring gateway: "
+                     f"{s['ws_bots']} bots spread over the map, a move per {s['ws_interval']}, "
+                     f"{s['ws_seconds']} s per run, 1 shard",
+            "header": ["measure", "TCP (io_uring)", "WebSocket", "WS vs TCP", "TCP runs",
+                       "WS runs"],
+            "rows": rows}
+
+
+def round_to(value, digits):
+    """`value` rounded for `fmt`: whole numbers become ints (thousands separators)."""
+    if value is None:
+        return None
+    return int(round(value)) if digits == 0 else float(value)
+
+
 def io_rows(r, prefix_a, prefix_b):
     """Rows comparing two gateway runs (and their strace runs) on one workload."""
     a, b = r.get(prefix_a), r.get(prefix_b)
@@ -770,6 +866,9 @@ def build_tables(r, s):
                                 f"{spread_load}, 1 shard",
                        "header": ["measure", "TCP (io_uring)", "QUIC", "QUIC vs TCP"],
                        "rows": rows})
+    table = websocket_table(r, s)
+    if table:
+        tables.append(table)
     rows = []
     for what, one, four in (("spread", r.get("uring_direct"), r.get("uring4_direct")),
                             ("dense", r.get("uring_dense"), r.get("uring4_dense"))):

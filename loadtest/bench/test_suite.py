@@ -156,6 +156,44 @@ class Transport(unittest.TestCase):
         self.assertEqual(cpu[1:], ["8.00", "16.00", "2.00x"])
 
 
+class WebSocketTransport(unittest.TestCase):
+    def test_gateway_threads_are_grouped_and_divided_by_messages(self):
+        x = run("ws spread 1", 2.0, 10.0, messages=2_000_000,
+                gateway_cpu_s_by_thread={"gw-ws": 6.0, "gw-uring": 2.0, "gw-quic": 0.5,
+                                         "tokio-runtime-w": 1.0, "meridian": 0.5})
+        self.assertEqual(suite.gateway_thread_split(x),
+                         {"gw-ws": 3.0, "I/O workers": 1.0, "other threads": 1.0})
+        epoll = run("e", 1.0, 1.0, messages=1_000_000, gateway_cpu_s_by_thread={"gw-epoll": 1.0})
+        self.assertEqual(suite.gateway_thread_split(epoll)["I/O workers"], 1.0)
+        self.assertEqual(suite.gateway_thread_split(run("none", 1.0, 1.0))["gw-ws"], 0.0)
+
+    def test_the_table_compares_the_means_and_lists_every_run(self):
+        results = {
+            "ws_tcp_1": run("tcp spread 1", 2.0, 6.0, p999_ms=5.0),
+            "ws_ws_1": run("ws spread 1", 3.0, 9.0, p999_ms=8.0),
+            "ws_ws_2": run("ws spread 2", 5.0, 11.0, p999_ms=12.0),
+            "ws_tcp_2": run("tcp spread 2", 4.0, 8.0, p999_ms=7.0),
+        }
+        tables = suite.build_tables(results, suite.SETTINGS["quick"])
+        table = next(t for t in tables if t["title"].startswith("Transport: TCP vs WebSocket"))
+        self.assertIn("1000 bots", table["title"])
+        rows = {row[0]: row[1:] for row in table["rows"]}
+        self.assertEqual(rows["gateway CPU µs / message"],
+                         ["7.00", "10.00", "1.43x", "6.00 / 8.00", "9.00 / 11.00"])
+        self.assertEqual(rows["delay p99 (ms)"][:3], ["3.000", "4.000", "1.33x"])
+        self.assertEqual(rows["delay p999 (ms)"][:3], ["6.000", "10.000", "1.67x"])
+        self.assertEqual(rows["messages relayed / s"][:3], ["200", "200", "1.00x"])
+        self.assertEqual(rows["moves lost"][2], "-", "no ratio of zeros")
+        # The four runs also appear in the per-process CPU table.
+        cpu = next(t for t in tables if t["title"].startswith("Where the CPU goes"))
+        self.assertEqual(len([row for row in cpu["rows"] if "spread" in row[0]]), 4)
+
+    def test_no_table_without_both_transports(self):
+        results = {"ws_tcp_1": run("tcp spread 1", 2.0, 6.0)}
+        tables = suite.build_tables(results, suite.SETTINGS["quick"])
+        self.assertFalse(any("WebSocket" in t["title"] for t in tables))
+
+
 class Docs(unittest.TestCase):
     def test_markdown_tables_escape_pipes(self):
         table = {"title": "t", "header": ["a", "b"], "rows": [["x|y", "1"]]}

@@ -54,7 +54,8 @@ const WOLF: u32 = 1;
 const DIRECTIONS: [pb::Direction; 4] =
     [pb::Direction::Up, pb::Direction::Down, pb::Direction::Left, pb::Direction::Right];
 
-/// A bot's byte stream, read side: a TCP socket's or a QUIC stream's.
+/// A bot's byte stream, read side: a TCP socket's, a QUIC stream's, or a WebSocket's made
+/// to look like one (`crate::ws`).
 pub type ReadHalf = Box<dyn AsyncRead + Unpin + Send>;
 /// A bot's byte stream, write side.
 pub type WriteHalf = Box<dyn AsyncWrite + Unpin + Send>;
@@ -65,12 +66,21 @@ pub struct Conn {
     write_half: WriteHalf,
 }
 
+/// What carries a bot's messages (`--transport`).
+#[derive(Debug)]
+pub enum Carrier {
+    Tcp,
+    /// The client endpoints every QUIC bot shares.
+    Quic(crate::quic::QuicClients),
+    /// A WebSocket upgraded on a TCP connection of the bot's own.
+    WebSocket,
+}
+
 /// What every bot of the run shares and never changes.
 #[derive(Debug)]
 pub struct Plan {
     pub target: SocketAddr,
-    /// `--transport quic`: the client endpoints; TCP otherwise.
-    pub quic: Option<crate::quic::QuicClients>,
+    pub carrier: Carrier,
     pub source_ips: u32,
     pub name_prefix: String,
     pub spawn_area: Option<SpawnArea>,
@@ -123,10 +133,10 @@ pub fn source_ip(source_ips: u32, index: u32) -> Option<IpAddr> {
 }
 
 /// Opens bot `index`'s connection, from its source address if the run spreads them: a
-/// TCP connection, or a QUIC connection and its one bidirectional stream.
+/// TCP connection, a QUIC connection and its one bidirectional stream, or a WebSocket.
 pub async fn connect(plan: &Plan, index: u32) -> io::Result<Conn> {
     let deadline = (Instant::now() + CONNECT_TIMEOUT).min(plan.drain_ends());
-    if let Some(quic) = &plan.quic {
+    if let Carrier::Quic(quic) = &plan.carrier {
         let connecting = quic
             .endpoint(index)
             .connect(plan.target, &quic.server_name)
@@ -150,6 +160,14 @@ pub async fn connect(plan: &Plan, index: u32) -> io::Result<Conn> {
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     // Moves are tiny and latency is what is measured: never let Nagle hold one back.
     stream.set_nodelay(true)?;
+    if let Carrier::WebSocket = plan.carrier {
+        let host = plan.target.to_string();
+        let (read_half, write_half) =
+            timeout_at(deadline, crate::ws::upgrade(stream, &host)).await.map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, "WebSocket upgrade timed out")
+            })??;
+        return Ok(Conn { read_half: Box::new(read_half), write_half: Box::new(write_half) });
+    }
     let (read_half, write_half) = stream.into_split();
     Ok(Conn { read_half: Box::new(read_half), write_half: Box::new(write_half) })
 }
@@ -263,7 +281,9 @@ async fn send(
 ) -> io::Result<()> {
     encoded.clear();
     encode_frame(&ClientMessage { kind: Some(kind) }, encoded);
-    write_half.write_all(encoded).await
+    write_half.write_all(encoded).await?;
+    // Costs nothing on TCP and QUIC (both write through); a WebSocket sends on flush.
+    write_half.flush().await
 }
 
 /// Sends `Login` and waits for `LoginOk`; returns the player id and its cell. Messages

@@ -112,8 +112,9 @@ pub struct Cli {
     #[arg(long, default_value = "50ms", value_parser = parse_duration,
           env = "MERIDIAN_LOADTEST_MAX_P99")]
     pub max_p99: Duration,
-    /// How bots reach the gateway: its TCP game port, or its QUIC front (UDP; --addr is then
-    /// the QUIC address, and --insecure or --ca is required).
+    /// How bots reach the gateway: its TCP game port, its QUIC front (UDP; --addr is then
+    /// the QUIC address, and --insecure or --ca is required), or its WebSocket front
+    /// (`ws`: --addr is the gateway's --ws address; bots open ws://ADDR/).
     #[arg(long, value_enum, default_value = "tcp", env = "MERIDIAN_LOADTEST_TRANSPORT")]
     pub transport: TransportArg,
 
@@ -135,12 +136,14 @@ pub struct Cli {
 pub enum TransportArg {
     Tcp,
     Quic,
+    Ws,
 }
 
 /// The transport, validated: QUIC always knows what to trust.
 #[derive(Debug, Clone)]
 pub enum Transport {
     Tcp,
+    WebSocket,
     Quic { trust: crate::quic::Trust, server_name: String },
 }
 
@@ -293,11 +296,15 @@ impl Config {
             problems.push("--ramp-start only makes sense with --ramp".to_owned());
         }
         let transport = match cli.transport {
-            TransportArg::Tcp => {
+            TransportArg::Tcp | TransportArg::Ws => {
                 if cli.insecure || cli.ca.is_some() {
                     problems.push("--insecure and --ca are for --transport quic".to_owned());
                 }
-                Transport::Tcp
+                if cli.transport == TransportArg::Ws {
+                    Transport::WebSocket
+                } else {
+                    Transport::Tcp
+                }
             }
             TransportArg::Quic => {
                 let trust = match (cli.insecure, cli.ca) {
@@ -473,6 +480,17 @@ mod tests {
         let quic = config(&["--transport", "quic", "--insecure"]).unwrap();
         assert!(matches!(quic.transport, Transport::Quic { .. }));
         assert!(config(&["--insecure"]).is_err(), "--insecure without QUIC is a mistake");
+    }
+
+    #[test]
+    fn websocket_is_a_transport_without_certificates() {
+        let base = ["loadtest", "--addr", "127.0.0.1:7778", "--bots", "1", "--transport", "ws"];
+        let config = |extra: &[&str]| {
+            Config::from_cli(Cli::try_parse_from(base.iter().chain(extra)).unwrap())
+        };
+        assert!(matches!(config(&[]).unwrap().transport, Transport::WebSocket));
+        let message = config(&["--insecure"]).unwrap_err().to_string();
+        assert!(message.contains("--transport quic"), "{message}");
     }
 
     #[test]

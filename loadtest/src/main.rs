@@ -12,7 +12,7 @@
 //! under `--max-p99`; with `--html` it also writes a self-contained report with plots.
 //!
 //! Modules: `cli` (command line and validated config), `bot` (one bot's connection and
-//! schedule), `histogram` (the delay histogram), `stats` (counters, progress, summary),
+//! schedule), `quic` and `ws` (the two transports besides TCP), `histogram` (the delay histogram), `stats` (counters, progress, summary),
 //! `ramp` (the ramp's step decisions); the HTML report is the library's `report` module,
 //! shared with `loadtest-report`, which combines several runs into one page.
 
@@ -23,6 +23,7 @@ mod quic;
 mod ramp;
 mod sight;
 mod stats;
+mod ws;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -37,7 +38,7 @@ use tokio::time::{sleep_until, Instant, MissedTickBehavior};
 use tracing::warn;
 use tracing_subscriber::EnvFilter;
 
-use crate::bot::Plan;
+use crate::bot::{Carrier, Plan};
 use crate::cli::{Cli, Config, Transport};
 use crate::histogram::Histogram;
 use crate::quic::QuicClients;
@@ -104,8 +105,9 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
     let target = resolve(&config.addr, config.source_ips).await?;
     raise_fd_limit(u64::from(config.bots) + SPARE_FDS);
 
-    let quic = match &config.transport {
-        Transport::Tcp => None,
+    let carrier = match &config.transport {
+        Transport::Tcp => Carrier::Tcp,
+        Transport::WebSocket => Carrier::WebSocket,
         Transport::Quic { trust, server_name } => {
             let source_ips = config.source_ips;
             let any: std::net::IpAddr = if target.is_ipv4() {
@@ -114,13 +116,20 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
                 std::net::Ipv6Addr::UNSPECIFIED.into()
             };
             let source_ip = move |i: u32| bot::source_ip(source_ips, i).unwrap_or(any);
-            Some(QuicClients::new(trust, server_name.clone(), config.bots, source_ip, source_ips)?)
+            let bots = config.bots;
+            Carrier::Quic(QuicClients::new(
+                trust,
+                server_name.clone(),
+                bots,
+                source_ip,
+                source_ips,
+            )?)
         }
     };
     let started = Instant::now();
     let plan = Arc::new(Plan {
         target,
-        quic,
+        carrier,
         source_ips: config.source_ips,
         name_prefix: config.name_prefix.clone(),
         spawn_area: config.spawn_area,

@@ -6,7 +6,10 @@
 //! else: `LoginOk` (plus one `Entered` of a fake neighbour), then for every `Move` either
 //! its own `Moved` ack with the `client_time` echoed, a `RATE_LIMITED` error carrying it,
 //! or silence, as the test's `Behaviour` says. It listens on TCP, or on QUIC (quinn, a
-//! self-signed certificate, ALPN `meridian/1`) for `--transport quic`. For
+//! self-signed certificate, ALPN `meridian/1`) for `--transport quic`, or on WebSocket for
+//! `--transport ws`, where it checks that every binary message is exactly one bare
+//! `ClientMessage` body (no length prefix, no second message) and sends its answers the
+//! same way. For
 //! `--actions-per-second` it plays a tiny wolf game: two wolves in sight that move and
 //! leave as the bot's actions come in, `ActionDone` for an action aimed at anyone,
 //! `REJECTED` for one aimed at no one.
@@ -19,13 +22,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::{SinkExt, StreamExt};
 use meridian_protocol::pb::{client_message, ClientMessage, ErrorCode, LoginOk, ServerMessage};
 use meridian_protocol::{encode_frame, server, FrameReader, DEFAULT_MAX_FRAME};
+use prost::Message as _;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
+use tokio_tungstenite::tungstenite::Message;
 
 /// A player id no bot gets, used for the fake neighbour's notifications.
 const NEIGHBOUR: u64 = 1_000_000;
@@ -73,6 +79,10 @@ struct Counts {
     /// Per player, the target of each action in the order received.
     action_targets: Mutex<std::collections::BTreeMap<u64, Vec<u64>>>,
     peers: Mutex<BTreeSet<std::net::IpAddr>>,
+    /// WebSocket mode: binary messages received, and messages that were not exactly one
+    /// bare `ClientMessage` body (a text message, a prefix, two messages in one).
+    ws_messages: AtomicU64,
+    ws_misframed: AtomicU64,
 }
 
 fn add(counter: &AtomicU64) {
@@ -149,6 +159,104 @@ async fn start_fake_quic_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts
         }
     });
     (addr, counts, made.cert.pem())
+}
+
+/// The fake server on WebSocket. Each connection is bridged to `serve_connection` through
+/// an in-memory pipe: an inbound pump checks each binary message and writes it on as a
+/// prefixed frame, an outbound pump sends each frame's body as one binary message.
+async fn start_fake_ws_server(behaviour: Behaviour) -> (SocketAddr, Arc<Counts>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind an ephemeral port");
+    let addr = listener.local_addr().expect("listener address");
+    let counts = Arc::new(Counts::default());
+    let behaviour = Arc::new(behaviour);
+    let server_counts = Arc::clone(&counts);
+    tokio::spawn(async move {
+        let mut next_player_id = 1;
+        while let Ok((stream, peer)) = listener.accept().await {
+            server_counts.peers.lock().unwrap().insert(peer.ip());
+            let player_id = next_player_id;
+            next_player_id += 1;
+            let (behaviour, counts) = (Arc::clone(&behaviour), Arc::clone(&server_counts));
+            tokio::spawn(async move {
+                let Ok(socket) = tokio_tungstenite::accept_async(stream).await else { return };
+                let (sink, messages) = socket.split();
+                let (core_side, pump_side) = tokio::io::duplex(64 * 1024);
+                let (core_read, core_write) = tokio::io::split(core_side);
+                let (pump_read, pump_write) = tokio::io::split(pump_side);
+                let inbound = tokio::spawn(ws_inbound(messages, pump_write, Arc::clone(&counts)));
+                let outbound = tokio::spawn(ws_outbound(pump_read, sink));
+                serve_connection(
+                    Box::new(core_read),
+                    Box::new(core_write),
+                    player_id,
+                    behaviour,
+                    counts,
+                )
+                .await;
+                let _ = outbound.await;
+                inbound.abort();
+            });
+        }
+    });
+    (addr, counts)
+}
+
+type WsStream = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// Client to server: each binary message must decode as one `ClientMessage` that encodes
+/// back to exactly the same bytes; anything else is counted and ends the connection.
+async fn ws_inbound(
+    mut messages: futures_util::stream::SplitStream<WsStream>,
+    mut pipe: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    counts: Arc<Counts>,
+) {
+    let mut frame = Vec::new();
+    while let Some(Ok(message)) = messages.next().await {
+        let body = match message {
+            Message::Binary(body) => body,
+            Message::Close(_) => break,
+            Message::Ping(_) | Message::Pong(_) => continue,
+            _ => {
+                add(&counts.ws_misframed);
+                break;
+            }
+        };
+        add(&counts.ws_messages);
+        let Ok(decoded) = ClientMessage::decode(&body[..]) else {
+            add(&counts.ws_misframed);
+            break;
+        };
+        if decoded.encode_to_vec() != body[..] {
+            add(&counts.ws_misframed);
+            break;
+        }
+        frame.clear();
+        encode_frame(&decoded, &mut frame);
+        if pipe.write_all(&frame).await.is_err() {
+            break;
+        }
+    }
+    let _ = pipe.shutdown().await;
+}
+
+/// Server to client: one binary message per answer, its bare body; a close at the end.
+async fn ws_outbound(
+    mut pipe: tokio::io::ReadHalf<tokio::io::DuplexStream>,
+    mut sink: futures_util::stream::SplitSink<WsStream, Message>,
+) {
+    let mut frames = FrameReader::new(DEFAULT_MAX_FRAME);
+    let mut buf = vec![0u8; 4096];
+    while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+        frames.extend(&buf[..n]);
+        while let Some(message) =
+            frames.next_message::<ServerMessage>().expect("the fake server writes valid frames")
+        {
+            if sink.send(Message::binary(message.encode_to_vec())).await.is_err() {
+                return;
+            }
+        }
+    }
+    let _ = sink.close().await;
 }
 
 /// Writes queued answers, each no earlier than its due time (the queue is in due order).
@@ -628,6 +736,66 @@ async fn quic_bots_are_counted_like_tcp_bots() {
     let answered = n(&verified, "moves_acked") + n(&insecure, "moves_acked");
     assert_eq!(answered, get(&counts.moves_acked), "acks the server sent");
     assert_eq!(get(&counts.logouts), 8, "every bot of both runs logs out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_bots_send_one_bare_message_per_binary_frame_and_are_counted_like_tcp() {
+    let behaviour = Behaviour {
+        drop_every: Some(5),
+        error_every: Some(4),
+        reject_login: Some("bot-2".to_owned()),
+        cut: Some(("bot-3".to_owned(), 3)),
+        ..Behaviour::default()
+    };
+    let (addr, counts) = start_fake_ws_server(behaviour).await;
+    let addr = addr.to_string();
+    let summary = run_ok(
+        "ws",
+        &[
+            "--addr",
+            &addr,
+            "--transport",
+            "ws",
+            "--bots",
+            "6",
+            "--duration",
+            "1500ms",
+            "--move-interval",
+            "50ms",
+            "--drain",
+            "1s",
+        ],
+    )
+    .await;
+    assert_eq!(get(&counts.ws_misframed), 0, "a message that was not one bare body");
+    assert_eq!(n(&summary, "bots_connected"), 5, "bot-2's login was refused: {summary}");
+    assert_eq!(n(&summary, "login_failures"), 1);
+    assert_eq!(n(&summary, "disconnects"), 1, "bot-3's connection was cut: {summary}");
+    assert_eq!(n(&summary, "acks_unmatched"), 0);
+    let (sent, acked, errored, lost) = (
+        n(&summary, "moves_sent"),
+        n(&summary, "moves_acked"),
+        n(&summary, "moves_errored"),
+        n(&summary, "moves_lost"),
+    );
+    assert_eq!(sent, acked + errored + lost, "every move has exactly one fate: {summary}");
+    assert_eq!(acked, get(&counts.moves_acked), "acks the server sent");
+    assert_eq!(errored, get(&counts.moves_errored), "errors the server sent");
+    let never_read = sent - get(&counts.moves_received);
+    assert!(never_read <= 1, "{never_read} moves never reached the server");
+    assert_eq!(lost, get(&counts.moves_unanswered) + never_read, "unanswered moves are lost");
+    assert!(sent >= 4 * 20 && errored >= 4 && lost >= 4, "too short to test anything: {summary}");
+    assert_eq!(summary["errors_by_code"]["UNAVAILABLE"].as_u64(), Some(1));
+    assert_eq!(get(&counts.logouts), 4, "every bot still connected logs out");
+    assert!(n(&summary, "notifications") >= 5, "at least each bot's Entered: {summary}");
+    // One binary message per client message: six logins, the moves read, the logouts, and
+    // perhaps one move of the cut bot that came in after its connection stopped reading.
+    let client_messages = 6 + get(&counts.moves_received) + get(&counts.logouts);
+    let ws_messages = get(&counts.ws_messages);
+    assert!(
+        (client_messages..=client_messages + 1).contains(&ws_messages),
+        "{ws_messages} binary messages for {client_messages} protocol messages"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
