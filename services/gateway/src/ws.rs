@@ -362,7 +362,7 @@ async fn read_messages(
             Some(Err(WsError::Capacity(_))) => {
                 // Larger than even tungstenite's bound: only the length matters to the core.
                 let mut prefix = Vec::with_capacity(10);
-                encode_varint(1 << 30, &mut prefix);
+                prost::encoding::encode_varint(1 << 30, &mut prefix);
                 let _ = events.send(Event::Data { slot, generation, bytes: prefix.into() }).await;
                 Event::Ended { slot, generation }
             }
@@ -378,17 +378,9 @@ async fn read_messages(
 /// `varint(len) || body`.
 fn delimited(body: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(body.len() + 3);
-    encode_varint(body.len() as u64, &mut out);
+    prost::encoding::encode_varint(body.len() as u64, &mut out);
     out.extend_from_slice(body);
     out.into()
-}
-
-fn encode_varint(mut value: u64, out: &mut Vec<u8>) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
 }
 
 /// Retries the sessions whose sink was full; ready when any of them moved.
