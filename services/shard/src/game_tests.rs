@@ -80,6 +80,7 @@ impl Harness {
             position: Some(client_pb::Position { x: 11, y: 10 }),
             kind: 1,
             state: b"hp=10".to_vec(),
+            ..Default::default()
         };
         h.peer(GHOST_WOLF, Peer::Upsert(upsert));
         h.flush();

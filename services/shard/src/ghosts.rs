@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::ShardId;
-use meridian_rpc::pb::{peer_message::Kind, GhostRemove, PeerMessage};
+use meridian_rpc::pb::{peer_message::Kind, GhostRemove, GhostStep, PeerMessage};
 use meridian_world::{Envelope, PlayerId, Position, World};
 
-use crate::history::History;
+use crate::history::{History, KEEP as MAX_RECENT_STEPS};
 use tracing::{debug, warn};
 
 /// How long newer messages may wait for the old owner's `Released` before they are applied
@@ -297,6 +297,34 @@ impl Ghosts {
     }
 }
 
+/// Takes in another shard's recent steps of an entity, those before `version` (the state
+/// about to be applied): they go into the history (for clients handed in later, see
+/// `views`), and a copy this world still shows at an older state walks through the ones it
+/// missed, so its observers see every step, as in one world.
+pub(crate) fn catch_up(
+    world: &mut World,
+    history: &mut History,
+    id: PlayerId,
+    recent: Vec<GhostStep>,
+    version: (u64, u64),
+    out: &mut Vec<Envelope>,
+) {
+    let shown = world.name(id).cloned().zip(history.version(id));
+    for step in recent.into_iter().rev().take(MAX_RECENT_STEPS).rev() {
+        let step_version = (step.generation, step.subject_seq);
+        if step_version >= version {
+            continue;
+        }
+        let at = step.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
+        history.fill(id, step_version, at);
+        if let Some((name, _)) = shown.as_ref().filter(|(_, was)| step_version > *was) {
+            if let Err(error) = world.upsert_ghost(id, name.clone(), at, out) {
+                warn!(player = %id, %error, "ghost step refused by the world");
+            }
+        }
+    }
+}
+
 /// Applies a message of the track's own generation. Returns the new owner if it closed it.
 fn apply_now(
     track: &mut Track,
@@ -321,6 +349,7 @@ fn apply_now(
                 state: Arc::from(upsert.state),
             };
             let at = position(upsert.position);
+            catch_up(world, history, id, upsert.recent, version, out);
             history.record(id, version, at);
             world.upsert_ghost_as(id, look, at, out)
         }
@@ -627,6 +656,41 @@ mod tests {
         assert!(ghosts.needed.is_empty());
     }
 
+    /// A copy that missed some of the owner's updates (they travelled on another stream,
+    /// or the owner stopped mirroring it for a while) gets a full state with the owner's
+    /// recent steps: it walks through the ones it missed, and its observers see every step
+    /// instead of a jump; the history has them for clients handed in later.
+    #[test]
+    fn a_copy_behind_walks_through_the_steps_it_missed() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut out = Vec::new();
+        let now = Instant::now();
+        let mut history = History::default();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), now, &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)]);
+        let step = |seq, x| GhostStep {
+            generation: 0,
+            subject_seq: seq,
+            position: Some(WirePosition { x, y: 10 }),
+        };
+        let recent = vec![step(0, 12), step(1, 13), step(2, 14), step(3, 13), step(4, 14)];
+        let position = Some(WirePosition { x: 14, y: 10 });
+        let upsert = GhostUpsert { name: "ghost".into(), position, recent, ..Default::default() };
+        let mut full = message(0, Kind::Upsert(upsert));
+        full.subject_seq = 4;
+        ghosts.apply(&mut world, &mut history, ShardId(9), full, now, &mut out);
+        assert_eq!(told(&mut out), [("moved", 13), ("moved", 14), ("moved", 13), ("moved", 14)]);
+        let from = Position { x: 12, y: 10 };
+        let walk: Vec<u32> = history
+            .steps_after(PlayerId(GHOST), (0, 0), from)
+            .unwrap()
+            .iter()
+            .map(|p| p.x)
+            .collect();
+        assert_eq!(walk, [13, 14, 13, 14]);
+    }
+
     fn out_of_reach(generation: u64, x: u32) -> PeerMessage {
         let position = Some(WirePosition { x, y: 10 });
         message(generation, Kind::Remove(GhostRemove { left_world: false, position }))
@@ -644,8 +708,8 @@ mod tests {
         let mut history = History::default();
         ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), now, &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
-        ghosts.apply(&mut world, &mut history, ShardId(9), out_of_reach(0, 14), now, &mut out);
-        assert_eq!(told(&mut out), [("moved", 14)], "moved to where the owner has it, kept");
+        ghosts.apply(&mut world, &mut history, ShardId(9), out_of_reach(0, 13), now, &mut out);
+        assert_eq!(told(&mut out), [("moved", 13)], "moved to where the owner has it, kept");
         assert_eq!(ghosts.needed, vec![(ShardId(9), PlayerId(GHOST), (0, 0))]);
         assert_eq!(ghosts.len(), 1);
         ghosts.needed.clear();

@@ -23,7 +23,7 @@ use meridian_world::{PlayerId, Position};
 pub type Version = (u64, u64);
 
 /// Recent states kept per player, for replays.
-const KEEP: usize = 32;
+pub(crate) const KEEP: usize = 32;
 /// After this long a divergent view converges anyway (a neighbour that never catches up
 /// is shown where this world has it).
 pub(crate) const CONVERGE_LIMIT: Duration = Duration::from_secs(3);
@@ -74,6 +74,33 @@ impl History {
             recent.steps.pop_front();
         }
         recent.steps.push_back((version, at));
+    }
+
+    /// The player's recorded steps, oldest first (the last is its newest state).
+    pub fn steps(&self, id: PlayerId) -> impl Iterator<Item = (Version, Position)> + '_ {
+        self.players.get(&id).into_iter().flat_map(|r| r.steps.iter().copied())
+    }
+
+    /// Records a step another shard's history had: in its place among the steps kept if it
+    /// is older than the newest (a gap this world missed), as [`History::record`] if newer.
+    pub fn fill(&mut self, id: PlayerId, version: Version, at: Position) {
+        let Some(recent) = self.players.get_mut(&id).filter(|r| !r.steps.is_empty()) else {
+            self.record(id, version, at);
+            return;
+        };
+        if version > recent.version {
+            self.record(id, version, at);
+            return;
+        }
+        let place = recent.steps.partition_point(|(v, _)| *v < version);
+        let known = recent.steps.get(place).is_some_and(|(v, _)| *v == version);
+        if known || (place == 0 && recent.steps.len() == KEEP) {
+            return;
+        }
+        recent.steps.insert(place, (version, at));
+        if recent.steps.len() > KEEP {
+            recent.steps.pop_front();
+        }
     }
 
     /// The newest state of the player this world has had.
@@ -259,6 +286,26 @@ mod tests {
         assert_eq!(history.walk_into_sight(P, sees), Some(vec![at(28, 10), at(27, 10)]));
         // Always in sight as far as the history goes back: nothing to replay.
         assert_eq!(history.walk_into_sight(P, |_| true), None);
+    }
+
+    #[test]
+    fn steps_from_another_history_fill_the_gaps_of_this_one() {
+        // This world missed (1, 2) and (1, 3): they travelled on a stream that lagged, and
+        // a newer state came first.
+        let mut history = History::default();
+        history.record(P, (1, 1), at(10, 10));
+        history.record(P, (2, 3), at(12, 10));
+        assert_eq!(history.steps_after(P, (1, 1), at(10, 10)), None, "a gap: no replay");
+        for (version, x) in [((1, 1), 10), ((1, 2), 11), ((1, 3), 12), ((2, 3), 12)] {
+            history.fill(P, version, at(x, 10));
+        }
+        assert_eq!(
+            history.steps_after(P, (1, 1), at(10, 10)),
+            Some(vec![at(11, 10), at(12, 10), at(12, 10)])
+        );
+        assert_eq!(history.version(P), Some((2, 3)), "the newest state stays the newest");
+        history.fill(P, (2, 4), at(13, 10));
+        assert_eq!(history.version(P), Some((2, 4)), "a newer one is recorded");
     }
 
     #[test]

@@ -17,8 +17,9 @@ use meridian_cluster::{OrderKind, PlayerOrder, ShardId};
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
-    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, GhostUpsert,
-    Handoff, HandoffAck, Join, MoveRefused, PeerMessage, PlayerInput, Released, ViewEntry,
+    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, GhostStep,
+    GhostUpsert, Handoff, HandoffAck, Join, MoveRefused, PeerMessage, PlayerInput, Released,
+    ViewEntry,
 };
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::{debug, info, warn};
@@ -411,7 +412,7 @@ impl ShardCore {
             let kind = if before.contains(holder) {
                 Peer::Moved(client_pb::Position { x: at.x, y: at.y })
             } else {
-                Peer::Upsert(upsert_of(&look, at))
+                Peer::Upsert(upsert_of(&look, at, &self.history, player))
             };
             self.peer_out.push(*holder, peer_at(player, version, kind));
         }
@@ -458,7 +459,7 @@ impl ShardCore {
                 seat.ghosted_at.sort_unstable();
             }
             let version = (seat.generation, seat.subject_seq);
-            let upsert = Peer::Upsert(upsert_of(&look, at));
+            let upsert = Peer::Upsert(upsert_of(&look, at, &self.history, player));
             self.peer_out.push(holder, peer_at(player, version, upsert));
             return;
         }
@@ -579,6 +580,7 @@ impl ShardCore {
             kind: look.as_ref().map_or(0, |l| l.kind),
             state: look.as_ref().map(|l| l.state.to_vec()).unwrap_or_default(),
             private_state: seat.private,
+            recent: recent_steps(&self.history, player),
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for input in held {
@@ -661,6 +663,16 @@ impl ShardCore {
         };
         debug!(%player, %from, generation, ?at, epoch = self.geometry.epoch, "handoff in");
         self.ghosts.forget(player);
+        let recent = std::mem::take(&mut handoff.recent);
+        let version = (generation, handoff.subject_seq);
+        crate::ghosts::catch_up(
+            &mut self.world,
+            &mut self.history,
+            player,
+            recent,
+            version,
+            &mut self.envelopes,
+        );
         // Observers here see the ghost arrive at (or move to) the handoff position...
         let ready = self
             .world
@@ -998,14 +1010,40 @@ impl ShardCore {
     }
 }
 
-/// A ghost's full state: name, cell, game kind and public state.
-fn upsert_of(look: &meridian_world::Look, at: Position) -> GhostUpsert {
+/// A ghost's full state: name, cell, game kind, public state, and its last steps (see
+/// `GhostUpsert.recent`).
+fn upsert_of(
+    look: &meridian_world::Look,
+    at: Position,
+    history: &crate::history::History,
+    player: PlayerId,
+) -> GhostUpsert {
     GhostUpsert {
         name: look.name.to_string(),
         position: wire(at),
         kind: look.kind,
         state: look.state.to_vec(),
+        recent: recent_steps(history, player),
     }
+}
+
+/// How many of an entity's last steps a `GhostUpsert` or a `Handoff` carries (a second of
+/// steady walking at 16 moves/s). A copy further behind than that leaves and enters again
+/// instead of walking (see the world's view diffs).
+const STEPS_SENT: usize = 16;
+
+/// The entity's last steps this shard's history holds, for a `GhostUpsert` or a `Handoff`.
+pub(crate) fn recent_steps(history: &crate::history::History, player: PlayerId) -> Vec<GhostStep> {
+    let kept = history.steps(player).count();
+    history
+        .steps(player)
+        .skip(kept.saturating_sub(STEPS_SENT))
+        .map(|((generation, subject_seq), at)| GhostStep {
+            generation,
+            subject_seq,
+            position: wire(at),
+        })
+        .collect()
 }
 
 fn peer(player: PlayerId, generation: u64, kind: Peer) -> PeerMessage {

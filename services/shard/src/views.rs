@@ -69,19 +69,22 @@ impl ShardCore {
                 waiting = true;
                 continue;
             }
-            let name = || self.world.name(subject).map(|n| n.to_string()).unwrap_or_default();
+            // Entered with the entity's game kind and public state, as the world's own.
+            let look = self.world.look(subject);
+            let enter = |at: Position| match &look {
+                Some(look) => {
+                    server::entered_as(subject.0, at.x, at.y, &*look.name, look.kind, &look.state)
+                }
+                None => server::entered(subject.0, at.x, at.y, ""),
+            };
             match (have, want) {
                 (None, None) => {}
                 (None, Some(at)) => {
                     // The client does not have it. If this world saw it come into sight,
                     // it enters where it did and walks on from there, as in one world.
                     let walk = self.history.walk_into_sight(subject, sees).unwrap_or_default();
-                    let (enter, then) = walk.split_first().map_or((at, &[][..]), |(e, t)| (*e, t));
-                    self.outbox.push(
-                        link,
-                        session,
-                        &server::entered(subject.0, enter.x, enter.y, name()),
-                    );
+                    let (first, then) = walk.split_first().map_or((at, &[][..]), |(e, t)| (*e, t));
+                    self.outbox.push(link, session, &enter(first));
                     for step in then {
                         self.outbox.push(
                             link,
@@ -109,9 +112,7 @@ impl ShardCore {
                                 tracing::debug!(%observer, %subject, ?step, "resync: replayed left");
                                 Some(server::left(subject.0))
                             }
-                            (None, true) => {
-                                Some(server::entered(subject.0, step.x, step.y, name()))
-                            }
+                            (None, true) => Some(enter(step)),
                         };
                         seen = sees(step).then_some(step);
                         if let Some(message) = message {
@@ -120,13 +121,19 @@ impl ShardCore {
                     }
                     // Whatever the history could not cover: end where the world is.
                     let last = match (seen, want) {
+                        (Some(last), Some(at))
+                            if last.x.abs_diff(at.x) + last.y.abs_diff(at.y) > 1 =>
+                        {
+                            // Never a jump (see the world's view diffs): it leaves and
+                            // enters again where the world has it.
+                            tracing::debug!(%observer, %subject, ?last, ?at, force, ?version, ?told, "resync: no history to replay; left and entered again");
+                            self.outbox.push(link, session, &server::left(subject.0));
+                            Some(enter(at))
+                        }
                         (Some(last), Some(at)) if last != at => {
-                            if last.x.abs_diff(at.x) + last.y.abs_diff(at.y) > 1 {
-                                tracing::debug!(%observer, %subject, ?last, ?at, force, ?version, ?told, "resync: jump (no history to replay)");
-                            }
                             Some(server::moved(subject.0, at.x, at.y, 0))
                         }
-                        (None, Some(at)) => Some(server::entered(subject.0, at.x, at.y, name())),
+                        (None, Some(at)) => Some(enter(at)),
                         (Some(_), None) => {
                             tracing::debug!(%observer, %subject, force, ?version, ?told, "resync: left");
                             Some(server::left(subject.0))

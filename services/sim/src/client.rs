@@ -314,7 +314,19 @@ impl Sim {
                     return;
                 }
                 match client.view.get_mut(&moved.player_id) {
-                    Some(seen) => *seen = at,
+                    Some(seen) => {
+                        let was = *seen;
+                        *seen = at;
+                        let step = was.0.abs_diff(at.0) + was.1.abs_diff(at.1);
+                        if step != 1 {
+                            let what = format!(
+                                "player {me} told Moved for {} from {was:?} to {at:?}: \
+                                 observers see every step, one cell at a time",
+                                moved.player_id
+                            );
+                            self.fail(what, vec![me, moved.player_id]);
+                        }
+                    }
                     None => {
                         let what = format!(
                             "player {me} told Moved for {}, not in its view",

@@ -59,6 +59,8 @@ const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
     (4851, "a player handed to a shard whose gateway stream was down"),
     (5095, "a new owner's output overtaking a resume's answer"),
     (5542, "a player handed to a shard whose gateway stream was down"),
+    (2442, "a player restored two cells behind the copy its observers saw (a jump)"),
+    (2796, "a ghost created by a full state, without the steps a handed-in client missed"),
 ];
 
 #[test]

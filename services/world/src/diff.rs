@@ -92,6 +92,10 @@ impl World {
     fn emit_view_diff(&self, slot: u32, from: Position, to: Position, out: &mut Vec<Envelope>) {
         let subject = self.entity(slot);
         let subject_local = subject.kind.is_observer();
+        // A Moved is one step. An entity put elsewhere (a teleport, a restore after its
+        // shard failed, a copy that missed updates) leaves and enters again, so no client
+        // ever sees an entity jump.
+        let jump = from.x.abs_diff(to.x) + from.y.abs_diff(to.y) > 1;
         self.grid.for_each_near_either(from, to, |member| {
             if member.slot == slot {
                 return;
@@ -99,6 +103,13 @@ impl World {
             let saw = self.config.in_sight(member.position, from);
             let sees = self.config.in_sight(member.position, to);
             match (saw, sees) {
+                (true, true) if jump => {
+                    if member.local {
+                        let note = Notification::Left { subject: subject.id };
+                        out.push(Envelope { to: member.id, note });
+                        out.push(entered(member.id, subject, to));
+                    }
+                }
                 (true, true) => {
                     if member.local {
                         let note = Notification::Moved {
