@@ -1,34 +1,36 @@
-//! Target `resume_token`: `TokenKey::mint` and `TokenKey::verify` of `meridian-protocol`.
+//! Target `resume_token`: `TokenKeys::mint` and `TokenKeys::verify` of `meridian-protocol`.
 //!
-//! Input: `key length (1) | key | now (8) | player (8) | expires_at (8) | flip (1) | candidate`.
-//! The key is `16 + length % 64` bytes (zero-padded past the end of the input); integers
-//! are little-endian; `candidate` (the rest) is handed to `verify` as a client would.
+//! Input: `key length (1) | key | player (8) | nonce (8) | flip (1) | candidate`. The key is
+//! `16 + length % 64` bytes (zero-padded past the end of the input); integers are
+//! little-endian; `candidate` (the rest) is handed to `verify` as a client would.
 //!
 //! Properties:
-//! - `verify` never panics, whatever the bytes and `now`;
-//! - it accepts a candidate only if the candidate is exactly what `mint` makes with the
-//!   same key for the player and expiry it carries, and not after that expiry; its error
-//!   says which check failed (length/version, signature, expiry), and another key
-//!   never accepts it;
-//! - `mint` then `verify` round-trips, until the expiry and not after; a token with any
-//!   one byte changed, or cut short, is refused.
+//! - `verify` never panics, whatever the bytes;
+//! - it accepts a candidate only if the candidate is exactly what `mint` makes with one of
+//!   the accepted keys for the player and nonce it carries; its error says which check
+//!   failed (length/version, key id, signature), and a set without that key never
+//!   accepts it;
+//! - `mint` then `verify` round-trips, also through a set that has the key as its
+//!   previous one (a rotation); a token with any one byte changed, or cut short, is
+//!   refused.
 
-use meridian_protocol::{TokenError, TokenKey, TOKEN_LEN};
+use meridian_protocol::{Token, TokenError, TokenKey, TokenKeys, TOKEN_LEN};
 
 use crate::Cursor;
 
 /// Where the fields sit in a token (see `services/protocol/src/token.rs`).
-const VERSION: u8 = 1;
-const BODY_LEN: usize = 17;
+const VERSION: u8 = 2;
+const KEY_ID: std::ops::Range<usize> = 1..5;
+const PLAYER: std::ops::Range<usize> = 5..13;
+const NONCE: std::ops::Range<usize> = 13..21;
 
 pub fn check(data: &[u8]) {
     let mut input = Cursor::new(data);
     let key_len = 16 + usize::from(input.u8() % 64);
     let mut secret = input.bytes(key_len).to_vec();
     secret.resize(key_len, 0);
-    let now = input.u64();
     let player = input.u64();
-    let expires_at = input.u64();
+    let nonce = input.u64();
     let flip = input.u8();
     let candidate = input.rest();
 
@@ -40,57 +42,63 @@ pub fn check(data: &[u8]) {
     other_secret[usize::from(flip) % key_len] ^= 0x5a;
     let other = TokenKey::new(other_secret).expect("same length");
 
-    check_candidate(&key, &other, candidate, now);
-    check_round_trip(&key, &other, player, expires_at, now, flip);
+    check_candidate(&key, &other, candidate);
+    check_round_trip(&key, &other, player, nonce, flip);
+}
+
+fn field(candidate: &[u8], at: std::ops::Range<usize>) -> u64 {
+    u64::from_le_bytes(candidate[at].try_into().expect("8 bytes"))
 }
 
 /// Whatever `verify` says about a candidate must be what its bytes deserve.
-fn check_candidate(key: &TokenKey, other: &TokenKey, candidate: &[u8], now: u64) {
-    let verdict = key.verify(candidate, now);
+fn check_candidate(key: &TokenKey, other: &TokenKey, candidate: &[u8]) {
+    let keys = TokenKeys::from(key.clone());
+    let verdict = keys.verify(candidate);
     if candidate.len() != TOKEN_LEN || candidate[0] != VERSION {
         assert_eq!(verdict, Err(TokenError::Malformed), "a token of the wrong shape");
         return;
     }
-    let player = u64::from_le_bytes(candidate[1..9].try_into().expect("8 bytes"));
-    let expires_at = u64::from_le_bytes(candidate[9..BODY_LEN].try_into().expect("8 bytes"));
-    let genuine = key.mint(player, expires_at) == candidate;
-    let expected = match (genuine, now > expires_at) {
-        (false, _) => Err(TokenError::BadSignature),
-        (true, true) => Err(TokenError::Expired),
-        (true, false) => Ok(player),
+    let (player, nonce) = (field(candidate, PLAYER), field(candidate, NONCE));
+    let ours = key.mint(player, nonce);
+    let expected = if candidate[KEY_ID] != ours[KEY_ID] {
+        Err(TokenError::UnknownKey)
+    } else if ours != candidate {
+        Err(TokenError::BadSignature)
+    } else {
+        Ok(Token { player_id: player, nonce })
     };
     assert_eq!(verdict, expected, "verify judged a candidate wrongly");
-    if genuine {
-        assert_eq!(other.verify(candidate, now), Err(TokenError::BadSignature), "another key");
+    if expected.is_ok() && other.mint(player, nonce)[KEY_ID] != ours[KEY_ID] {
+        let others = TokenKeys::from(other.clone());
+        assert_eq!(others.verify(candidate), Err(TokenError::UnknownKey), "another key");
     }
 }
 
-fn check_round_trip(
-    key: &TokenKey,
-    other: &TokenKey,
-    player: u64,
-    expires_at: u64,
-    now: u64,
-    flip: u8,
-) {
-    let token = key.mint(player, expires_at);
+fn check_round_trip(key: &TokenKey, other: &TokenKey, player: u64, nonce: u64, flip: u8) {
+    let keys = TokenKeys::from(key.clone());
+    let token = keys.mint(player, nonce);
     assert_eq!(token.len(), TOKEN_LEN);
     assert_eq!(token[0], VERSION);
-    let expected = if now > expires_at { Err(TokenError::Expired) } else { Ok(player) };
-    assert_eq!(key.verify(&token, now), expected, "mint then verify");
-    assert_eq!(key.verify(&token, expires_at), Ok(player), "valid at its expiry second");
-    if let Some(after) = expires_at.checked_add(1) {
-        assert_eq!(key.verify(&token, after), Err(TokenError::Expired), "expired just after");
+    let said = Ok(Token { player_id: player, nonce });
+    assert_eq!(keys.verify(&token), said, "mint then verify");
+    let rotating = TokenKeys::new(other.clone(), vec![key.clone()]);
+    assert_eq!(rotating.verify(&token), said, "the previous key of a rotation");
+    let rotated = TokenKeys::from(other.clone());
+    if other.id() != key.id() {
+        assert_eq!(rotated.verify(&token), Err(TokenError::UnknownKey), "after the rotation");
     }
-    assert_eq!(other.verify(&token, 0), Err(TokenError::BadSignature), "another key");
 
     let mut changed = token.clone();
     let at = usize::from(flip) % TOKEN_LEN;
     changed[at] ^= 1 << (flip % 8);
-    let refused = if at == 0 { TokenError::Malformed } else { TokenError::BadSignature };
-    assert_eq!(key.verify(&changed, 0), Err(refused), "byte {at} changed");
-    assert_eq!(key.verify(&token[..TOKEN_LEN - 1], 0), Err(TokenError::Malformed), "cut short");
+    let refused = match at {
+        0 => TokenError::Malformed,
+        _ if KEY_ID.contains(&at) => TokenError::UnknownKey,
+        _ => TokenError::BadSignature,
+    };
+    assert_eq!(keys.verify(&changed), Err(refused), "byte {at} changed");
+    assert_eq!(keys.verify(&token[..TOKEN_LEN - 1]), Err(TokenError::Malformed), "cut short");
     let mut longer = token.clone();
     longer.push(flip);
-    assert_eq!(key.verify(&longer, 0), Err(TokenError::Malformed), "one byte too many");
+    assert_eq!(keys.verify(&longer), Err(TokenError::Malformed), "one byte too many");
 }

@@ -120,11 +120,11 @@ fn frame_seeds() -> Vec<Seed> {
     ]
 }
 
-/// A `resume_token` input: key, now, the player and expiry to mint, the flip, the candidate.
-fn token_input(secret: &[u8], now: u64, player: u64, expires_at: u64, candidate: &[u8]) -> Vec<u8> {
+/// A `resume_token` input: key, the player and nonce to mint, the flip, the candidate.
+fn token_input(secret: &[u8], player: u64, nonce: u64, candidate: &[u8]) -> Vec<u8> {
     assert!((16..80).contains(&secret.len()));
     let mut out = Writer::default();
-    out.u8((secret.len() - 16) as u8).bytes(secret).u64(now).u64(player).u64(expires_at).u8(9);
+    out.u8((secret.len() - 16) as u8).bytes(secret).u64(player).u64(nonce).u8(9);
     out.bytes(candidate);
     out.0
 }
@@ -132,20 +132,21 @@ fn token_input(secret: &[u8], now: u64, player: u64, expires_at: u64, candidate:
 fn token_seeds() -> Vec<Seed> {
     let secret = [7u8; 32];
     let key = TokenKey::new(secret.to_vec()).expect("key");
-    let now = 1_700_000_000;
-    let valid = key.mint(42, now + 30);
+    let valid = key.mint(42, 7);
     let long_secret: Vec<u8> = (0..79).collect();
     let long_key = TokenKey::new(long_secret.clone()).expect("key");
-    let other = TokenKey::new(vec![8; 32]).expect("key").mint(42, now + 30);
+    let other = TokenKey::new(vec![8; 32]).expect("key").mint(42, 7);
+    let mut first_version = valid.clone();
+    first_version[0] = 1;
     vec![
-        seed("resume_token", "valid", token_input(&secret, now, 42, now + 30, &valid)),
-        seed("resume_token", "expired", token_input(&secret, now + 31, 42, now + 30, &valid)),
-        seed("resume_token", "other-key", token_input(&secret, now, 42, now + 30, &other)),
-        seed("resume_token", "cut-short", token_input(&secret, now, 1, 2, &valid[..TOKEN_LEN - 1])),
+        seed("resume_token", "valid", token_input(&secret, 42, 7, &valid)),
+        seed("resume_token", "other-key", token_input(&secret, 42, 7, &other)),
+        seed("resume_token", "first-version", token_input(&secret, 42, 7, &first_version)),
+        seed("resume_token", "cut-short", token_input(&secret, 1, 2, &valid[..TOKEN_LEN - 1])),
         seed(
             "resume_token",
             "long-key",
-            token_input(&long_secret, 0, u64::MAX, u64::MAX, &long_key.mint(u64::MAX, u64::MAX)),
+            token_input(&long_secret, u64::MAX, u64::MAX, &long_key.mint(u64::MAX, u64::MAX)),
         ),
     ]
 }

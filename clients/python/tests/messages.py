@@ -24,8 +24,9 @@ def left(entity_id: int) -> pb.ServerMessage:
     return pb.ServerMessage(left=pb.Left(player_id=entity_id))
 
 
-def view_reset(player_id: int, x: int, y: int) -> pb.ServerMessage:
-    return pb.ServerMessage(view_reset=pb.ViewReset(player_id=player_id, position=pb.Position(x=x, y=y)))
+def view_reset(player_id: int, x: int, y: int, token: bytes = b"") -> pb.ServerMessage:
+    reset = pb.ViewReset(player_id=player_id, position=pb.Position(x=x, y=y), resume_token=token)
+    return pb.ServerMessage(view_reset=reset)
 
 
 def error(code: int, detail: str, client_time: int = 0) -> pb.ServerMessage:

@@ -142,6 +142,13 @@ async def test_a_dropped_connection_resumes_by_itself(cluster: Cluster) -> None:
             lambda v: alice_info.player_id in v.entities and v.entities[alice_info.player_id].position == (99, 120),
             WAIT, "bob to see alice back and moving",
         )
+        # A token is good once: the second drop resumes with the one the first ViewReset
+        # brought.
+        first_token = alice_info.resume_token
+        assert alice.info is not None and alice.info.resume_token != first_token
+        alice._transport.sever()
+        await alice.wait_until(lambda v: alice.resumes == 2, WAIT, "the second resume's ViewReset")
+        assert await alice.move(Direction.LEFT) == (98, 120)
         assert alice.view.violations == [] and bob.view.violations == []
 
 

@@ -156,6 +156,22 @@ async def test_a_drop_resumes_and_what_it_owed_was_not_applied(gateway: tuple[Fa
         assert connection.resumes == 1 and list(connection.view.entities) == [5]
 
 
+async def test_the_next_resume_uses_the_token_the_last_view_reset_brought(gateway: tuple[FakeGateway, int]) -> None:
+    # A token is good once: each resume's ViewReset carries the one for the next.
+    fake, port = gateway
+    connection, peer = await logged_in(fake, port)
+    async with connection:
+        peer.drop()
+        again = await fake.accept()
+        assert (await again.recv()).resume.token == b"tok"
+        again.send(view_reset(1, 3, 4, token=b"tok2"))
+        await connection.wait_until(lambda v: connection.resumes == 1, WAIT, "the first resume")
+        assert connection.info is not None and connection.info.resume_token == b"tok2"
+        again.drop()
+        third = await fake.accept()
+        assert (await third.recv()).resume.token == b"tok2"
+
+
 async def test_a_refused_resume_closes_for_good(gateway: tuple[FakeGateway, int]) -> None:
     fake, port = gateway
     connection, peer = await logged_in(fake, port)

@@ -36,7 +36,8 @@ export interface ConnectionOptions {
 
 /** What `LoginOk` says. */
 export interface LoginInfo extends WorldInfo {
-  /** Given back in `Resume` after a drop; the connection does that on its own. */
+  /** Given back in `Resume` after a drop; the connection does that on its own. Good once:
+   * each resume's `ViewReset` brings the next (and `info` then carries it). */
   readonly resumeToken: Uint8Array;
 }
 
@@ -342,6 +343,11 @@ export class Connection extends Emitter<ConnectionEvents> {
         return login.resolve(info);
       }
       case "viewReset": {
+        if (this.#info !== undefined && kind.value.resumeToken.length > 0) {
+          // A resume (or a restore after a shard failure) spends the token held: the fresh
+          // one comes with the ViewReset, and only it works next time.
+          this.#info = { ...this.#info, resumeToken: kind.value.resumeToken };
+        }
         if (this.#state === "resuming" && this.#resumeAttempt !== undefined) {
           const attempt = this.#resumeAttempt;
           this.#state = "playing";

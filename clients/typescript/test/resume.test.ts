@@ -16,15 +16,21 @@ afterEach(async () => {
   gateway = undefined;
 });
 
-/** Logs in on the first connection, and accepts `Resume` with the right token on later ones. */
+/**
+ * Logs in on the first connection, and accepts `Resume` with the right token on later ones.
+ * A token is good once, as on a real cluster: each accepted resume's ViewReset brings the
+ * next one.
+ */
 function playingGateway(options: { refuseResumes?: number } = {}): (socket: ServerSocket, message: ClientMessage) => void {
   let refused = 0;
+  let valid = TOKEN;
+  let issued = 0;
   return (socket, message) => {
     switch (message.kind.case) {
       case "login":
         return send(socket, loginOk(7n, 10, 20));
       case "resume":
-        if (Buffer.compare(Buffer.from(message.kind.value.token), Buffer.from(TOKEN)) !== 0) {
+        if (Buffer.compare(Buffer.from(message.kind.value.token), Buffer.from(valid)) !== 0) {
           return send(socket, { kind: { case: "error", value: { code: ErrorCode.INVALID_TOKEN, detail: "bad token" } } });
         }
         if (refused < (options.refuseResumes ?? 0)) {
@@ -32,7 +38,9 @@ function playingGateway(options: { refuseResumes?: number } = {}): (socket: Serv
           // As a gateway whose shards have not answered yet: refused, connection left open.
           return send(socket, { kind: { case: "error", value: { code: ErrorCode.INVALID_TOKEN, detail: "no shard answered the resume" } } });
         }
-        send(socket, { kind: { case: "viewReset", value: { playerId: 7n, position: { x: 10, y: 21 } } } });
+        issued += 1;
+        valid = new Uint8Array([9, 9, issued]);
+        send(socket, { kind: { case: "viewReset", value: { playerId: 7n, position: { x: 10, y: 21 }, resumeToken: valid } } });
         return send(socket, { kind: { case: "entered", value: { playerId: 2n, name: "bob", position: { x: 11, y: 21 } } } });
       case "move":
         // Never answered: the connection is dropped under it.
@@ -80,6 +88,21 @@ describe("Connection: auto-resume", () => {
     // The new socket is the one used from now on.
     connection.chat("back");
     await waitFor(() => gateway!.received.some((r) => r.message.kind.case === "chat" && r.socket === gateway!.connections[1]), "chat on the new connection");
+    await connection.close();
+  });
+
+  it("resumes again with the token the last ViewReset brought (a token is good once)", async () => {
+    gateway = await FakeGateway.start(playingGateway());
+    const connection = await Connection.connect(gateway.url, fast);
+    const events = record(connection);
+    await connection.login("ada");
+    gateway.connections[0]!.terminate();
+    await waitFor(() => events.filter((e) => e.startsWith("resumed")).length === 1, "the first resume");
+    expect([...connection.info!.resumeToken]).toEqual([9, 9, 1]);
+    gateway.connections[1]!.terminate();
+    await waitFor(() => events.filter((e) => e.startsWith("resumed")).length === 2, "the second resume");
+    const tokens = gateway.received.filter((r) => r.message.kind.case === "resume").map((r) => (r.message.kind.case === "resume" ? [...r.message.kind.value.token] : []));
+    expect(tokens).toEqual([[...TOKEN], [9, 9, 1]]);
     await connection.close();
   });
 

@@ -1,6 +1,7 @@
 //! The input format of `gateway_core`: operations, their bytes, and what a client sends.
 
 use meridian_gateway::fuzzing::resume_key;
+use meridian_protocol::TokenKey;
 use meridian_protocol::pb::{
     client_message::Kind as C, ClientMessage, Login, Move, Ping, Position,
 };
@@ -27,7 +28,7 @@ pub enum ClientOp {
         client_time: u8,
     },
     Logout,
-    /// `token % 3`: 0 a valid token for `player`, 1 an expired one, 2 garbage.
+    /// `token % 3`: 0 a genuine token for `player`, 1 one signed with another key, 2 garbage.
     Resume {
         token: u8,
         player: u8,
@@ -269,10 +270,10 @@ impl ClientOp {
             }
             ClientOp::Logout => Some(C::Logout(meridian_protocol::pb::Logout {})),
             ClientOp::Resume { token, player } => {
-                let now = unix_now();
+                let id = u64::from(*player) + 1;
                 let token = match token % 3 {
-                    0 => resume_key().mint(u64::from(*player) + 1, now + 3_600),
-                    1 => resume_key().mint(u64::from(*player) + 1, now.saturating_sub(3_600)),
+                    0 => resume_key().mint(id, 1),
+                    1 => TokenKey::new(vec![8; 32]).expect("a key").mint(id, 1),
                     _ => vec![*player; 7],
                 };
                 Some(C::Resume(meridian_protocol::pb::Resume { token }))

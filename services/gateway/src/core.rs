@@ -470,7 +470,8 @@ impl<T> Core<T> {
                                         .place(conn, slot, session, player, name, at, generation);
                                 }
                                 None => {
-                                    let detail = "nothing to resume: the resume window has passed";
+                                    let detail = "nothing to resume: this token was used already, \
+                                                  or the resume window has passed";
                                     self.ctx.refuse(conn, slot, ErrorCode::InvalidToken, detail, 0);
                                 }
                             }
@@ -1326,9 +1327,10 @@ impl Ctx {
         if !matches!(conn.session, Session::Anonymous) {
             return self.refuse(conn, slot, ErrorCode::AlreadyLoggedIn, "already logged in", 0);
         }
-        let unix_now = self.shared.clock.unix_at(now);
-        let player = match self.shared.config.resume_key.verify(token, unix_now) {
-            Ok(player) => player,
+        // The signature is checked here; whether the token is the player's last one (it
+        // is good once) only the shard holding the player knows.
+        let player = match self.shared.config.resume_keys.verify(token) {
+            Ok(token) => token.player_id,
             Err(error) => {
                 return self.refuse(conn, slot, ErrorCode::InvalidToken, &error.to_string(), 0)
             }
@@ -1339,8 +1341,9 @@ impl Ctx {
             return self.refuse(conn, slot, ErrorCode::Unavailable, "no shard available", 0);
         }
         let seq = conn.take_seq();
+        let request = ResumeRequest { token: token.to_vec(), ..Default::default() };
         for link in &links {
-            self.relay(link, session, player, seq, Input::Resume(ResumeRequest::default()));
+            self.relay(link, session, player, seq, Input::Resume(request.clone()));
         }
         // A new connection has full budgets; the shard that held the player keeps its own
         // move budget across the resume, so a reconnect still buys no fresh burst of moves.
@@ -1363,7 +1366,12 @@ impl Ctx {
             return self.refuse(conn, slot, ErrorCode::Unavailable, "no shard available", 0);
         }
         let seq = conn.take_seq();
-        let request = ResumeRequest { login: true, name: login.name.clone(), spawn: login.spawn };
+        let request = ResumeRequest {
+            login: true,
+            name: login.name.clone(),
+            spawn: login.spawn,
+            ..Default::default()
+        };
         for link in &links {
             self.relay(link, session, player, seq, Input::Resume(request.clone()));
         }
@@ -1833,7 +1841,7 @@ mod tests {
             limits: limits.clone(),
             dev_mode,
             lease_ttl: std::time::Duration::from_secs(3),
-            resume_key: TokenKey::new(vec![7; 32]).expect("a valid key"),
+            resume_keys: TokenKey::new(vec![7; 32]).expect("a valid key").into(),
             advertise_admin: None,
             advertise: None,
             jwks: None,

@@ -183,7 +183,7 @@ impl Harness {
             limits: config.limits.clone(),
             dev_mode: config.dev_mode,
             lease_ttl: Duration::from_secs(3),
-            resume_key: resume_key(),
+            resume_keys: resume_key().into(),
             advertise_admin: None,
             advertise: None,
             jwks: None,

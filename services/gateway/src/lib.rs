@@ -95,7 +95,7 @@ pub struct GatewayConfig {
     pub dev_mode: bool,
     pub lease_ttl: Duration,
     /// Checks the resume tokens clients present.
-    pub resume_key: meridian_protocol::TokenKey,
+    pub resume_keys: meridian_protocol::TokenKeys,
     /// The admin address others reach, if not the listener's own.
     pub advertise_admin: Option<String>,
     /// The game address clients are told about, if not the listener's own.

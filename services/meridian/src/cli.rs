@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use meridian_cluster::{GatewayId, ShardId};
 use meridian_gateway::limits::{AddressBlock, Limits, Rate};
 use meridian_gateway::{GatewayConfig, IoBackend, Placement, QuicCert, QuicTimeouts};
-use meridian_protocol::TokenKey;
+use meridian_protocol::{TokenKey, TokenKeys};
 use meridian_shard::ShardConfig;
 use meridian_world::WorldConfig;
 
@@ -135,6 +135,11 @@ pub struct CommonArgs {
     /// of the cluster. Required unless --dev, where a fixed insecure key is the default.
     #[arg(long, env = "MERIDIAN_RESUME_KEY", hide_env_values = true)]
     pub resume_key: Option<String>,
+    /// Keys of a rotation, hex, comma-separated: resume tokens they signed are still taken
+    /// (new ones are signed with --resume-key). Rotate by giving every node the new key with
+    /// the old one here, then, a resume window later, dropping the old one.
+    #[arg(long, env = "MERIDIAN_RESUME_KEY_PREVIOUS", hide_env_values = true)]
+    pub resume_key_previous: Option<String>,
     /// Write {"id","pid",addresses} to this file once listening (for scripts and tests).
     #[arg(long, env = "MERIDIAN_READY_FILE")]
     pub ready_file: Option<PathBuf>,
@@ -453,6 +458,10 @@ pub struct UpArgs {
     /// The resume-token key for every node (hex); a random one if not given.
     #[arg(long, env = "MERIDIAN_RESUME_KEY", hide_env_values = true)]
     pub resume_key: Option<String>,
+    /// Previous resume-token keys every node still takes (hex, comma-separated; see
+    /// `meridian shard --help`).
+    #[arg(long, env = "MERIDIAN_RESUME_KEY_PREVIOUS", hide_env_values = true)]
+    pub resume_key_previous: Option<String>,
     /// Write the cluster's addresses and pids as JSON here once everything is ready.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
@@ -543,27 +552,41 @@ fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
 /// The key used in dev mode when none is given. Never use it in production: it is public.
 const DEV_RESUME_KEY: &[u8] = b"meridian-dev-mode-insecure-resume-key";
 
-fn resume_key(common: &CommonArgs, problems: &mut Vec<String>) -> TokenKey {
+fn resume_keys(common: &CommonArgs, problems: &mut Vec<String>) -> TokenKeys {
     let fallback =
         || TokenKey::new(DEV_RESUME_KEY.to_vec()).expect("invariant: dev key is long enough");
-    let Some(hex) = &common.resume_key else {
-        if !common.dev {
-            problems.push("--resume-key (MERIDIAN_RESUME_KEY) is required outside --dev".into());
+    let parse = |flag: &str, hex: &str, problems: &mut Vec<String>| {
+        let bytes: Option<Vec<u8>> = hex
+            .len()
+            .is_multiple_of(2)
+            .then(|| {
+                let digit = |i: usize| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok();
+                (0..hex.len()).step_by(2).map(digit).collect()
+            })
+            .flatten();
+        let key = bytes.and_then(TokenKey::new);
+        if key.is_none() {
+            problems.push(format!("{flag} must be at least 32 hex digits"));
         }
-        return fallback();
+        key
     };
-    let bytes: Option<Vec<u8>> = (hex.len() % 2 == 0)
-        .then(|| {
-            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect()
-        })
-        .flatten();
-    match bytes.and_then(TokenKey::new) {
-        Some(key) => key,
+    let current = match &common.resume_key {
+        Some(hex) => parse("--resume-key", hex, problems).unwrap_or_else(fallback),
         None => {
-            problems.push("--resume-key must be at least 32 hex digits".into());
+            if !common.dev {
+                problems
+                    .push("--resume-key (MERIDIAN_RESUME_KEY) is required outside --dev".into());
+            }
             fallback()
         }
-    }
+    };
+    let previous = common
+        .resume_key_previous
+        .iter()
+        .flat_map(|list| list.split(',').map(str::trim).filter(|hex| !hex.is_empty()))
+        .filter_map(|hex| parse("--resume-key-previous", hex, problems))
+        .collect();
+    TokenKeys::new(current, previous)
 }
 
 fn finish<T>(value: T, problems: Vec<String>) -> anyhow::Result<T> {
@@ -612,7 +635,7 @@ impl ShardArgs {
         if self.listen.ip().is_unspecified() && self.advertise.is_none() {
             problems.push("--listen on an unspecified address needs --advertise".into());
         }
-        let resume_key = resume_key(&self.common, &mut problems);
+        let resume_keys = resume_keys(&self.common, &mut problems);
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
                 .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
@@ -622,7 +645,7 @@ impl ShardArgs {
             problems.push("--save-interval must be at least 1 second".into());
         }
         let config = ShardConfig {
-            resume_key,
+            resume_keys,
             id: ShardId(self.id),
             cluster: self.common.cluster.clone(),
             etcd: self.common.etcd.clone(),
@@ -661,7 +684,7 @@ impl GatewayArgs {
         if self.max_output < 4 * self.max_frame {
             problems.push(format!("--max-output {} must be at least 4 frames", self.max_output));
         }
-        let resume_key = resume_key(&self.common, &mut problems);
+        let resume_keys = resume_keys(&self.common, &mut problems);
         let limits = self.limits.limits(self.max_frame, self.max_output, &mut problems);
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
@@ -719,7 +742,7 @@ impl GatewayArgs {
                 PlacementArg::RoundRobin => Placement::RoundRobin,
                 PlacementArg::LeastLoaded => Placement::LeastLoaded,
             },
-            resume_key,
+            resume_keys,
             id: GatewayId(self.id),
             cluster: self.common.cluster.clone(),
             etcd: self.common.etcd.clone(),
@@ -768,5 +791,42 @@ impl UpArgs {
         }
         self.game.config(&mut problems);
         finish(self, problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn shard(args: &[&str]) -> anyhow::Result<ShardNode> {
+        let mut all = vec!["meridian", "shard", "--id", "1", "--etcd", "http://127.0.0.1:2379"];
+        all.extend_from_slice(args);
+        let Command::Shard(shard) = Cli::try_parse_from(all)?.command else {
+            unreachable!("parsed as a shard")
+        };
+        shard.validate()
+    }
+
+    const KEY: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+    const OLD: &str = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
+
+    #[test]
+    fn a_rotation_takes_the_previous_keys_and_names_a_bad_one() {
+        let node = shard(&["--resume-key", KEY, "--resume-key-previous", &format!("{OLD}, ")])
+            .expect("valid");
+        let old = TokenKeys::from(TokenKey::new(vec![0xb2; 16]).expect("a key"));
+        let keys = node.config.resume_keys;
+        assert_eq!(keys.verify(&old.mint(5, 6)).map(|t| t.nonce), Ok(6), "the previous key");
+        assert_eq!(keys.current().id(), TokenKey::new(vec![0xa1; 16]).expect("a key").id());
+
+        let refused = |args: &[&str]| match shard(args) {
+            Ok(_) => panic!("{args:?} taken"),
+            Err(error) => format!("{error:#}"),
+        };
+        let said = refused(&["--resume-key", KEY, "--resume-key-previous", "b2b2,zz"]);
+        assert!(said.contains("--resume-key-previous must be at least 32 hex digits"), "{said}");
+        let said = refused(&["--resume-key", "a1"]);
+        assert!(said.contains("--resume-key must be at least 32"), "{said}");
     }
 }

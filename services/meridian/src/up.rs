@@ -150,9 +150,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         Some(key) => key.clone(),
         None => random_hex_key()?,
     };
+    let previous = args.resume_key_previous.clone().unwrap_or_default();
     let common = |command: &mut Command, ready: &Path| {
         command
             .env("MERIDIAN_RESUME_KEY", &resume_key)
+            .env("MERIDIAN_RESUME_KEY_PREVIOUS", &previous)
             .args(["--cluster", &args.cluster, "--etcd", &etcd_url, "--dev"])
             .args(["--lease-ttl", &args.lease_ttl.to_string(), "--admin", "127.0.0.1:0"])
             .arg("--ready-file")

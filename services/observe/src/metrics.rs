@@ -37,6 +37,11 @@ impl CounterFamily {
     pub fn inc(&self, value: &str) {
         self.add(value, 1);
     }
+
+    /// The count of one value (0 for one not registered).
+    pub fn get(&self, value: &str) -> u64 {
+        self.counters.iter().find(|(v, _)| *v == value).map_or(0, |(_, counter)| counter.get())
+    }
 }
 
 /// A value that goes up and down.

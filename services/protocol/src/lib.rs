@@ -25,7 +25,7 @@ pub use frame::{
     MAX_PREFIX_BYTES,
 };
 pub use messages::{error_codes, server};
-pub use token::{TokenError, TokenKey, TOKEN_LEN};
+pub use token::{Token, TokenError, TokenKey, TokenKeys, TOKEN_LEN};
 pub use validate::{
     validate_action, validate_chat, validate_direction, validate_name, InvalidArgument,
     MAX_CHAT_BYTES, MAX_GAME_BYTES, MAX_NAME_BYTES,

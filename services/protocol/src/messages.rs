@@ -78,6 +78,17 @@ pub mod server {
     }
 
     pub fn view_reset(player_id: u64, x: u32, y: u32) -> ServerMessage {
-        wrap(Kind::ViewReset(pb::ViewReset { player_id, position: position(x, y) }))
+        view_reset_with_token(player_id, x, y, Vec::new())
+    }
+
+    /// A `ViewReset` that hands the client a fresh resume token.
+    pub fn view_reset_with_token(
+        player_id: u64,
+        x: u32,
+        y: u32,
+        resume_token: Vec<u8>,
+    ) -> ServerMessage {
+        let position = position(x, y);
+        wrap(Kind::ViewReset(pb::ViewReset { player_id, position, resume_token }))
     }
 }

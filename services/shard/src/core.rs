@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, ShardId};
 use meridian_protocol::pb::ErrorCode;
-use meridian_protocol::{server, TokenKey};
+use meridian_protocol::{server, TokenKeys};
 use meridian_rpc::pb::player_input::Kind as Input;
 use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput};
 use meridian_world::{Envelope, Notification, PlayerId, World};
@@ -117,8 +117,10 @@ pub struct ShardCore {
     pub(crate) holders: Vec<ShardId>,
     pub(crate) rng: SmallRng,
     pub(crate) started: Instant,
-    unix_start: u64,
-    pub(crate) resume_key: TokenKey,
+    pub(crate) resume_keys: TokenKeys,
+    /// The nonce of the token the resume being answered came with (see
+    /// `Seat::resume_previous`).
+    pub(crate) resumed_with: Option<u64>,
     pub(crate) parked: FxHashMap<PlayerId, Parked>,
     /// Restores a gateway chose this shard for by a newer partition than this shard has
     /// seen: they wait for the watch to catch up (see `ShardCore::restore_as`).
@@ -193,8 +195,8 @@ impl ShardCore {
             holders: Vec::new(),
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: now,
-            unix_start: config.unix_start,
-            resume_key: config.resume_key.clone(),
+            resume_keys: config.resume_keys.clone(),
+            resumed_with: None,
             parked: FxHashMap::default(),
             behind_view: Vec::new(),
             awaiting_gateway: FxHashMap::default(),
@@ -204,11 +206,6 @@ impl ShardCore {
             last_forward: None,
             resume_window: config.resume_window,
         }
-    }
-
-    /// Wall-clock seconds since the Unix epoch at the current event.
-    pub(crate) fn unix_now(&self) -> u64 {
-        self.unix_start + self.now.saturating_duration_since(self.started).as_secs()
     }
 
     /// Time since `since`, as of the current event (zero if `since` is later).
@@ -531,7 +528,7 @@ impl ShardCore {
             (Some(link), Some(Input::Resume(_))) => return self.resume(link, input),
             _ => {}
         }
-        if let Some(seat) = self.seats.get(&player) {
+        if let Some(seat) = self.seats.get_mut(&player) {
             // Session ids are unique per gateway only: an input straight from a gateway
             // other than the seat's is from a connection the player has left (a login on
             // another gateway took it over), whatever its session number.
@@ -539,6 +536,11 @@ impl ShardCore {
             if seat.gateway != 0 && from.is_some_and(|gateway| gateway != seat.gateway) {
                 debug!(%player, seq = input.seq, "input from another gateway's session dropped");
                 return;
+            }
+            if seat.session == input.session && !matches!(input.kind, Some(Input::Leave(_))) {
+                // The client speaks on the session its resume gave it: it has the fresh
+                // token, and the one it resumed with is spent.
+                seat.resume_previous = None;
             }
             return self.sequence(player, input);
         }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, PartitionMap, Region, ShardId};
 use meridian_protocol::pb::{self as client_pb, server_message::Kind as Server, ErrorCode};
-use meridian_protocol::{next_frame, TokenKey};
+use meridian_protocol::{next_frame, TokenKey, TokenKeys};
 use meridian_rpc::pb::{player_input::Kind as Input, Handoff, Join, Leave, PlayerInput};
 use meridian_world::PlayerId;
 use prost::Message;
@@ -41,8 +41,7 @@ impl Harness {
             world: Default::default(),
             seed: 1,
             resume_window: Duration::from_secs(30),
-            resume_key: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key"),
-            unix_start: 1_800_000_000,
+            resume_keys: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key").into(),
             save_interval,
             // Tests jump the clock by seconds at a time (the real shell ticks every 100 ms);
             // the one about pauses sets its own.
@@ -432,7 +431,12 @@ fn a_login_through_another_gateway_takes_the_player_over_whatever_its_session_nu
     h.join(11, 1);
     h.direct(11, 2, a_move(1));
     h.received();
-    let login = meridian_rpc::pb::ResumeRequest { login: true, name: "p11".into(), spawn: None };
+    let login = meridian_rpc::pb::ResumeRequest {
+        login: true,
+        name: "p11".into(),
+        spawn: None,
+        ..Default::default()
+    };
     let inputs = vec![input(11, 1, Input::Resume(login))];
     h.actor.handle(h.now, Event::Inputs { link: other, inputs });
     let mut flushed = Vec::new();
@@ -478,4 +482,131 @@ fn a_login_through_another_gateway_takes_the_player_over_whatever_its_session_nu
         matches!(answered.as_slice(), [(_, Server::Moved(m), false)] if m.client_time == 3 && m.position == Some(client_pb::Position { x: 12, y: 10 })),
         "the new connection's own move: {answered:?}"
     );
+}
+
+/// What a round sent each session of `link`: its messages, and whether a resume was
+/// refused.
+fn resume_answers(h: &mut Harness, link: LinkId, session: u64) -> (Vec<Server>, bool) {
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    let (mut messages, mut refused) = (Vec::new(), false);
+    for transmit in out {
+        let Transmit::Gateway { link: to, batch } = transmit else { continue };
+        for delivery in batch.deliveries.into_iter().filter(|d| to == link && d.session == session)
+        {
+            refused |= delivery.resume_refused;
+            let mut frames = &delivery.frames[..];
+            while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
+                let message =
+                    client_pb::ServerMessage::decode(header.body(frames)).expect("decodes");
+                messages.push(message.kind.expect("a kind"));
+                frames = &frames[header.total_len()..];
+            }
+        }
+    }
+    (messages, refused)
+}
+
+fn resume_with(h: &mut Harness, player: u64, session: u64, token: &[u8]) {
+    let request = meridian_rpc::pb::ResumeRequest { token: token.to_vec(), ..Default::default() };
+    let inputs = vec![PlayerInput {
+        session,
+        player_id: player,
+        seq: 1,
+        kind: Some(Input::Resume(request)),
+    }];
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs });
+}
+
+/// A resume token is good once: the resume that uses it gets a fresh one in its
+/// ViewReset, and the spent one (or a forged one, or one of a key no longer accepted) is
+/// refused by the shard holding the player, which keeps the player for its real owner.
+#[test]
+fn a_resume_token_takes_the_player_back_once() {
+    let mut h = Harness::new();
+    h.join(11, 1);
+    let first = match h.received().into_iter().next() {
+        Some(Server::LoginOk(ok)) => ok.resume_token,
+        other => panic!("LoginOk first: {other:?}"),
+    };
+    h.direct(11, 2, Input::Leave(Leave { logout: false }));
+    h.received();
+
+    // Forged, another key's, another player's: refused, the player stays parked.
+    let mut forged = first.clone();
+    forged[10] ^= 1;
+    let other_key = TokenKey::new(vec![8; 32]).expect("a key");
+    let other_player = h.actor.resume_keys.mint(12, 1);
+    for (session, token) in
+        [(SESSION + 1, forged), (SESSION + 2, other_key.mint(11, 1)), (SESSION + 3, other_player)]
+    {
+        resume_with(&mut h, 11, session, &token);
+        let (messages, refused) = resume_answers(&mut h, LINK, session);
+        assert!(refused && messages.is_empty(), "refused: {messages:?}");
+    }
+
+    resume_with(&mut h, 11, SESSION + 4, &first);
+    let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 4);
+    assert!(!refused);
+    assert!(matches!(messages.first(), Some(Server::ViewReset(_))), "{messages:?}");
+
+    // That connection dropped before its client said anything: the answer may have been
+    // lost with it, so the token it came with still works.
+    let leave = |session| PlayerInput {
+        session,
+        player_id: 11,
+        seq: 2,
+        kind: Some(Input::Leave(Leave { logout: false })),
+    };
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![leave(SESSION + 4)] });
+    h.received();
+    resume_with(&mut h, 11, SESSION + 5, &first);
+    let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 5);
+    assert!(!refused);
+    let second = match messages.first() {
+        Some(Server::ViewReset(reset)) => reset.resume_token.clone(),
+        other => panic!("ViewReset first: {other:?}"),
+    };
+    assert_eq!(h.actor.resume_keys.verify(&second).map(|t| t.player_id), Ok(11));
+    assert_ne!(second, first, "a fresh token");
+
+    // Once the client speaks on its new session it has the fresh token: the spent one
+    // cannot take the player from that live session, nor once it is parked again.
+    let ping = PlayerInput { session: SESSION + 5, player_id: 11, seq: 2, kind: Some(ping(5)) };
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![ping] });
+    h.received();
+    resume_with(&mut h, 11, SESSION + 6, &first);
+    let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 6);
+    assert!(refused && messages.is_empty(), "a spent token is refused: {messages:?}");
+    assert!(h.actor.seats.get(&PlayerId(11)).is_some_and(|s| s.session == SESSION + 5));
+    assert_eq!(h.actor.metrics.resume_tokens_refused.get("spent"), 1);
+
+    // The fresh one works, once more.
+    resume_with(&mut h, 11, SESSION + 7, &second);
+    let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 7);
+    assert!(!refused && matches!(messages.first(), Some(Server::ViewReset(_))), "{messages:?}");
+}
+
+/// During a key rotation a shard takes tokens signed with the previous key; after it, no
+/// longer.
+#[test]
+fn a_token_of_the_previous_key_works_during_a_rotation_only() {
+    let old = TokenKey::new(vec![7; 32]).expect("a key");
+    let new = TokenKey::new(vec![9; 32]).expect("a key");
+    for (previous, works) in [(vec![old.clone()], true), (Vec::new(), false)] {
+        let mut h = Harness::new();
+        h.join(11, 1);
+        h.received();
+        h.direct(11, 2, Input::Leave(Leave { logout: false }));
+        h.received();
+        let nonce = h.actor.parked[&PlayerId(11)].resume_nonce;
+        h.actor.resume_keys = TokenKeys::new(new.clone(), previous);
+        resume_with(&mut h, 11, SESSION + 1, &old.mint(11, nonce));
+        let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 1);
+        assert_eq!(!refused, works, "{messages:?}");
+        if let Some(Server::ViewReset(reset)) = messages.first() {
+            let fresh = TokenKeys::from(new.clone()).verify(&reset.resume_token);
+            assert!(fresh.is_ok(), "the fresh token is signed with the new key");
+        }
+    }
 }

@@ -69,8 +69,8 @@ pub struct ShardConfig {
     pub resume_window: Duration,
     /// How long a drain may take before it is reported as incomplete.
     pub drain_timeout: Duration,
-    /// Signs the resume tokens handed out in LoginOk.
-    pub resume_key: meridian_protocol::TokenKey,
+    /// Sign and check resume tokens (see `CoreConfig::resume_keys`).
+    pub resume_keys: meridian_protocol::TokenKeys,
     /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
     pub advertise: Option<String>,
     /// The player store its players are saved in (`--store`), and how often players that
@@ -133,11 +133,7 @@ impl ShardConfig {
             world: self.world.clone(),
             seed: self.seed,
             resume_window: self.resume_window,
-            resume_key: self.resume_key.clone(),
-            unix_start: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            resume_keys: self.resume_keys.clone(),
             save_interval: self.store.as_ref().map(|_| self.save_interval),
             lease_ttl: self.lease_ttl,
             max_npcs: self.game.max_npcs,

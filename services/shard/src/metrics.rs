@@ -38,6 +38,8 @@ pub struct ShardMetrics {
     pub logins_replaced: Arc<Counter>,
     /// Operators' orders carried out, by kind (`meridian player kick|move`).
     pub player_orders: CounterFamily,
+    /// Resume tokens refused by the shard holding their player, by reason.
+    pub resume_tokens_refused: CounterFamily,
     pub inputs_forwarded: Arc<Counter>,
     pub peer_messages_in: Arc<Counter>,
     pub peer_messages_out: Arc<Counter>,
@@ -132,6 +134,14 @@ impl ShardMetrics {
                 "meridian_shard_resumes_total",
                 "Players taken back by a resume token after their connection dropped.",
                 l,
+            ),
+            resume_tokens_refused: registry.counter_family(
+                "meridian_shard_resume_tokens_refused_total",
+                "Resume tokens refused by the shard holding their player, by reason (spent: \
+                 used already, or an older one; other player; unknown key; forged).",
+                l,
+                "reason",
+                ["spent", "other player", "unknown key", "forged"],
             ),
             player_orders: registry.counter_family(
                 "meridian_shard_player_orders_total",

@@ -29,10 +29,6 @@ use crate::history::{Divergent, Told};
 use crate::sequence::InputSequence;
 use crate::types::{world_direction, HandedOff, LinkId, Parked, SaveRecord, Seat, PENDING_LIMIT};
 
-/// How long a resume token stays valid; the resume window after a drop is shorter and is
-/// enforced by the server separately.
-const TOKEN_LIFETIME_SECS: u64 = 24 * 3600;
-
 /// How long a restore chosen by a newer partition waits for this shard's watch to catch up
 /// before it is taken by the map this shard has.
 const BEHIND_VIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -98,7 +94,8 @@ impl ShardCore {
             self.metrics.logins_replaced.inc();
         }
         self.parked.remove(&player);
-        let login_ok = self.login_ok(player, at);
+        let nonce = self.resume_nonce();
+        let login_ok = self.login_ok(player, at, nonce);
         let join_epoch = join.epoch;
         let join_state = join.state;
         let name: Arc<str> = join.name.into();
@@ -110,6 +107,7 @@ impl ShardCore {
                 self.outbox.track(link, session, at.x, at.y, generation);
                 let mut seat = Seat::new(link, session, gateway, generation, input.seq + 1);
                 seat.private = join_state;
+                seat.resume_nonce = nonce;
                 self.seats.insert(player, seat);
                 self.ended.remove(&player);
                 self.history.record(player, (generation, 0), at);
@@ -215,14 +213,21 @@ impl ShardCore {
         self.metrics.player_orders.inc("move");
     }
 
+    /// A nonce for a fresh resume token: any but the one a player holds (nonces are
+    /// compared per player, so a repeat across players is harmless).
+    fn resume_nonce(&mut self) -> u64 {
+        use rand::Rng;
+        self.rng.random::<u64>().max(1)
+    }
+
     /// The answer to a login placed here at `at`, with a fresh resume token.
-    fn login_ok(&self, player: PlayerId, at: Position) -> ServerMessage {
+    fn login_ok(&self, player: PlayerId, at: Position, nonce: u64) -> ServerMessage {
         let config = self.world.config();
         ServerMessage {
             kind: Some(client_pb::server_message::Kind::LoginOk(client_pb::LoginOk {
                 player_id: player.0,
                 position: wire(at),
-                resume_token: self.resume_key.mint(player.0, self.unix_now() + TOKEN_LIFETIME_SECS),
+                resume_token: self.resume_keys.mint(player.0, nonce),
                 map_width: config.width,
                 map_height: config.height,
                 view_range: config.view_range,
@@ -365,6 +370,8 @@ impl ShardCore {
                     since: self.now,
                     private: seat.private.clone(),
                     state: self.world.state(player).cloned().unwrap_or_else(|| Arc::from(&[][..])),
+                    resume_nonce: seat.resume_nonce,
+                    resume_previous: seat.resume_previous,
                 };
                 self.parked.insert(player, parked);
             }
@@ -581,6 +588,8 @@ impl ShardCore {
             state: look.as_ref().map(|l| l.state.to_vec()).unwrap_or_default(),
             private_state: seat.private,
             recent: recent_steps(&self.history, player),
+            resume_nonce: seat.resume_nonce,
+            resume_previous: seat.resume_previous.unwrap_or(0),
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for input in held {
@@ -685,7 +694,18 @@ impl ShardCore {
         let seat =
             Seat::new(link, handoff.session, handoff.gateway_id, generation, handoff.next_seq);
         let private = std::mem::take(&mut handoff.private_state);
-        self.seats.insert(player, Seat { subject_seq: handoff.subject_seq, private, ..seat });
+        let resume_nonce = handoff.resume_nonce;
+        let resume_previous = (handoff.resume_previous != 0).then_some(handoff.resume_previous);
+        self.seats.insert(
+            player,
+            Seat {
+                subject_seq: handoff.subject_seq,
+                private,
+                resume_nonce,
+                resume_previous,
+                ..seat
+            },
+        );
         self.game.mail.push_back(crate::game::GameMail::Arrived(player));
         self.ended.remove(&player);
         self.history.record(player, (generation, handoff.subject_seq), at);
@@ -781,6 +801,10 @@ impl ShardCore {
         let player = PlayerId(input.player_id);
         let Some(Input::Resume(request)) = &input.kind else { return };
         let request = request.clone();
+        self.resumed_with = None;
+        if !request.login && !self.token_takes_back(player, &request.token) {
+            return self.outbox.refuse_resume(link, input.session);
+        }
         if let Some(seat) = self.seats.get(&player) {
             let (old_link, old_session) = (seat.link, seat.session);
             // Session ids are unique per gateway only: the same number from another gateway
@@ -852,6 +876,35 @@ impl ShardCore {
             join.epoch = join.epoch.min(epoch);
             self.restore_as(link, seq, session, player, join, answer);
         }
+    }
+
+    /// Whether a resume token takes `player` back from here: genuine, for that player, and
+    /// the one token issued last to the player this shard holds (seated, or parked within
+    /// the resume window). A shard that does not hold the player says nothing; one that
+    /// does counts what it refuses.
+    fn token_takes_back(&mut self, player: PlayerId, token: &[u8]) -> bool {
+        let held = match (self.seats.get(&player), self.parked.get(&player)) {
+            (Some(seat), _) if !seat.npc => Some((seat.resume_nonce, seat.resume_previous)),
+            (_, Some(parked)) => Some((parked.resume_nonce, parked.resume_previous)),
+            _ => None,
+        };
+        let Some((current, previous)) = held else { return false };
+        let reason = match self.resume_keys.verify(token) {
+            Ok(token)
+                if token.player_id == player.0
+                    && (token.nonce == current || Some(token.nonce) == previous) =>
+            {
+                self.resumed_with = Some(token.nonce);
+                return true;
+            }
+            Ok(token) if token.player_id == player.0 => "spent",
+            Ok(_) => "other player",
+            Err(meridian_protocol::TokenError::UnknownKey) => "unknown key",
+            Err(_) => "forged",
+        };
+        debug!(%player, reason, "resume token refused");
+        self.metrics.resume_tokens_refused.inc(reason);
+        false
     }
 
     /// Ends a connection whose account logged in again elsewhere (its close follows).
@@ -953,16 +1006,24 @@ impl ShardCore {
             let message = server::error(ErrorCode::Unavailable, error.to_string(), 0);
             return self.outbox.push(link, session, &message);
         }
+        // A restore or a resume hands the client a fresh token (in its ViewReset or
+        // LoginOk): the one it held is spent.
+        let nonce = self.resume_nonce();
         let mut seat = Seat::new(link, session, gateway, generation, seq + 1);
         seat.private = std::mem::take(&mut join_state);
+        seat.resume_nonce = nonce;
+        seat.resume_previous = self.resumed_with.take();
         self.seats.insert(player, seat);
         self.ended.remove(&player);
         self.divergent.remove(&player);
         self.history.record(player, (generation, 0), at);
         self.route_envelopes();
         let first = match answer {
-            Answer::ViewReset => server::view_reset(player.0, at.x, at.y),
-            Answer::LoginOk => self.login_ok(player, at),
+            Answer::ViewReset => {
+                let token = self.resume_keys.mint(player.0, nonce);
+                server::view_reset_with_token(player.0, at.x, at.y, token)
+            }
+            Answer::LoginOk => self.login_ok(player, at, nonce),
         };
         self.outbox.push(link, session, &first);
         self.reconcile_view(player, link, session, &[]);

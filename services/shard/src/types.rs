@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, ShardId};
 use meridian_protocol::pb as client_pb;
-use meridian_protocol::{InvalidArgument, TokenKey};
+use meridian_protocol::{InvalidArgument, TokenKeys};
 use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
 use meridian_world::{Direction, Position, WorldConfig};
 
@@ -28,11 +28,9 @@ pub struct CoreConfig {
     pub seed: u64,
     /// How long a player whose connection dropped can be resumed with its token.
     pub resume_window: Duration,
-    /// Signs the resume tokens handed out in LoginOk.
-    pub resume_key: TokenKey,
-    /// Wall-clock time (seconds since the Unix epoch) at the core's first `now`: resume
-    /// tokens carry wall-clock expiries, and the core reads no clock of its own.
-    pub unix_start: u64,
+    /// Sign the resume tokens handed out in LoginOk and ViewReset (the current key), and
+    /// check those that come back (the current and previous keys).
+    pub resume_keys: TokenKeys,
     /// With a player store: how often players whose cell changed are saved (they are
     /// saved on logout and when their connection drops, too). `None`: nothing is saved.
     pub save_interval: Option<Duration>,
@@ -133,6 +131,12 @@ pub(crate) struct Seat {
     /// player's later inputs wait in `blocked` so its answers stay in order.
     pub awaiting: Option<Awaiting>,
     pub blocked: std::collections::VecDeque<PlayerInput>,
+    /// The nonce of the player's valid resume token (see `meridian_protocol::token`).
+    pub resume_nonce: u64,
+    /// The nonce of the token this session resumed with, still good until the client
+    /// speaks on the session (then it has the fresh one): a resume whose answer was lost
+    /// with its connection does not lock the player out.
+    pub resume_previous: Option<u64>,
 }
 
 /// An action sent to its target's owner: when, and its client_time.
@@ -160,6 +164,8 @@ impl Seat {
             private: Vec::new(),
             awaiting: None,
             blocked: Default::default(),
+            resume_nonce: 0,
+            resume_previous: None,
         }
     }
 
@@ -180,6 +186,9 @@ pub(crate) struct Parked {
     /// Its private game state and public state.
     pub private: Vec<u8>,
     pub state: std::sync::Arc<[u8]>,
+    /// The nonces of its valid resume tokens (see `Seat`).
+    pub resume_nonce: u64,
+    pub resume_previous: Option<u64>,
 }
 
 /// Inputs for a player whose handoff has not arrived yet: since when, from which link.

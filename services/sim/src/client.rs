@@ -286,6 +286,9 @@ impl Sim {
             }
             S::ViewReset(reset) => {
                 client.at = position(reset.position);
+                if !reset.resume_token.is_empty() {
+                    client.token = reset.resume_token;
+                }
                 client.view.clear();
                 if client.state == ClientState::Resuming {
                     client.state = ClientState::Playing;

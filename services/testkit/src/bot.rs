@@ -645,6 +645,13 @@ impl Bot {
                             "stream check failed on {message:?}: {violation:#}"
                         )));
                     }
+                    if let Some(S::ViewReset(reset)) = &message.kind {
+                        // A resume (or a restore) spends the token held: the fresh one
+                        // comes with the ViewReset.
+                        if !reset.resume_token.is_empty() {
+                            self.resume_token = reset.resume_token.clone();
+                        }
+                    }
                     if self.history.len() == HISTORY {
                         self.history.pop_front();
                     }

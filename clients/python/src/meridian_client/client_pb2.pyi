@@ -247,9 +247,11 @@ class ActionDone(_message.Message):
     def __init__(self, client_time: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class ViewReset(_message.Message):
-    __slots__ = ("player_id", "position")
+    __slots__ = ("player_id", "position", "resume_token")
     PLAYER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     player_id: int
     position: Position
-    def __init__(self, player_id: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ...) -> None: ...
+    resume_token: bytes
+    def __init__(self, player_id: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., resume_token: _Optional[bytes] = ...) -> None: ...

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import dataclasses
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, AsyncIterator, Callable, Literal
@@ -416,6 +417,11 @@ class Connection:
 
     def _handle(self, message: pb.ServerMessage) -> None:
         kind = message.WhichOneof("kind")
+        if kind == "view_reset" and message.view_reset.resume_token and self.info is not None:
+            # A resume (or a restore after a shard failure) spends the token held: the
+            # fresh one comes with the ViewReset, and only it works next time.
+            token = bytes(message.view_reset.resume_token)
+            self.info = dataclasses.replace(self.info, resume_token=token)
         if kind == "login_ok" and self._login is not None:
             ok = message.login_ok
             self.info = LoginInfo(

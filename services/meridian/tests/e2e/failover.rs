@@ -1,6 +1,7 @@
 //! Gateway death: clients reconnect to another gateway with their resume token and get
-//! their player back at its last acknowledged position; forged and expired tokens are
-//! refused; a resume while the old connection lives closes the old one.
+//! their player back at its last acknowledged position; forged and spent tokens are
+//! refused; a resume while the old connection lives closes the old one; a rotation of the
+//! cluster's key keeps the previous key's tokens working until it is dropped.
 
 use std::time::Duration;
 
@@ -11,15 +12,11 @@ use meridian_testkit::{deadline, msg, Bot, ClusterOptions, Front, DEFAULT_WAIT};
 
 use crate::with_cluster;
 
-/// The resume-token key the cluster is started with, so the test can mint expired tokens.
+/// The resume-token key the cluster is started with, so the test can mint its own tokens.
 pub(crate) const KEY_HEX: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
 
 fn key() -> TokenKey {
-    let bytes = (0..KEY_HEX.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&KEY_HEX[i..i + 2], 16).expect("hex"))
-        .collect();
-    TokenKey::new(bytes).expect("long enough")
+    key_of(KEY_HEX)
 }
 
 pub(crate) fn is_left(message: &meridian_testkit::pb::ServerMessage, id: u64) -> bool {
@@ -60,7 +57,8 @@ pub fn gateway_death_and_resume(io: Front) {
         })?;
         drop(alice);
 
-        // Forged and expired tokens are refused; the connection stays usable.
+        // Forged tokens, and a genuine one the cluster did not issue last, are refused; the
+        // connection stays usable.
         let mut mallory = Bot::connect(cluster.client_addr(1))?;
         let mut forged = token.clone();
         forged[3] ^= 0x40;
@@ -90,14 +88,69 @@ pub fn gateway_death_and_resume(io: Front) {
         })?;
         back.move_ok(Direction::Right, 8)?;
 
-        // Resuming again while that connection lives closes it: never two alices.
+        // A token is good once: the one alice resumed with is refused now...
         let mut again = Bot::connect(cluster.client_addr(1))?;
         again.send(&msg::resume(&token))?;
+        expect_error(&mut again, ErrorCode::InvalidToken)?;
+        back.move_ok(Direction::Left, 9)?;
+        // ...and the fresh one her ViewReset carried works. Resuming while that connection
+        // lives closes it: never two alices.
+        let fresh = back.resume_token().to_vec();
+        ensure!(fresh != token, "the ViewReset carried no fresh token");
+        again.send(&msg::resume(&fresh))?;
         again.recv_until(deadline(DEFAULT_WAIT), "ViewReset of the second resume", |m| {
             matches!(&m.kind, Some(S::ViewReset(_)))
         })?;
         back.expect_closed(deadline(DEFAULT_WAIT))?;
-        again.move_ok(Direction::Left, 9)?;
+        again.move_ok(Direction::Right, 10)?;
         Ok(())
     })
+}
+
+/// The key a rotation replaces ([`KEY_HEX`] is the new one).
+const OLD_KEY_HEX: &str = "01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d0";
+
+fn key_of(hex: &str) -> TokenKey {
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    TokenKey::new(bytes).expect("long enough")
+}
+
+/// A token issued before a key rotation: signed with the old key, for the player and the
+/// nonce the cluster holds (read from the token it issued with the new one), as a client
+/// that logged in before the rotation would hold. Every node of a cluster started with
+/// `--resume-key-previous OLD` takes it; one started without, no longer.
+pub fn resume_tokens_of_the_previous_key_work_during_a_rotation_only(io: Front) {
+    for (previous, works) in [(Some(OLD_KEY_HEX), true), (None, false)] {
+        let mut opts = ClusterOptions::new(io).arg("--resume-key").arg(KEY_HEX);
+        if let Some(old) = previous {
+            opts = opts.arg("--resume-key-previous").arg(old);
+        }
+        with_cluster(opts, |cluster| {
+            let mut alice = Bot::connect(cluster.client_addr(0))?;
+            let alice_id = alice.login("alice", Some((50, 50)))?.player_id();
+            let issued = meridian_protocol::TokenKeys::from(key_of(KEY_HEX))
+                .verify(alice.resume_token())
+                .context("the cluster signs with --resume-key")?;
+            let before_rotation = key_of(OLD_KEY_HEX).mint(alice_id, issued.nonce);
+            alice.disconnect();
+
+            let mut back = Bot::connect(cluster.client_addr(0))?;
+            back.send(&msg::resume(&before_rotation))?;
+            let first = back.recv(deadline(DEFAULT_WAIT))?;
+            match (&first.kind, works) {
+                (Some(S::ViewReset(reset)), true) => {
+                    ensure!(reset.player_id == alice_id, "ViewReset for someone else: {reset:?}");
+                }
+                (Some(S::Error(e)), false) if e.code == ErrorCode::InvalidToken as i32 => {}
+                (other, _) => anyhow::bail!(
+                    "with --resume-key-previous {previous:?}: expected {}, got {other:?}",
+                    if works { "ViewReset" } else { "INVALID_TOKEN" }
+                ),
+            }
+            Ok(())
+        });
+    }
 }

@@ -22,6 +22,13 @@ mod common;
 
 pub use common::*;
 
+#[test]
+fn resume_tokens_of_the_previous_key_work_during_a_rotation_only() {
+    failover::resume_tokens_of_the_previous_key_work_during_a_rotation_only(
+        meridian_testkit::Io::Uring.into(),
+    );
+}
+
 transport_scenarios!(
     for_both_backends,
     cluster_up::up_reports_every_node,
