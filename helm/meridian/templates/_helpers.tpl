@@ -186,6 +186,13 @@ MERIDIAN_JWKS: {{ include "meridian.loginKeys.path" . | quote }}
 {{- printf "%s-resume-key" (include "meridian.fullname" .) }}
 {{- end }}
 {{- end }}
+{{- define "meridian.adminToken.secretName" -}}
+{{- if .Values.adminToken.existingSecret }}
+{{- .Values.adminToken.existingSecret }}
+{{- else if .Values.adminToken.value }}
+{{- printf "%s-admin-token" (include "meridian.fullname" .) }}
+{{- end }}
+{{- end }}
 {{- define "meridian.resumeKey.secretKey" -}}
 {{- if .Values.resumeKey.existingSecret }}
 {{- .Values.resumeKey.existingSecretKey }}
@@ -275,7 +282,7 @@ only lock the nodes out.
 */}}
 {{- define "meridian.podAnnotations" -}}
 checksum/config: {{ .config | sha256sum }}
-{{- if and .ctx.Values.resumeKey.value (not .ctx.Values.resumeKey.existingSecret) }}
+{{- if or (and .ctx.Values.resumeKey.value (not .ctx.Values.resumeKey.existingSecret)) (and .ctx.Values.adminToken.value (not .ctx.Values.adminToken.existingSecret)) }}
 checksum/resume-key: {{ include (print .ctx.Template.BasePath "/secret.yaml") .ctx | sha256sum }}
 {{- end }}
 {{- if and .ctx.Values.store.external.url (not .ctx.Values.store.external.existingSecret) }}
@@ -314,6 +321,22 @@ to it as $(POD_NAME)), then the resume key. The rest comes from the ConfigMap (e
     secretKeyRef:
       name: {{ $secret }}
       key: {{ include "meridian.resumeKey.secretKey" . }}
+{{- if or .Values.resumeKey.previous .Values.resumeKey.existingSecret }}
+- name: MERIDIAN_RESUME_KEY_PREVIOUS
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: resume-key-previous
+      optional: true
+{{- end }}
+{{- end }}
+{{- $admin := include "meridian.adminToken.secretName" . }}
+{{- if $admin }}
+- name: MERIDIAN_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $admin }}
+      key: {{ if .Values.adminToken.existingSecret }}{{ .Values.adminToken.existingSecretKey }}{{ else }}admin-token{{ end }}
 {{- end }}
 {{- end }}
 
@@ -491,6 +514,12 @@ Included by the ConfigMap template, which every configuration renders.
 {{- end }}
 {{- if and (not .Values.cluster.dev) (not .Values.resumeKey.value) (not .Values.resumeKey.existingSecret) }}
 {{- $problems = append $problems "resumeKey: outside dev mode the cluster needs a resume key: set resumeKey.value (e.g. --set resumeKey.value=$(openssl rand -hex 32)) or resumeKey.existingSecret" }}
+{{- end }}
+{{- if and .Values.adminToken.value .Values.adminToken.existingSecret }}
+{{- $problems = append $problems "adminToken: set either adminToken.value or adminToken.existingSecret, not both" }}
+{{- end }}
+{{- if and .Values.resumeKey.previous .Values.resumeKey.existingSecret }}
+{{- $problems = append $problems "resumeKey.previous: with resumeKey.existingSecret, put the previous keys in that Secret (key resume-key-previous)" }}
 {{- end }}
 {{- if and .Values.resumeKey.value (not (regexMatch "^([0-9a-fA-F]{2}){16,}$" .Values.resumeKey.value)) }}
 {{- $problems = append $problems "resumeKey.value must be hex with an even number of digits, at least 32 (e.g. openssl rand -hex 32)" }}

@@ -1842,6 +1842,7 @@ mod tests {
             dev_mode,
             lease_ttl: std::time::Duration::from_secs(3),
             resume_keys: TokenKey::new(vec![7; 32]).expect("a valid key").into(),
+            admin: meridian_observe::Private::Closed,
             advertise_admin: None,
             advertise: None,
             jwks: None,

@@ -184,6 +184,7 @@ impl Harness {
             dev_mode: config.dev_mode,
             lease_ttl: Duration::from_secs(3),
             resume_keys: resume_key().into(),
+            admin: meridian_observe::Private::Closed,
             advertise_admin: None,
             advertise: None,
             jwks: None,

@@ -53,6 +53,10 @@ pub use ws::{WsFront, SUBPROTOCOL as WS_SUBPROTOCOL};
 /// the admin port, the rings and eventfds); a quarter of the limit where that is less.
 pub const FD_RESERVE: usize = 512;
 
+/// Admin pages anyone may read: the game's page (it names nobody; it is how players in a
+/// browser get in). Everything else beyond probes and metrics needs the admin token.
+const PUBLIC_PAGES: &[&str] = &["/play", "/play.html"];
+
 /// Which event loop the workers run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoBackend {
@@ -96,6 +100,9 @@ pub struct GatewayConfig {
     pub lease_ttl: Duration,
     /// Checks the resume tokens clients present.
     pub resume_keys: meridian_protocol::TokenKeys,
+    /// Who may read the admin port's pages that name players (`/map`, `/map.json`), and
+    /// the token presented to the shards' `/density`.
+    pub admin: meridian_observe::Private,
     /// The admin address others reach, if not the listener's own.
     pub advertise_admin: Option<String>,
     /// The game address clients are told about, if not the listener's own.
@@ -273,6 +280,7 @@ pub async fn run(
         Some(config.id),
         watch.view(),
         Arc::new(move |id| Some(links.read(|t| t.link(id).is_some_and(|l| l.is_up())))),
+        config.admin.token().map(str::to_string),
     );
     let map_routes = live_map.routes();
     let page = Arc::new(play::page(ws_addr.map(|a| a.port())));
@@ -283,7 +291,8 @@ pub async fn run(
         }
         _ => map_routes(path),
     });
-    tokio::spawn(serve_admin_with(admin, registry, readiness, routes));
+    let access = meridian_observe::Access::new(config.admin.clone(), PUBLIC_PAGES, &registry);
+    tokio::spawn(serve_admin_with(admin, registry, readiness, routes, access));
     info!(gateway = %config.id, %game_addr, ?quic_addr, ?ws_addr, %admin_addr, %io, workers = config.workers, "gateway serving");
 
     let failed = tokio::select! {

@@ -17,7 +17,7 @@ use meridian_cluster::{
     ClusterView, DensityReport, EpochCell, GatewayId, ShardId, ShardRecord, ShardState,
     DENSITY_CELL, LOAD_BAND,
 };
-use meridian_observe::{admin_get, Reply, ReplyFuture, Routes};
+use meridian_observe::{admin_get_as, Reply, ReplyFuture, Routes};
 use serde::Serialize;
 
 /// The page, embedded so the map needs nothing but the admin port.
@@ -115,17 +115,20 @@ pub struct LiveMap {
     gateway: Option<GatewayId>,
     view: Arc<EpochCell<ClusterView>>,
     link: LinkProbe,
+    token: Option<String>,
     last: Mutex<Option<(Instant, String)>>,
 }
 
 impl LiveMap {
+    /// `token`: the cluster's admin token, presented to the shards' `/density`.
     pub fn new(
         cluster: String,
         gateway: Option<GatewayId>,
         view: Arc<EpochCell<ClusterView>>,
         link: LinkProbe,
+        token: Option<String>,
     ) -> Arc<Self> {
-        Arc::new(LiveMap { cluster, gateway, view, link, last: Mutex::new(None) })
+        Arc::new(LiveMap { cluster, gateway, view, link, token, last: Mutex::new(None) })
     }
 
     /// `/map` and `/map.json`, for the admin port.
@@ -165,8 +168,10 @@ impl LiveMap {
         let asks = view.shards.values().map(|record| {
             let admin = record.admin.clone();
             let id = record.id;
+            let token = self.token.clone();
             async move {
-                let answer = admin_get(&admin, "/density", DENSITY_WITHIN).await;
+                let token = token.as_deref();
+                let answer = admin_get_as(&admin, "/density", DENSITY_WITHIN, token).await;
                 let report = answer
                     .filter(|(code, _)| *code == 200)
                     .and_then(|(_, body)| serde_json::from_str::<DensityReport>(&body).ok());

@@ -140,6 +140,13 @@ pub struct CommonArgs {
     /// the old one here, then, a resume window later, dropping the old one.
     #[arg(long, env = "MERIDIAN_RESUME_KEY_PREVIOUS", hide_env_values = true)]
     pub resume_key_previous: Option<String>,
+    /// A secret the admin port's pages that name players or addresses ask for (a shard's
+    /// `/players` and `/density`, a gateway's `/map` and `/map.json`): `Authorization:
+    /// Bearer <token>`, or `?token=` in a browser's URL. The same on every node (gateways
+    /// present it to shards). Without it those pages are served only in --dev; `/healthz`,
+    /// `/readyz`, `/metrics` and `/play` are always open.
+    #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Write {"id","pid",addresses} to this file once listening (for scripts and tests).
     #[arg(long, env = "MERIDIAN_READY_FILE")]
     pub ready_file: Option<PathBuf>,
@@ -462,6 +469,10 @@ pub struct UpArgs {
     /// `meridian shard --help`).
     #[arg(long, env = "MERIDIAN_RESUME_KEY_PREVIOUS", hide_env_values = true)]
     pub resume_key_previous: Option<String>,
+    /// The admin token every node asks for on its pages that name players (see `meridian
+    /// shard --help`); without one they are open, as dev mode has them.
+    #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Write the cluster's addresses and pids as JSON here once everything is ready.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
@@ -504,6 +515,10 @@ pub struct ClusterArgs {
         default_value = "http://127.0.0.1:2379"
     )]
     pub etcd: Vec<String>,
+    /// The cluster's admin token, for the nodes' pages that name players (`/players`,
+    /// `/density`).
+    #[arg(long, global = true, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -551,6 +566,11 @@ fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
 
 /// The key used in dev mode when none is given. Never use it in production: it is public.
 const DEV_RESUME_KEY: &[u8] = b"meridian-dev-mode-insecure-resume-key";
+
+/// Who may read the admin port's private pages (see `--admin-token`).
+fn admin_access(common: &CommonArgs) -> meridian_observe::Private {
+    meridian_observe::Private::from_config(common.admin_token.as_deref(), common.dev)
+}
 
 fn resume_keys(common: &CommonArgs, problems: &mut Vec<String>) -> TokenKeys {
     let fallback =
@@ -646,6 +666,7 @@ impl ShardArgs {
         }
         let config = ShardConfig {
             resume_keys,
+            admin: admin_access(&self.common),
             id: ShardId(self.id),
             cluster: self.common.cluster.clone(),
             etcd: self.common.etcd.clone(),
@@ -743,6 +764,7 @@ impl GatewayArgs {
                 PlacementArg::LeastLoaded => Placement::LeastLoaded,
             },
             resume_keys,
+            admin: admin_access(&self.common),
             id: GatewayId(self.id),
             cluster: self.common.cluster.clone(),
             etcd: self.common.etcd.clone(),

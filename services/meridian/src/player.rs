@@ -53,12 +53,13 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
             .with_context(|| format!("no account {account:?} in the player store"))?;
         let id = player.player_id;
         let keys = ClusterKeys::new(&args.cluster.cluster);
+        let token = args.cluster.admin_token.as_deref();
         let mut client = meridian_cluster::connect(&args.cluster.etcd)
             .await
             .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
         let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
         let view = watch.current();
-        let online = where_online(&view, id).await;
+        let online = where_online(&view, id, token).await;
         let kind = match args.action {
             PlayerAction::Show { .. } => {
                 println!("account   {account}");
@@ -107,7 +108,7 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
                 println!("{account} (player {id}) is not online; a parked copy is removed too")
             }
             (OrderKind::Kick { .. }, Some((shard, ..))) => {
-                wait_for(&view, id, |at| at.is_none()).await.with_context(|| {
+                wait_for(&view, id, token, |at| at.is_none()).await.with_context(|| {
                     format!("{account} (player {id}) is still online after the kick")
                 })?;
                 println!("{account} (player {id}) kicked from {shard}");
@@ -117,7 +118,7 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
                 println!("{account} (player {id}) is not online; it comes back at ({x}, {y})");
             }
             (OrderKind::Move { x, y }, Some(_)) => {
-                let moved = wait_for(&view, id, |at| at.is_some_and(|(_, ax, ay)| (ax, ay) == (x, y)))
+                let moved = wait_for(&view, id, token, |at| at.is_some_and(|(_, ax, ay)| (ax, ay) == (x, y)))
                     .await;
                 moved.with_context(|| {
                     format!("{account} (player {id}) was not moved (it may have changed shards: try again)")
@@ -130,10 +131,19 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
 }
 
 /// Which shard lists `player` among its players, and where.
-async fn where_online(view: &ClusterView, player: u64) -> Option<(ShardId, u32, u32)> {
+async fn where_online(
+    view: &ClusterView,
+    player: u64,
+    token: Option<&str>,
+) -> Option<(ShardId, u32, u32)> {
     for (shard, record) in &view.shards {
-        let Some((200, body)) =
-            meridian_observe::admin_get(&record.admin, "/players", Duration::from_secs(2)).await
+        let Some((200, body)) = meridian_observe::admin_get_as(
+            &record.admin,
+            "/players",
+            Duration::from_secs(2),
+            token,
+        )
+        .await
         else {
             continue;
         };
@@ -149,11 +159,12 @@ async fn where_online(view: &ClusterView, player: u64) -> Option<(ShardId, u32, 
 async fn wait_for(
     view: &ClusterView,
     player: u64,
+    token: Option<&str>,
     done: impl Fn(Option<(ShardId, u32, u32)>) -> bool,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
-        if done(where_online(view, player).await) {
+        if done(where_online(view, player, token).await) {
             return Ok(());
         }
         if started.elapsed() > WAIT_FOR_ORDER {

@@ -102,12 +102,21 @@ fn serve_map(args: &StatusArgs, addr: std::net::SocketAddr) -> anyhow::Result<()
             None,
             watch.view(),
             std::sync::Arc::new(|_| None),
+            args.cluster.admin_token.clone(),
         );
         println!("live map: http://{}/map (Ctrl-C stops)", listener.local_addr()?);
         let ready: meridian_observe::Readiness = std::sync::Arc::new(|| Ok(()));
         let registry = meridian_observe::Registry::default();
         tokio::select! {
-            _ = meridian_observe::serve_admin_with(listener, registry, ready, map.routes()) => {}
+            // Served on the operator's own machine: open to whoever can reach it there.
+            _ = {
+                let access = meridian_observe::Access::new(
+                    meridian_observe::Private::Open,
+                    &[],
+                    &registry,
+                );
+                meridian_observe::serve_admin_with(listener, registry, ready, map.routes(), access)
+            } => {}
             _ = tokio::signal::ctrl_c() => {}
         }
         anyhow::Ok(())

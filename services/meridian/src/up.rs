@@ -151,10 +151,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         None => random_hex_key()?,
     };
     let previous = args.resume_key_previous.clone().unwrap_or_default();
+    let admin_token = args.admin_token.clone().unwrap_or_default();
     let common = |command: &mut Command, ready: &Path| {
         command
             .env("MERIDIAN_RESUME_KEY", &resume_key)
             .env("MERIDIAN_RESUME_KEY_PREVIOUS", &previous)
+            .env("MERIDIAN_ADMIN_TOKEN", &admin_token)
             .args(["--cluster", &args.cluster, "--etcd", &etcd_url, "--dev"])
             .args(["--lease-ttl", &args.lease_ttl.to_string(), "--admin", "127.0.0.1:0"])
             .arg("--ready-file")

@@ -10,8 +10,10 @@ mod admin;
 mod client;
 mod metrics;
 
-pub use admin::{serve_admin, serve_admin_with, Readiness, Reply, ReplyFuture, Routes};
-pub use client::admin_get;
+pub use admin::{
+    serve_admin, serve_admin_with, Access, Private, Readiness, Reply, ReplyFuture, Routes,
+};
+pub use client::{admin_get, admin_get_as};
 pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Registry};
 
 /// Sets up `tracing` once for the process: `RUST_LOG`-style filter (default `info`),

@@ -71,6 +71,8 @@ pub struct ShardConfig {
     pub drain_timeout: Duration,
     /// Sign and check resume tokens (see `CoreConfig::resume_keys`).
     pub resume_keys: meridian_protocol::TokenKeys,
+    /// Who may read `/players` and `/density` on the admin port.
+    pub admin: meridian_observe::Private,
     /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
     pub advertise: Option<String>,
     /// The player store its players are saved in (`--store`), and how often players that
@@ -257,7 +259,8 @@ pub async fn run(
         }
     });
     let routes = admin_routes(commands.clone(), Arc::clone(&readiness));
-    tokio::spawn(serve_admin_with(admin, registry, readiness, routes));
+    let access = meridian_observe::Access::new(config.admin.clone(), &[], &registry);
+    tokio::spawn(serve_admin_with(admin, registry, readiness, routes, access));
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(publish_load(
         record.clone(),

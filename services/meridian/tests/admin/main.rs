@@ -13,6 +13,7 @@
 //!   borders moved on the canvas, and the epoch history of the same page lists each change.
 //!
 //! - `token`: `meridian token` mints a dev-key token that dev mode's key set accepts.
+//! - `private`: with `--admin-token`, pages that name players need the token.
 //!
 //! Screenshots are kept in Cargo's target tmp dir (`target/tmp/admin-map-*.png`) for a look.
 
@@ -20,6 +21,7 @@ mod map;
 mod metrics;
 mod play;
 mod player;
+mod private;
 mod readyz;
 mod token;
 
@@ -67,6 +69,11 @@ fn with_cluster<T>(
     cluster.stop().unwrap_or_else(|e| panic!("{what}: stopping the cluster: {e:#}"));
     println!("{what}: ok in {:.1} s", started.elapsed().as_secs_f64());
     kept
+}
+
+#[test]
+fn private_pages_need_the_admin_token() {
+    private::private_pages_need_the_admin_token();
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! Gateway death: clients reconnect to another gateway with their resume token and get
 //! their player back at its last acknowledged position; forged and spent tokens are
-//! refused; a resume while the old connection lives closes the old one; a rotation of the
-//! cluster's key keeps the previous key's tokens working until it is dropped.
+//! refused; a resume while the old connection lives closes the old one.
 
 use std::time::Duration;
 
@@ -107,50 +106,10 @@ pub fn gateway_death_and_resume(io: Front) {
     })
 }
 
-/// The key a rotation replaces ([`KEY_HEX`] is the new one).
-const OLD_KEY_HEX: &str = "01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d01d0";
-
-fn key_of(hex: &str) -> TokenKey {
+pub(crate) fn key_of(hex: &str) -> TokenKey {
     let bytes = (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
         .collect();
     TokenKey::new(bytes).expect("long enough")
-}
-
-/// A token issued before a key rotation: signed with the old key, for the player and the
-/// nonce the cluster holds (read from the token it issued with the new one), as a client
-/// that logged in before the rotation would hold. Every node of a cluster started with
-/// `--resume-key-previous OLD` takes it; one started without, no longer.
-pub fn resume_tokens_of_the_previous_key_work_during_a_rotation_only(io: Front) {
-    for (previous, works) in [(Some(OLD_KEY_HEX), true), (None, false)] {
-        let mut opts = ClusterOptions::new(io).arg("--resume-key").arg(KEY_HEX);
-        if let Some(old) = previous {
-            opts = opts.arg("--resume-key-previous").arg(old);
-        }
-        with_cluster(opts, |cluster| {
-            let mut alice = Bot::connect(cluster.client_addr(0))?;
-            let alice_id = alice.login("alice", Some((50, 50)))?.player_id();
-            let issued = meridian_protocol::TokenKeys::from(key_of(KEY_HEX))
-                .verify(alice.resume_token())
-                .context("the cluster signs with --resume-key")?;
-            let before_rotation = key_of(OLD_KEY_HEX).mint(alice_id, issued.nonce);
-            alice.disconnect();
-
-            let mut back = Bot::connect(cluster.client_addr(0))?;
-            back.send(&msg::resume(&before_rotation))?;
-            let first = back.recv(deadline(DEFAULT_WAIT))?;
-            match (&first.kind, works) {
-                (Some(S::ViewReset(reset)), true) => {
-                    ensure!(reset.player_id == alice_id, "ViewReset for someone else: {reset:?}");
-                }
-                (Some(S::Error(e)), false) if e.code == ErrorCode::InvalidToken as i32 => {}
-                (other, _) => anyhow::bail!(
-                    "with --resume-key-previous {previous:?}: expected {}, got {other:?}",
-                    if works { "ViewReset" } else { "INVALID_TOKEN" }
-                ),
-            }
-            Ok(())
-        });
-    }
 }

@@ -11,6 +11,7 @@ mod errors;
 mod failover;
 mod game;
 mod resume_close;
+mod rotation;
 mod saved;
 mod shard_failure;
 mod stale_epoch;
@@ -24,7 +25,7 @@ pub use common::*;
 
 #[test]
 fn resume_tokens_of_the_previous_key_work_during_a_rotation_only() {
-    failover::resume_tokens_of_the_previous_key_work_during_a_rotation_only(
+    rotation::resume_tokens_of_the_previous_key_work_during_a_rotation_only(
         meridian_testkit::Io::Uring.into(),
     );
 }
