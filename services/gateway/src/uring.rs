@@ -53,10 +53,45 @@ pub fn probe() -> io::Result<()> {
             return Err(io::Error::new(io::ErrorKind::Unsupported, format!("no io_uring {name}")));
         }
     }
+    drop(ring);
+    let ring = restricted_ring(8)?;
     let buffers = BufRing::new(&ring, 8, 64)?;
     drop(ring);
     drop(buffers);
     Ok(())
+}
+
+/// `io_uring_register` opcodes a worker uses once its ring runs (the kernel's ABI numbers):
+/// registering and unregistering its provided-buffer ring.
+const IORING_REGISTER_PBUF_RING: u8 = 22;
+const IORING_UNREGISTER_PBUF_RING: u8 = 23;
+
+/// A worker's ring, created disabled and enabled only once restricted to the operations
+/// the worker submits (accept, recv, send, the eventfd read, the tick's timeout and
+/// cancellations, with buffer selection) and the registrations it makes (its buffer
+/// ring): a bug, or code that got hold of the ring, cannot open files, connect, or do
+/// anything else io_uring can. Any other operation completes with `EACCES`.
+pub(crate) fn restricted_ring(entries: u32) -> io::Result<IoUring> {
+    use io_uring::register::Restriction;
+    let ring = IoUring::builder()
+        .setup_coop_taskrun()
+        .setup_single_issuer()
+        .setup_r_disabled()
+        .build(entries)?;
+    let mut allowed = [
+        Restriction::sqe_op(opcode::AcceptMulti::CODE),
+        Restriction::sqe_op(opcode::Recv::CODE),
+        Restriction::sqe_op(opcode::Send::CODE),
+        Restriction::sqe_op(opcode::Read::CODE),
+        Restriction::sqe_op(opcode::Timeout::CODE),
+        Restriction::sqe_op(opcode::AsyncCancel::CODE),
+        Restriction::sqe_flags_allowed(squeue::Flags::BUFFER_SELECT.bits()),
+        Restriction::register_op(IORING_REGISTER_PBUF_RING),
+        Restriction::register_op(IORING_UNREGISTER_PBUF_RING),
+    ];
+    ring.submitter().register_restrictions(&mut allowed)?;
+    ring.submitter().register_enable_rings()?;
+    Ok(ring)
 }
 
 pub struct UringConn {
@@ -482,7 +517,7 @@ impl Loop {
 
 fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
     let WorkerStart { index, listener, shared, mail } = start;
-    let ring = IoUring::builder().setup_coop_taskrun().setup_single_issuer().build(RING_ENTRIES)?;
+    let ring = restricted_ring(RING_ENTRIES)?;
     let mut buffers = BufRing::new(&ring, BUFFER_COUNT, BUFFER_SIZE)?;
     let mut this = Loop {
         ring,
@@ -577,4 +612,42 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
     drop(listener);
     info!(worker = index, "io_uring worker stopped");
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Submits one entry and returns its completion's result.
+    fn outcome(ring: &mut IoUring, entry: squeue::Entry) -> i32 {
+        // SAFETY: the entries submitted here point at nothing that outlives this call
+        // (a Nop, a timeout on a local that is waited for, an openat of a static path).
+        unsafe { ring.submission().push(&entry.user_data(7)).expect("room in the ring") };
+        ring.submit_and_wait(1).expect("submitted");
+        let result = ring.completion().next().expect("a completion").result();
+        result
+    }
+
+    /// The worker's ring takes what the worker submits and refuses everything else
+    /// (`EACCES`), registrations included.
+    #[test]
+    fn a_workers_ring_refuses_every_operation_it_does_not_use() {
+        let mut ring = restricted_ring(8).expect("a restricted ring on this kernel");
+        let tick = types::Timespec::new().nsec(1_000);
+        let timeout = opcode::Timeout::new(&tick).build();
+        assert_eq!(outcome(&mut ring, timeout), -libc::ETIME, "its tick's timeout runs");
+        let buffers = BufRing::new(&ring, 8, 64).expect("its buffer ring registers");
+        let nop = opcode::Nop::new().build();
+        assert_eq!(outcome(&mut ring, nop), -libc::EACCES, "a no-op is refused");
+        let path = c"/etc/hostname";
+        let open = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr()).build();
+        assert_eq!(outcome(&mut ring, open), -libc::EACCES, "opening a file is refused");
+        let drain = opcode::AsyncCancel::new(0).build().flags(squeue::Flags::IO_DRAIN);
+        assert_eq!(outcome(&mut ring, drain), -libc::EACCES, "a flag it does not use is refused");
+        let mut probe = Probe::new();
+        let registered = ring.submitter().register_probe(&mut probe);
+        assert_eq!(registered.map_err(|e| e.raw_os_error()), Err(Some(libc::EACCES)));
+        drop(ring);
+        drop(buffers);
+    }
 }
