@@ -190,9 +190,14 @@ pub fn a_broken_gateway_link_restores_its_players() {
             matches!(m.kind, Some(S::ViewReset(_)))
         })?;
         let reset = got.last().expect("invariant: recv_until returns the match last");
+        let restored = match &reset.kind {
+            Some(S::ViewReset(r)) => r.position.map(|at| (r.player_id, (at.x, at.y))),
+            _ => None,
+        };
+        ensure!(restored == Some((p.id(), P_AT)), "P restored where it stood: {reset:?}");
         ensure!(
-            *reset == meridian_protocol::server::view_reset(p.id(), P_AT.0, P_AT.1),
-            "P restored where it stood: {reset:?}"
+            p.resume_token() == &reset_token(reset)[..],
+            "a restore hands a fresh resume token, which the bot keeps: {reset:?}"
         );
         let before: Vec<_> = got.iter().filter(|m| !matches!(m.kind, Some(S::Chat(_)))).collect();
         eprintln!(
@@ -258,4 +263,12 @@ pub fn a_broken_gateway_link_restores_its_players() {
         bystander.finish().context("the bystander on gateway 1 played through it")?;
         Ok(())
     })
+}
+
+/// The resume token a ViewReset carries.
+fn reset_token(message: &meridian_testkit::pb::ServerMessage) -> Vec<u8> {
+    match &message.kind {
+        Some(S::ViewReset(reset)) => reset.resume_token.clone(),
+        _ => Vec::new(),
+    }
 }
