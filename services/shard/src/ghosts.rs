@@ -660,15 +660,19 @@ mod tests {
     /// or the owner stopped mirroring it for a while) gets a full state with the owner's
     /// recent steps: it walks through the ones it missed, and its observers see every step
     /// instead of a jump; the history has them for clients handed in later.
-    #[test]
-    fn a_copy_behind_walks_through_the_steps_it_missed() {
-        let mut world = world_with_watcher();
-        let mut ghosts = Ghosts::default();
-        let mut out = Vec::new();
-        let now = Instant::now();
-        let mut history = History::default();
+    /// The watcher sees a ghost from shard 9 at x = 12 (told and drained).
+    fn watched_ghost() -> (World, Ghosts, Vec<Envelope>, Instant, History) {
+        let (mut world, mut ghosts, mut out) =
+            (world_with_watcher(), Ghosts::default(), Vec::new());
+        let (now, mut history) = (Instant::now(), History::default());
         ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), now, &mut out);
         assert_eq!(told(&mut out), [("entered", 12)]);
+        (world, ghosts, out, now, history)
+    }
+
+    #[test]
+    fn a_copy_behind_walks_through_the_steps_it_missed() {
+        let (mut world, mut ghosts, mut out, now, mut history) = watched_ghost();
         let step = |seq, x| GhostStep {
             generation: 0,
             subject_seq: seq,
@@ -701,13 +705,7 @@ mod tests {
     /// it and stays, and the owner is asked to go on mirroring it.
     #[test]
     fn a_removed_copy_that_a_player_here_still_sees_is_kept_and_asked_for() {
-        let mut world = world_with_watcher();
-        let mut ghosts = Ghosts::default();
-        let mut out = Vec::new();
-        let now = Instant::now();
-        let mut history = History::default();
-        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), now, &mut out);
-        assert_eq!(told(&mut out), [("entered", 12)]);
+        let (mut world, mut ghosts, mut out, now, mut history) = watched_ghost();
         ghosts.apply(&mut world, &mut history, ShardId(9), out_of_reach(0, 13), now, &mut out);
         assert_eq!(told(&mut out), [("moved", 13)], "moved to where the owner has it, kept");
         assert_eq!(ghosts.needed, vec![(ShardId(9), PlayerId(GHOST), (0, 0))]);
