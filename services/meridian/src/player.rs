@@ -18,6 +18,8 @@ use crate::cli::{PlayerAction, PlayerArgs};
 /// How long an order stays in etcd: long enough for every shard to see it.
 const ORDER_LEASE_SECS: i64 = 60;
 /// How long the command waits to see an order carried out.
+/// How many times an order is written before giving up (each a 5 s request).
+const ORDER_WRITE_ATTEMPTS: u32 = 3;
 const WAIT_FOR_ORDER: Duration = Duration::from_secs(10);
 
 #[derive(Deserialize)]
@@ -95,14 +97,21 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
         let order_id = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
         let order = PlayerOrder { id: order_id, kind: kind.clone() };
         let lease = client.lease_grant(ORDER_LEASE_SECS, None).await?.id();
-        client
-            .put(
-                keys.order(id),
-                serde_json::to_string(&order)?,
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .context("writing the order")?;
+        // A slow etcd (a busy disk) can outlast one request's timeout. Writing the same
+        // order again is harmless: shards carry out each order id once.
+        let body = serde_json::to_string(&order)?;
+        let mut attempt = 1;
+        loop {
+            let options = Some(PutOptions::new().with_lease(lease));
+            match client.put(keys.order(id), body.clone(), options).await {
+                Ok(_) => break,
+                Err(error) if attempt < ORDER_WRITE_ATTEMPTS => {
+                    eprintln!("writing the order (attempt {attempt}): {error}; trying again");
+                    attempt += 1;
+                }
+                Err(error) => return Err(error).context("writing the order"),
+            }
+        }
         match (kind, online) {
             (OrderKind::Kick { .. }, None) => {
                 println!("{account} (player {id}) is not online; a parked copy is removed too")
