@@ -52,6 +52,7 @@ struct Scenario {
 impl Scenario {
     fn new() -> Scenario {
         let config = CoreConfig {
+            incarnation: 1,
             id: ME,
             world: Default::default(),
             seed: 7,

@@ -165,6 +165,7 @@ mod tests {
                 state: ShardState::Serving,
                 players,
                 load,
+                incarnation: 1,
             };
             view.shards.insert(region.shard, record);
         }

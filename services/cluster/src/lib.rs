@@ -38,6 +38,20 @@ pub use watch::ClusterWatch;
 /// The etcd client type, re-exported so dependants need not name the crate.
 pub use etcd_client::Client as EtcdClient;
 
+/// The partition map as etcd has it now (a linearizable read, not the watch's copy, which
+/// may lag), or `None` if none was written yet.
+pub async fn read_partition(
+    client: &mut etcd_client::Client,
+    keys: &ClusterKeys,
+) -> Result<Option<PartitionMap>, ClusterError> {
+    let key = keys.partition();
+    let answer = client.get(key.as_str(), None).await.map_err(ClusterError::from_etcd)?;
+    let Some(kv) = answer.kvs().first() else { return Ok(None) };
+    serde_json::from_slice(kv.value())
+        .map(Some)
+        .map_err(|source| ClusterError::BadValue { key: key.clone(), source })
+}
+
 /// Connects to etcd with the timeouts every node uses.
 pub async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, ClusterError> {
     connect_with(endpoints, Some(std::time::Duration::from_secs(5))).await

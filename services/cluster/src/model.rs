@@ -47,6 +47,15 @@ pub struct ShardRecord {
     /// along y. The coordinator moves borders toward where the players are.
     #[serde(default, skip_serializing_if = "LoadProfile::is_empty")]
     pub load: LoadProfile,
+    /// Which life of the shard this is: the time the process started (Unix nanoseconds, so
+    /// a later life has a larger one), plus one each time it drops everything it held (its lease expired and its region was given away:
+    /// it was taken for dead and its players restored elsewhere). Never changed otherwise:
+    /// a shard whose lease lapsed only because etcd stalled keeps its players and its
+    /// incarnation. A watch may show the shard gone and back, or only back (both changes
+    /// in one view, or a lapse within the watch's grace); peers and gateways compare the
+    /// incarnation to know that it no longer holds what they gave it. 0: not known.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// Width of one band of a [`LoadProfile`], in cells. One cell: a crowd stands in clumps

@@ -385,6 +385,7 @@ mod tests {
             state: ShardState::Serving,
             players: 0,
             load: Default::default(),
+            incarnation: 1,
         }
     }
 

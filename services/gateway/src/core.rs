@@ -51,6 +51,19 @@ pub const INBUF_LIMIT: usize = 256 * 1024;
 /// How long players whose shard link broke wait for a shard to restore them on before
 /// they are told (UNAVAILABLE) and closed, so that they resume.
 const RESTORE_WAIT: Duration = Duration::from_secs(20);
+/// How long a player handed to a shard (or a life of one) this gateway's view does not
+/// have yet waits for the view to bring it. Past that, the shard is taken to have died
+/// with the handoff, and the player is restored on the owner of its last cell.
+const PENDING_OWNER_WAIT: Duration = Duration::from_secs(10);
+
+/// See `Conn::pending_owner`.
+#[derive(Debug, Clone, Copy)]
+struct PendingOwner {
+    to: ShardId,
+    incarnation: u64,
+    generation: u64,
+    since: Instant,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closing {
@@ -161,8 +174,10 @@ pub struct Conn<T> {
     /// A restore was sent and its ViewReset has not come back: moves are refused until
     /// then, so every move unanswered at the ViewReset was indeed not applied.
     restoring: bool,
-    /// A shard this player was handed to that the routing table did not know yet.
-    pending_owner: Option<ShardId>,
+    /// A shard this player was handed to that the routing table did not know yet (or only
+    /// an earlier life of it): its id, its incarnation as the releasing shard knew it, the
+    /// player's generation, and since when.
+    pending_owner: Option<PendingOwner>,
     /// A login waiting for the player store's answer (`--store`).
     pending_login: Option<PendingLogin>,
     /// The owner this player was handed from, until the new owner's first output shows
@@ -595,8 +610,11 @@ impl<T> Core<T> {
             // A player handed to this shard whose gateway had no link to it yet when the
             // release marker came (`pending_owner`) is on it too: the shard owns it, and
             // let go of it with the stream.
+            // (Not one waiting for a later life of the shard than this link's.)
             let on_link = matches!(&conn.session, Session::Playing { link: l, .. } if Arc::ptr_eq(l, link))
-                || conn.pending_owner == Some(link.id);
+                || conn
+                    .pending_owner
+                    .is_some_and(|p| p.to == link.id && !link.earlier_than(p.incarnation));
             if !on_link {
                 continue;
             }
@@ -699,11 +717,23 @@ impl<T> Core<T> {
                 continue;
             }
             let session = session_id(self.ctx.worker, slot, conn.generation_slot);
-            if let (Some(to), Session::Playing { player, .. }) = (conn.pending_owner, &conn.session)
+            if let (Some(pending), Session::Playing { player, .. }) =
+                (conn.pending_owner, &conn.session)
             {
                 let player = *player;
-                if let Some(link) = self.ctx.shared.routing.read(|t| t.link(to).cloned()) {
-                    self.ctx.switch_owner(conn, slot, player, link);
+                match self.ctx.shared.routing.read(|t| t.link(pending.to).cloned()) {
+                    Some(link) if link.replaced(pending.incarnation) => {
+                        self.ctx.handed_to_lost(conn, slot, player, link, pending.generation)
+                    }
+                    Some(link) if !link.earlier_than(pending.incarnation) => {
+                        self.ctx.switch_owner(conn, slot, player, link)
+                    }
+                    _ if now.saturating_duration_since(pending.since) > PENDING_OWNER_WAIT => {
+                        warn!(to = %pending.to, player, "the shard a player was handed to never appeared; restoring the player");
+                        conn.pending_owner = None;
+                        self.ctx.let_go(conn, slot);
+                    }
+                    _ => {}
                 }
             }
             if let Session::Resuming { since, player, ref login, .. } = conn.session {
@@ -955,22 +985,24 @@ impl Ctx {
             return;
         }
         let to = ShardId(delivery.released_to);
-        let delivery_generation = delivery.generation;
+        let incarnation = delivery.released_incarnation;
+        let generation = delivery.generation.max(conn.generation);
         let Session::Playing { player, .. } = conn.session else {
             return;
         };
+        let pending = PendingOwner { to, incarnation, generation, since: self.now };
         match self.shared.routing.read(|table| table.link(to).cloned()) {
+            Some(link) if link.replaced(incarnation) => {
+                self.handed_to_lost(conn, slot, player, link, generation)
+            }
+            Some(link) if link.earlier_than(incarnation) => {
+                // Handed to a later life of the shard than this gateway's view has: the
+                // link to it comes with the view (this one goes).
+                debug!(%to, player, "player handed to a later life of a shard");
+                conn.pending_owner = Some(pending);
+            }
             Some(link) if !link.accepts_inputs() => {
-                // Handed to a shard whose stream failed: it let go of the player with the
-                // stream (or takes it over when the stream is back): either way the player
-                // is restored there, as if it had been on that stream when it broke. (A
-                // stream not opened yet is another matter: the shard holds the handoff
-                // until it opens.)
-                debug!(%to, player, "player handed to a shard whose stream is down");
-                let generation = delivery_generation.max(conn.generation);
-                self.switch_owner(conn, slot, player, link);
-                self.let_go(conn, slot);
-                conn.claim = Some((to, generation));
+                self.handed_to_lost(conn, slot, player, link, generation)
             }
             Some(link) => self.switch_owner(conn, slot, player, link),
             None => {
@@ -978,9 +1010,30 @@ impl Ctx {
                 // keep going to the old owner (which forwards them); the new owner's output
                 // waits in `held` until the next tick finds the link.
                 debug!(%to, player, "player handed to a shard not linked yet");
-                conn.pending_owner = Some(to);
+                conn.pending_owner = Some(pending);
             }
         }
+    }
+
+    /// The player was handed to a shard whose stream failed, or to a registration of it that
+    /// was taken for dead since (`link` is to its new one, which never saw the handoff): it
+    /// let go of the player with the stream, or takes it over when the stream is back, or
+    /// never had it. Either way the player is restored there, as if it had been on that
+    /// stream when it broke. (A stream not opened yet is another matter: the shard holds
+    /// the handoff until it opens.)
+    fn handed_to_lost<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        player: u64,
+        link: Arc<ShardLink>,
+        generation: u64,
+    ) {
+        let to = link.id;
+        debug!(%to, player, "player handed to a shard whose stream is down or that was replaced");
+        self.switch_owner(conn, slot, player, link);
+        self.let_go(conn, slot);
+        conn.claim = Some((to, generation));
     }
 
     /// Re-joins a player whose shard died or whose link broke on the shard that owns its
@@ -1817,7 +1870,8 @@ mod tests {
         let links: Links = (1..=n)
             .map(|id| {
                 let (inputs, relay) = mpsc::channel(room);
-                let link = Arc::new(ShardLink::new(ShardId(id), inputs));
+                // Shard N's registration is 10 N.
+                let link = Arc::new(ShardLink::registered(ShardId(id), u64::from(id) * 10, inputs));
                 link.set_up(true);
                 link.set_healthy(true);
                 (link, relay)
@@ -1983,6 +2037,72 @@ mod tests {
         send(&mut core, slot, step(4));
         assert_eq!(relayed(&mut links[1].1), vec![6]);
         assert_eq!(core.unconfirmed_seqs(slot), vec![5, 6], "the chat and the new move");
+    }
+
+    /// Shard 1 handed the player to a life of shard 2 that was taken for dead since (its
+    /// lease expired while it was paused): the later life the gateway links to now never
+    /// got the handoff. The player is restored there, not routed to it as if it had been
+    /// (found by `meridian-sim`, seed 5430: the player was in no shard for good).
+    /// A player logged in on shard 1 at (5, 6), then handed by it to incarnation
+    /// `incarnation` of shard 2 (the core's links are to incarnations 10 and 20) at `t0`.
+    fn handed_to_life(
+        incarnation: u64,
+        t0: Instant,
+    ) -> (Core<()>, Links, u32, meridian_protocol::pb::Position) {
+        let (mut core, mut links, mail) = core_with_links(64, 2);
+        let slot = core.insert((), None, t0).expect("admitted");
+        send(&mut core, slot, C::Login(Login { name: "ed".into(), ..Default::default() }));
+        let session = core.relayed_session(slot);
+        relayed(&mut links[0].1);
+        let at = meridian_protocol::pb::Position { x: 5, y: 6 };
+        let joined = Delivery { session, position: Some(at), generation: 1, ..Default::default() };
+        let handed = Delivery {
+            session,
+            released_to: 2,
+            released_incarnation: incarnation,
+            generation: 2,
+            ..Default::default()
+        };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![joined, handed] }).unwrap();
+        core.process_mail(t0);
+        core.tick(t0);
+        (core, links, slot, at)
+    }
+
+    #[test]
+    fn a_player_handed_to_a_replaced_life_is_restored() {
+        let (mut core, mut links, _, at) = handed_to_life(5, Instant::now());
+        core.flush_inputs();
+        let inputs = relayed_inputs(&mut links[1].1);
+        let restore = inputs.iter().find_map(|input| match &input.kind {
+            Some(Input::Join(join)) => Some(join.clone()),
+            _ => None,
+        });
+        let restore = restore.expect("a restore sent to shard 2's later life");
+        assert!(restore.restore, "a restore, not a login: {restore:?}");
+        assert_eq!(restore.spawn, Some(at), "at its last acknowledged cell");
+        assert_eq!(restore.generation, 2, "newer than the handoff's old owner");
+    }
+
+    /// Shard 1 handed the player to a later life of shard 2 than this gateway links to (its
+    /// view lags): inputs keep going to shard 1, which forwards them, not to the earlier
+    /// life, which never got the handoff (found by `meridian-sim`, seed 6176: that life's
+    /// link went, and the player was restored elsewhere while the later life had it). If
+    /// the later life never shows up, the player is restored after a while.
+    #[test]
+    fn a_player_handed_to_a_later_life_waits_for_its_link() {
+        let t0 = Instant::now();
+        let (mut core, mut links, slot, _) = handed_to_life(30, t0);
+        send(&mut core, slot, step(1));
+        assert_eq!(relayed(&mut links[1].1), Vec::<u64>::new(), "nothing to the earlier life");
+        assert_eq!(relayed(&mut links[0].1), vec![2], "the move goes to the old owner");
+        core.tick(t0 + PENDING_OWNER_WAIT + Duration::from_millis(1));
+        core.flush_inputs();
+        let restores = relayed_inputs(&mut links[0].1)
+            .into_iter()
+            .filter(|i| matches!(&i.kind, Some(Input::Join(j)) if j.restore))
+            .count();
+        assert_eq!(restores, 1, "restored on the owner of its last cell once it waited enough");
     }
 
     #[test]

@@ -165,7 +165,7 @@ impl Harness {
         let links: Vec<FakeLink> = (1..=config.shards.max(1))
             .map(|id| {
                 let (inputs, relay) = mpsc::channel(config.relay_room.max(1));
-                let link = Arc::new(ShardLink::new(ShardId(id), inputs));
+                let link = Arc::new(ShardLink::registered(ShardId(id), 0, inputs));
                 link.set_up(true);
                 link.set_healthy(true);
                 FakeLink { link, relay: Some(relay) }
@@ -364,25 +364,41 @@ impl Harness {
     }
 
     /// The cluster as the gateway's view now has it, as the link manager applies it: a
-    /// link (not yet up: see [`Harness::link_up`]) to every shard in `shards` that has
-    /// none, no link to a shard no longer there, and `partition` for routing. Returns the
-    /// shards whose links were closed.
-    pub fn set_cluster(&mut self, partition: Option<PartitionMap>, shards: &[u32]) -> Vec<u32> {
+    /// link (not yet up: see [`Harness::link_up`]) to every shard in `shards` (id and
+    /// registration) that has none, no link to a shard no longer there, a new link to one
+    /// registered again (the old one's players are let go, as when a stream fails), and
+    /// `partition` for routing. Returns the shards whose links were closed.
+    pub fn set_cluster(
+        &mut self,
+        partition: Option<PartitionMap>,
+        shards: &[(u32, u64)],
+    ) -> Vec<u32> {
         let mut closed = Vec::new();
+        let mut replaced = Vec::new();
         for fake in self.links.iter_mut() {
-            if fake.relay.is_some() && !shards.contains(&fake.link.id.0) {
-                fake.link.set_up(false);
-                fake.relay = None;
-                closed.push(fake.link.id.0);
+            let wanted = shards.iter().find(|(id, _)| *id == fake.link.id.0);
+            if fake.relay.is_none() || wanted.is_some_and(|(_, i)| *i == fake.link.incarnation) {
+                continue;
             }
+            if wanted.is_some() && fake.link.is_up() {
+                replaced.push(Arc::clone(&fake.link));
+            }
+            fake.link.set_up(false);
+            fake.relay = None;
+            closed.push(fake.link.id.0);
+        }
+        for link in replaced {
+            let (done, _confirmed) = tokio::sync::oneshot::channel();
+            self.post(Mail::LinkDown { link, done });
+            self.core.process_mail(self.now);
         }
         self.links.retain(|fake| fake.relay.is_some());
-        for &id in shards {
+        for &(id, incarnation) in shards {
             if self.links.iter().any(|fake| fake.link.id.0 == id) {
                 continue;
             }
             let (inputs, relay) = mpsc::channel(4096);
-            let link = Arc::new(ShardLink::new(ShardId(id), inputs));
+            let link = Arc::new(ShardLink::registered(ShardId(id), incarnation, inputs));
             self.links.push(FakeLink { link, relay: Some(relay) });
         }
         self.links.sort_by_key(|fake| fake.link.id);
@@ -719,7 +735,7 @@ mod tests {
         harness.deliver(1, vec![ShardOutput { session, released_to: 3, ..Default::default() }]);
         harness.flush();
         let partition = harness_partition(&[1, 2, 3]);
-        harness.set_cluster(Some(partition), &[1, 2, 3]);
+        harness.set_cluster(Some(partition), &[(1, 0), (2, 0), (3, 0)]);
         harness.link_up(3);
         harness.deliver(3, vec![ack(session, player, 1)]);
         harness.flush();

@@ -349,6 +349,7 @@ mod tests {
             state,
             players,
             load,
+            incarnation: 1,
         }
     }
 

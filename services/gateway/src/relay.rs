@@ -43,13 +43,19 @@ pub async fn maintain_links(
         let view = changes.borrow_and_update().clone();
         // A link to every registered shard, region or not: a draining shard still sends
         // its players' last output and handoff markers until it leaves.
-        let wanted: HashMap<ShardId, String> =
-            view.shards.values().map(|record| (record.id, record.grpc.clone())).collect();
+        // A shard that registered again (its lease expired: it was taken for dead and
+        // dropped its players) gets a new link, as a restarted one at a new address does:
+        // its players are restored on it, whether or not the watch showed it gone.
+        let wanted: HashMap<ShardId, (String, u64)> = view
+            .shards
+            .values()
+            .map(|record| (record.id, (record.grpc.clone(), record.incarnation)))
+            .collect();
         // A shard back under the same id (a lapsed lease renewed, a restart) is not dead:
         // restoring its players later, when its region changes, would pull them off it.
         dead.retain(|id| !wanted.contains_key(id));
         tasks.retain(|id, task| {
-            let keep = wanted.get(id) == Some(&task.addr);
+            let keep = wanted.get(id) == Some(&(task.addr.clone(), task.link.incarnation));
             if !keep && !view.shards.contains_key(id) {
                 dead.insert(*id);
             }
@@ -78,12 +84,12 @@ pub async fn maintain_links(
                 task.link.set_load(record.players);
             }
         }
-        for (id, addr) in &wanted {
+        for (id, (addr, incarnation)) in &wanted {
             if tasks.contains_key(id) {
                 continue;
             }
             let (sender, receiver) = mpsc::channel(RELAY_QUEUE);
-            let link = Arc::new(ShardLink::new(*id, sender));
+            let link = Arc::new(ShardLink::registered(*id, *incarnation, sender));
             let task = tokio::spawn(run_link(
                 gateway,
                 addr.clone(),

@@ -15,6 +15,9 @@ pub const RELAY_QUEUE: usize = 4096;
 /// The gateway's end of its stream to one shard.
 pub struct ShardLink {
     pub id: ShardId,
+    /// The shard's incarnation this link was opened for (`ShardRecord::incarnation`, 0 if
+    /// unknown). A new incarnation gets a new link.
+    pub incarnation: u64,
     /// Workers hand their per-iteration batches here; the relay task sends them on.
     pub inputs: mpsc::Sender<Vec<PlayerInput>>,
     up: AtomicBool,
@@ -29,9 +32,15 @@ pub struct ShardLink {
 }
 
 impl ShardLink {
-    pub fn new(id: ShardId, inputs: mpsc::Sender<Vec<PlayerInput>>) -> Self {
+    /// A link to incarnation `incarnation` of shard `id`.
+    pub fn registered(
+        id: ShardId,
+        incarnation: u64,
+        inputs: mpsc::Sender<Vec<PlayerInput>>,
+    ) -> Self {
         ShardLink {
             id,
+            incarnation,
             inputs,
             up: AtomicBool::new(false),
             failed: AtomicBool::new(false),
@@ -65,6 +74,20 @@ impl ShardLink {
 
     pub fn add_load(&self) {
         self.load.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether this link is to a later incarnation of its shard than `incarnation` (0:
+    /// unknown): one that replaced the incarnation a player was handed to, which dropped
+    /// the handoff with everything else. (A link to an earlier one is this gateway's view
+    /// lagging: the player went to the later life, which this link is replaced by soon.)
+    pub fn replaced(&self, incarnation: u64) -> bool {
+        incarnation != 0 && self.incarnation > incarnation
+    }
+
+    /// Whether this link is to an earlier life of its shard than `incarnation` (0:
+    /// unknown): this gateway's view lags behind the one that named it.
+    pub fn earlier_than(&self, incarnation: u64) -> bool {
+        self.incarnation != 0 && self.incarnation < incarnation
     }
 
     /// Whether the stream is established (inputs sent now reach the shard).

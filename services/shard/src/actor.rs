@@ -51,16 +51,20 @@ pub enum Command {
     Report {
         reply: oneshot::Sender<String>,
     },
-    /// Where this shard's players stand, for the coordinator's load-aware borders.
+    /// Where this shard's players stand (for the coordinator's load-aware borders), and
+    /// its incarnation, for its etcd record.
     Load {
-        reply: oneshot::Sender<meridian_cluster::LoadProfile>,
+        reply: oneshot::Sender<(meridian_cluster::LoadProfile, u64)>,
     },
     /// Where this shard's players stand on the coarse grid of the live map.
     Density {
         reply: oneshot::Sender<meridian_cluster::DensityReport>,
     },
-    /// etcd let this shard's lease expire: the cluster took it for dead.
-    LeaseExpired,
+    /// etcd let this shard's lease expire: the cluster took it for dead (with the partition
+    /// read from etcd then, see [`Event::LeaseExpired`]).
+    LeaseExpired {
+        partition: Option<meridian_cluster::PartitionMap>,
+    },
     /// etcd answered a keep-alive sent at `asked` with the lease alive.
     LeaseConfirmed {
         asked: Instant,
@@ -258,12 +262,14 @@ impl WorldActor {
                 let _ = reply.send(self.core.report(now));
             }
             Command::Load { reply } => {
-                let _ = reply.send(self.core.load_profile());
+                let _ = reply.send((self.core.load_profile(), self.core.incarnation()));
             }
             Command::Density { reply } => {
                 let _ = reply.send(self.core.density());
             }
-            Command::LeaseExpired => self.core.handle(now, Event::LeaseExpired),
+            Command::LeaseExpired { partition } => {
+                self.core.handle(now, Event::LeaseExpired { partition })
+            }
             Command::LeaseConfirmed { asked } => {
                 self.core.handle(now, Event::LeaseConfirmed { asked })
             }
@@ -301,6 +307,10 @@ impl WorldActor {
                     Transmit::Peer { to, messages } => peers.push((to, messages)),
                     Transmit::Save(saves) => self.saves.push(saves),
                     Transmit::WantIds => self.ids.want.notify_one(),
+                    // Dropping the sender ends the stream.
+                    Transmit::CloseLink { link } => {
+                        self.links.remove(&link);
+                    }
                 }
             }
             self.send_to_peers(peers);

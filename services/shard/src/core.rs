@@ -76,6 +76,11 @@ pub struct ShardCore {
     pub(crate) geometry: Geometry,
     /// Registered shards (alive as far as etcd knows), from the last view.
     live: FxHashSet<ShardId>,
+    /// Each live shard's registration as of the last view (see
+    /// `ShardRecord::incarnation`): a change means it was replaced.
+    pub(crate) incarnations: FxHashMap<ShardId, u64>,
+    /// This shard's own incarnation: its record in etcd says it (see [`ShardCore::incarnation`]).
+    incarnation: u64,
     /// Peers whose stream from here is open, as the shell last reported.
     peers_up: FxHashSet<ShardId>,
     pub(crate) metrics: Arc<ShardMetrics>,
@@ -86,6 +91,8 @@ pub struct ShardCore {
     pub(crate) lease_ttl: Duration,
     suspect_since: Option<Instant>,
     held_while_suspect: VecDeque<Event>,
+    /// Gateway links the shell is to end ([`Transmit::CloseLink`]).
+    closing_links: Vec<LinkId>,
     pub(crate) links: FxHashMap<LinkId, Link>,
     pub(crate) gateway_links: FxHashMap<u32, LinkId>,
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
@@ -169,6 +176,8 @@ impl ShardCore {
             world: World::new(config.world.clone()),
             geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
             live: FxHashSet::default(),
+            incarnations: FxHashMap::default(),
+            incarnation: config.incarnation.max(1),
             peers_up: FxHashSet::default(),
             metrics,
             now,
@@ -181,6 +190,7 @@ impl ShardCore {
             lease_ttl: config.lease_ttl,
             suspect_since: None,
             held_while_suspect: VecDeque::new(),
+            closing_links: Vec::new(),
             closing_after_save: Vec::new(),
             last_save_round: now,
             saved: FxHashMap::default(),
@@ -227,7 +237,7 @@ impl ShardCore {
     pub fn handle(&mut self, now: Instant, event: Event) {
         if self.suspect_since.is_none()
             && now.saturating_duration_since(self.now) > self.lease_ttl
-            && !matches!(event, Event::LeaseExpired)
+            && !matches!(event, Event::LeaseExpired { .. })
         {
             let gap = now.saturating_duration_since(self.now);
             warn!(
@@ -244,20 +254,46 @@ impl ShardCore {
                 debug!(shard = %self.id, "lease confirmed after the pause");
                 self.resume_after_pause(now);
             }
-            Event::LeaseExpired => {
-                // Whether the region was given away is judged by the newest partition the
-                // watch brought meanwhile (it waits in the queue), not by the one from
-                // before the pause.
+            Event::LeaseExpired { partition } => {
+                // Whether the region was given away is judged by the partition etcd holds
+                // now, or failing that read, by the newest one the watch brought meanwhile
+                // (it waits in the queue), never by the one from before the pause: the watch
+                // may not have brought the reassignment yet (seed 1643).
                 let newest = self.held_while_suspect.iter().rev().find_map(|event| match event {
                     Event::View(view) => view.partition.as_ref(),
                     _ => None,
                 });
-                let owns = newest.map(|p| p.regions_of(self.id).next().is_some());
+                let owns =
+                    partition.as_ref().or(newest).map(|p| p.regions_of(self.id).next().is_some());
                 self.now = self.now.max(now);
                 if self.after_lease_expiry(owns) {
-                    // What peers sent the old incarnation went with it: its ghosts and
-                    // handoffs are void (the senders learn it died, and take it from there).
-                    self.held_while_suspect.retain(|event| !matches!(event, Event::Peer { .. }));
+                    // What peers and gateways sent the old incarnation went with it: its
+                    // ghosts, handoffs and inputs are void (a held restore taken here brought
+                    // back a player that lives elsewhere now: seed 303). Peers learn it died
+                    // from etcd and drop its ghosts. A gateway may not: its watch can bring
+                    // the death and the new registration in one view (seed 1643). So its
+                    // streams end here, as a dead shard's would: the gateway answers what it
+                    // sent on them, reconnects and restores its players where they live now.
+                    let mut links: Vec<LinkId> = self.links.keys().copied().collect();
+                    let mut ended = Vec::new();
+                    self.held_while_suspect.retain(|event| match event {
+                        Event::Peer { .. } | Event::Inputs { .. } => false,
+                        Event::LinkOpened { link, .. } => {
+                            links.push(*link);
+                            false
+                        }
+                        Event::LinkClosed { link } | Event::LinkCut { link } => {
+                            ended.push(*link);
+                            false
+                        }
+                        _ => true,
+                    });
+                    for link in links {
+                        self.drop_link(link);
+                        if !ended.contains(&link) {
+                            self.closing_links.push(link);
+                        }
+                    }
                 }
                 self.resume_after_pause(now);
             }
@@ -312,8 +348,9 @@ impl ShardCore {
             Event::PeersUp(up) => {
                 self.peers_up = up.into_iter().collect();
             }
-            Event::LeaseExpired => {
-                self.after_lease_expiry(None);
+            Event::LeaseExpired { partition } => {
+                let owns = partition.map(|p| p.regions_of(self.id).next().is_some());
+                self.after_lease_expiry(owns);
             }
             Event::LeaseConfirmed { .. } => {}
             Event::Saved { players } => {
@@ -370,6 +407,12 @@ impl ShardCore {
         self.seats.get(&player).map(|seat| seat.ghosted_at.as_slice())
     }
 
+    /// This shard's incarnation, for its etcd record: it changes when the shard drops
+    /// everything it held after being taken for dead.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// The partition epoch this core acts on.
     pub fn epoch(&self) -> u64 {
         self.geometry.epoch
@@ -404,6 +447,19 @@ impl ShardCore {
     fn on_view(&mut self, view: &ClusterView) {
         self.carry_out_orders(&view.orders);
         self.live = view.shards.keys().copied().collect();
+        let replaced: Vec<ShardId> = view
+            .shards
+            .iter()
+            .filter(|(id, record)| {
+                **id != self.id
+                    && self.incarnations.get(id).is_some_and(|old| *old != record.incarnation)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        self.incarnations = view.shards.iter().map(|(id, r)| (*id, r.incarnation)).collect();
+        for peer in replaced {
+            self.peer_replaced(peer);
+        }
         let epoch = view.partition.as_ref().map(|p| p.epoch).unwrap_or(0);
         if epoch != self.geometry.epoch {
             let config = self.world.config().clone();
@@ -411,6 +467,35 @@ impl ShardCore {
             self.metrics.epoch.set(epoch as i64);
             self.rebalance();
             self.restores_behind_view();
+        }
+    }
+
+    /// A peer registered again after its lease expired: it was taken for dead and dropped
+    /// what it held, the copies of players mirrored there included, whether or not this
+    /// shard's watch showed it gone in between (one view may bring both; `meridian-sim`
+    /// seed 4348). Its own players' copies here are orphaned, as a dead owner's (their new
+    /// owners take them over, or they go); players mirrored there are mirrored again.
+    fn peer_replaced(&mut self, peer: ShardId) {
+        tracing::info!(shard = %self.id, %peer, "peer registered again: it dropped what it held");
+        self.ghosts.sources_gone(
+            &mut self.world,
+            &mut self.history,
+            |s| s != peer,
+            self.now,
+            &mut self.envelopes,
+        );
+        self.route_envelopes();
+        let mirrored: Vec<PlayerId> = self
+            .seats
+            .iter_mut()
+            .filter_map(|(player, seat)| {
+                let before = seat.ghosted_at.len();
+                seat.ghosted_at.retain(|s| *s != peer);
+                (seat.ghosted_at.len() != before).then_some(*player)
+            })
+            .collect();
+        for player in mirrored {
+            self.mirror(player);
         }
     }
 
@@ -453,6 +538,7 @@ impl ShardCore {
             if let Some(handed) = self.handed_off.get_mut(&player) {
                 if message.generation > handed.generation && released.new_owner != self.id.0 {
                     handed.to = ShardId(released.new_owner);
+                    handed.incarnation = self.incarnations.get(&handed.to).copied().unwrap_or(0);
                 }
             }
         }
@@ -941,6 +1027,7 @@ impl ShardCore {
         if !self.saves.is_empty() {
             out.push(Transmit::Save(std::mem::take(&mut self.saves)));
         }
+        out.extend(self.closing_links.drain(..).map(|link| Transmit::CloseLink { link }));
         self.flush_game(out);
     }
 
@@ -1002,6 +1089,9 @@ impl ShardCore {
             return false;
         }
         warn!(shard = %self.id, players = self.seats.len(), "taken for dead and replaced; dropping stale players");
+        // A new life: peers and gateways that see it in the record know that what they gave
+        // the old one is gone, even if their watch never showed this shard gone.
+        self.incarnation = self.incarnation.saturating_add(1);
         let config = self.world.config().clone();
         self.world = World::new(config);
         self.seats.clear();

@@ -38,6 +38,7 @@ impl Harness {
     fn saving(save_interval: Option<Duration>) -> Harness {
         let config = CoreConfig {
             id: ME,
+            incarnation: 1,
             world: Default::default(),
             seed: 1,
             resume_window: Duration::from_secs(30),
@@ -394,6 +395,110 @@ fn a_shard_that_did_not_run_past_its_lease_waits_for_etcd_before_it_acts() {
         matches!(answered.as_slice(), [Server::Moved(m)] if m.client_time == 1),
         "the move that waited is applied once the lease is confirmed: {answered:?}"
     );
+}
+
+/// A shard woken after its lease expired, whose region the newest partition gave away, was
+/// taken for dead: its players were restored elsewhere. What its gateways sent the old
+/// incarnation (here a restore and a move) is void, not applied: applying it brought back a
+/// player that lives on another shard now (`meridian-sim` seed 303). Its gateway streams
+/// end, so a gateway that missed the death still answers and restores (seed 1643).
+#[test]
+fn a_shard_taken_for_dead_drops_the_inputs_sent_to_its_old_incarnation() {
+    let mut h = Harness::new();
+    h.actor.lease_ttl = Duration::from_secs(3);
+    h.join(11, 1);
+    h.received();
+    h.now += Duration::from_secs(5);
+    let restore = Join {
+        name: "p12".into(),
+        spawn: Some(client_pb::Position { x: 20, y: 20 }),
+        restore: true,
+        generation: 1,
+        ..Default::default()
+    };
+    h.direct(12, 1, Input::Join(restore));
+    h.direct(11, 2, a_move(1));
+    let elsewhere = Region { shard: OLD_OWNER, x0: 0, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 2, width: 400, height: 400, regions: vec![elsewhere] };
+    let view = ClusterView { partition: Some(partition), ..Default::default() };
+    h.actor.handle(h.now, Event::View(view));
+    assert_eq!(h.received(), vec![], "nothing acted on while the lease is in doubt");
+    h.actor.handle(h.now, Event::LeaseExpired { partition: None });
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    assert!(
+        matches!(out.as_slice(), [Transmit::CloseLink { link: LINK }]),
+        "neither the restore nor the move is applied, and the gateway's stream ends (its \
+         gateway may not have seen the death): {out:?}"
+    );
+    assert_eq!(h.actor.local_players().count(), 0, "no player here: they live elsewhere");
+    assert_eq!(h.actor.epoch(), 2, "the view that waited is taken");
+}
+
+/// The same when the watch has not brought the reassignment yet: the partition read from
+/// etcd with the expiry decides, not the lagging views that waited (`meridian-sim` seed 1643).
+#[test]
+fn a_shard_taken_for_dead_judges_by_the_partition_read_with_the_expiry() {
+    let mut h = Harness::new();
+    h.actor.lease_ttl = Duration::from_secs(3);
+    h.join(11, 1);
+    h.received();
+    h.now += Duration::from_secs(5);
+    h.direct(11, 2, a_move(1));
+    assert_eq!(h.received(), vec![], "nothing acted on while the lease is in doubt");
+    let elsewhere = Region { shard: OLD_OWNER, x0: 0, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 2, width: 400, height: 400, regions: vec![elsewhere] };
+    h.actor.handle(h.now, Event::LeaseExpired { partition: Some(partition) });
+    assert_eq!(h.received(), vec![], "the move is not applied");
+    assert_eq!(h.actor.local_players().count(), 0, "player 11 lives elsewhere now");
+}
+
+/// A peer that registered again (taken for dead after a pause: it dropped every copy it
+/// held) gets its copies back, even when the view that says so is the first this shard
+/// sees without it ever having been gone (`meridian-sim` seed 4348).
+#[test]
+fn a_peer_registered_again_is_mirrored_to_again() {
+    use meridian_cluster::{ShardRecord, ShardState};
+    use meridian_rpc::pb::peer_message::Kind as Peer;
+    let mut h = Harness::new();
+    let view = |incarnation: u64| {
+        let mine = Region { shard: ME, x0: 0, y0: 0, x1: 200, y1: 400 };
+        let theirs = Region { shard: OLD_OWNER, x0: 200, y0: 0, x1: 400, y1: 400 };
+        let regions = vec![mine, theirs];
+        let partition = PartitionMap { epoch: 2, width: 400, height: 400, regions };
+        let record = |id: ShardId, incarnation: u64| ShardRecord {
+            id,
+            grpc: String::new(),
+            admin: String::new(),
+            state: ShardState::Serving,
+            players: 0,
+            load: Default::default(),
+            incarnation,
+        };
+        let shards = [(ME, record(ME, 1)), (OLD_OWNER, record(OLD_OWNER, incarnation))];
+        ClusterView { partition: Some(partition), shards: shards.into(), ..Default::default() }
+    };
+    h.actor.handle(h.now, Event::View(view(3)));
+    let spawn = Some(client_pb::Position { x: 195, y: 10 });
+    let join = Join { name: "near".into(), spawn, ..Default::default() };
+    h.direct(11, 1, Input::Join(join));
+    let upserts_to_peer = |h: &mut Harness| {
+        let mut out = Vec::new();
+        h.actor.flush(&mut out);
+        out.iter()
+            .filter_map(|t| match t {
+                Transmit::Peer { to, messages } if *to == OLD_OWNER => Some(messages),
+                _ => None,
+            })
+            .flatten()
+            .filter(|m| m.player_id == 11 && matches!(m.kind, Some(Peer::Upsert(_))))
+            .count()
+    };
+    assert_eq!(upserts_to_peer(&mut h), 1, "mirrored near the border");
+    h.actor.handle(h.now, Event::View(view(3)));
+    assert_eq!(upserts_to_peer(&mut h), 0, "the same registration still has its copy");
+    h.actor.handle(h.now, Event::View(view(7)));
+    assert_eq!(upserts_to_peer(&mut h), 1, "a new registration gets the whole copy again");
 }
 
 /// What one link's sessions received in a round: (session, message, close flag) in order.

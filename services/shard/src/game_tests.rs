@@ -50,6 +50,7 @@ impl Harness {
     fn new() -> Harness {
         let config = CoreConfig {
             id: ME,
+            incarnation: 1,
             world: Default::default(),
             seed: 1,
             resume_window: Duration::from_secs(30),
@@ -333,6 +334,7 @@ fn a_drain_waits_for_npcs_only_while_another_shard_can_take_them() {
         state: meridian_cluster::ShardState::Serving,
         players: 0,
         load: Default::default(),
+        incarnation: 1,
     };
     view.shards.insert(NEIGHBOUR, record);
     let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };

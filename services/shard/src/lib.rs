@@ -129,9 +129,11 @@ impl std::fmt::Debug for GameConfig {
 
 impl ShardConfig {
     /// What the shard's core is given: its identity and rules, nothing about I/O.
-    pub fn core(&self) -> types::CoreConfig {
+    /// The core's configuration, for the shard's life `incarnation`.
+    pub fn core(&self, incarnation: u64) -> types::CoreConfig {
         types::CoreConfig {
             id: self.id,
+            incarnation,
             world: self.world.clone(),
             seed: self.seed,
             resume_window: self.resume_window,
@@ -178,6 +180,12 @@ pub async fn run(
     // kept for a grace period instead of being taken for deaths.
     let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
     let watch = ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone()).await?;
+    // This process's life: a restart under the same id is a later one (see
+    // `ShardRecord::incarnation`).
+    let incarnation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |since| since.as_nanos() as u64)
+        .max(1);
     let record = ShardRecord {
         id: config.id,
         grpc: config.advertise.clone().unwrap_or_else(|| grpc_addr.to_string()),
@@ -185,6 +193,7 @@ pub async fn run(
         state: ShardState::Serving,
         players: 0,
         load: Default::default(),
+        incarnation,
     };
     let registration = Registration::start(
         client.clone(),
@@ -219,7 +228,7 @@ pub async fn run(
     }
     let ids = actor::EntityIds::start(client.clone(), &keys);
     let (commands, actor) = actor::WorldActor::new(
-        &config.core(),
+        &config.core(incarnation),
         watch.changes(),
         peer_senders,
         Arc::clone(&metrics),
@@ -242,7 +251,7 @@ pub async fn run(
 
     let status = registration.status();
     metrics.watch_registration(&registry, config.id, status.clone());
-    tokio::spawn(watch_expiry(status.clone(), commands.clone()));
+    tokio::spawn(watch_expiry(status.clone(), client.clone(), keys.clone(), commands.clone()));
     let me = config.id;
     // Ready means able to serve players: a region in the newest partition this shard knows.
     // Not whether etcd answered lately: a shard whose lease lapsed only because etcd stalled
@@ -419,17 +428,23 @@ async fn publish_load(
         if commands.send(actor::Command::Load { reply }).await.is_err() {
             return;
         }
-        let Ok(load) = answer.await else { return };
+        let Ok((load, incarnation)) = answer.await else { return };
         let players = load.x.iter().map(|&n| u64::from(n)).sum();
         let state = if draining.load(std::sync::atomic::Ordering::SeqCst) {
             ShardState::Draining
         } else {
             ShardState::Serving
         };
-        if players != record.players || state != record.state || load != record.load {
+        if players != record.players
+            || state != record.state
+            || load != record.load
+            || incarnation != record.incarnation
+        {
             record.players = players;
             record.state = state;
             record.load = load;
+            // A new life after being taken for dead (see `ShardRecord::incarnation`).
+            record.incarnation = incarnation;
             update(record.to_json());
         }
     }
@@ -438,6 +453,8 @@ async fn publish_load(
 /// Tells the world task when etcd let this shard's lease expire.
 async fn watch_expiry(
     status: meridian_cluster::RegistrationStatus,
+    mut client: meridian_cluster::EtcdClient,
+    keys: ClusterKeys,
     commands: tokio::sync::mpsc::Sender<actor::Command>,
 ) {
     let mut seen = status.expirations();
@@ -448,7 +465,16 @@ async fn watch_expiry(
         let now = status.expirations();
         if now != seen {
             seen = now;
-            if commands.send(actor::Command::LeaseExpired).await.is_err() {
+            // Whether the region was given away is judged by the partition etcd holds now:
+            // the watch may not have brought the reassignment yet.
+            let partition = match meridian_cluster::read_partition(&mut client, &keys).await {
+                Ok(partition) => partition,
+                Err(error) => {
+                    warn!(%error, "could not read the partition after the lease expired");
+                    None
+                }
+            };
+            if commands.send(actor::Command::LeaseExpired { partition }).await.is_err() {
                 return;
             }
         }

@@ -115,9 +115,11 @@ impl Outbox {
     }
 
     /// Tells the gateway the player now belongs to shard `to` (after these frames).
-    pub fn release(&mut self, link: LinkId, session: u64, to: u32) {
+    /// Marks the player handed to shard `to` (its registration `incarnation`, 0 if unknown).
+    pub fn release(&mut self, link: LinkId, session: u64, to: u32, incarnation: u64) {
         let (out, index) = self.slot(link, session);
         out.deliveries[index].released_to = to;
+        out.deliveries[index].released_incarnation = incarnation;
     }
 
     /// Asks the gateway to close the connection after its frames.
@@ -228,6 +230,7 @@ fn split_delivery(
             // last, so the pieces always add up to the whole.
             piece.move_answers = whole.move_answers.saturating_sub(answers_before);
             piece.released_to = whole.released_to;
+            piece.released_incarnation = whole.released_incarnation;
             piece.close = whole.close;
             piece.resume_refused = whole.resume_refused;
         }
@@ -334,7 +337,7 @@ pub(crate) mod tests {
                 outbox.track(LINK, 9, 25, 26, 4);
             }
         }
-        outbox.release(LINK, 9, 3);
+        outbox.release(LINK, 9, 3, 0);
         outbox.close(LINK, 9);
         let (link_out, _) = outbox.slot(LINK, 9);
         let whole = std::mem::take(&mut link_out.deliveries[0]);

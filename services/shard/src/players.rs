@@ -564,6 +564,7 @@ impl ShardCore {
             warn!(%player, %error, "cannot demote a player being handed off");
         }
         let next_generation = seat.generation + 1;
+        let incarnation = self.incarnations.get(&to).copied().unwrap_or(0);
         debug!(%player, %to, next_generation, ?at, epoch = self.geometry.epoch, "hand off");
         self.ghosts.demoted(player, next_generation, to, self.now);
         for other in self.geometry.peers() {
@@ -596,13 +597,14 @@ impl ShardCore {
             self.peer_out.push(to, peer(player, next_generation, Peer::Forwarded(input)));
         }
         if !seat.npc {
-            self.outbox.release(seat.link, seat.session, to.0);
+            self.outbox.release(seat.link, seat.session, to.0, incarnation);
         }
         let now = self.now;
         self.handed_off.insert(
             player,
             HandedOff {
                 to,
+                incarnation,
                 generation: seat.generation,
                 at,
                 acked: None,
@@ -938,7 +940,12 @@ impl ShardCore {
         let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
         if !self.seats.contains_key(&player) {
             if let Some(handed) = self.handed_off.get(&player) {
-                if join.generation <= handed.generation && self.peer_ready(handed.to) {
+                let same_registration =
+                    self.incarnations.get(&handed.to).copied().unwrap_or(0) == handed.incarnation;
+                if join.generation <= handed.generation
+                    && self.peer_ready(handed.to)
+                    && same_registration
+                {
                     // Handed off from here just as the gateway's stream broke, before the
                     // gateway read the release marker: the player is on the shard it went
                     // to (or further on). The gateway is told to follow it, and the restore
@@ -948,7 +955,7 @@ impl ShardCore {
                     // here.)
                     let (to, next) = (handed.to, handed.generation + 1);
                     debug!(%player, %to, "restore of a player handed off from here passed on");
-                    self.outbox.release(link, session, to.0);
+                    self.outbox.release(link, session, to.0, handed.incarnation);
                     let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
                     let join =
                         Join { gateway_id: gateway, generation: join.generation.max(next), ..join };

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use meridian_cluster::{ClusterView, ShardId};
+use meridian_cluster::{ClusterView, PartitionMap, ShardId};
 use meridian_protocol::pb as client_pb;
 use meridian_protocol::{InvalidArgument, TokenKeys};
 use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
@@ -25,6 +25,8 @@ pub struct CoreConfig {
     pub id: ShardId,
     pub world: WorldConfig,
     /// Seeds random spawns.
+    /// This life of the shard (`ShardRecord::incarnation`): non-zero, later lives larger.
+    pub incarnation: u64,
     pub seed: u64,
     /// How long a player whose connection dropped can be resumed with its token.
     pub resume_window: Duration,
@@ -73,8 +75,10 @@ pub enum Event {
     View(ClusterView),
     /// Which peer streams are open now: players are handed only to a reachable peer.
     PeersUp(Vec<ShardId>),
-    /// etcd let this shard's lease expire: the cluster took it for dead.
-    LeaseExpired,
+    /// etcd let this shard's lease expire: the cluster took it for dead. `partition` is the
+    /// partition etcd held when the expiry was found (read then, not the watch's copy, which
+    /// may lag behind the reassignment), if that read succeeded.
+    LeaseExpired { partition: Option<PartitionMap> },
     /// etcd answered a keep-alive sent at `asked` with the lease alive.
     LeaseConfirmed { asked: Instant },
     /// The player store has these players' latest saves (written, or refused for a newer
@@ -100,6 +104,9 @@ pub enum Transmit {
     Gateway { link: LinkId, batch: ShardBatch },
     /// A round of messages for a peer shard, to be sent in order after earlier rounds.
     Peer { to: ShardId, messages: Vec<PeerMessage> },
+    /// End this gateway stream (the gateway answers what it sent on it, reconnects and
+    /// restores what it routes here). Nothing more is sent on it.
+    CloseLink { link: LinkId },
     /// Players to save in the player store (only with `CoreConfig::save_interval`).
     Save(Vec<SaveRecord>),
     /// The core is running low on entity ids for NPCs: claim a block and hand it in with
@@ -201,6 +208,10 @@ pub(crate) struct HandedOff {
     /// switched, and the shard it is forwarded to sends it back after the handoff, on the
     /// same ordered stream.
     pub to: ShardId,
+    /// The registration of `to` this shard knew when it handed the player there (see
+    /// `ShardRecord::incarnation`; 0 if unknown): if `to` registers again, the handoff
+    /// died with its old registration.
+    pub incarnation: u64,
     pub generation: u64,
     pub at: Position,
     pub acked: Option<Instant>,

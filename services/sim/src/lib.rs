@@ -61,12 +61,6 @@ pub struct Settings {
     pub faults: Faults,
 }
 
-/// Whether [`Settings::swarm`] draws [`Faults::pauses`] (`meridian-sim --pauses`). Off by
-/// default: with pauses on, 4 of seeds 0..1000 still break an invariant (303, 728, 844, 951:
-/// mostly a ghost left on a shard after the pause; the woken shard itself is fenced, see
-/// `ShardCore::handle`; 26, 64 and 466 are fixed, regressions in `tests/sweep.rs`).
-pub static PAUSES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// Faults injected during the workload.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
@@ -129,7 +123,7 @@ impl Settings {
         if later.random_bool(0.12) {
             faults.etcd_stalls = 1;
         }
-        if pause && PAUSES.load(std::sync::atomic::Ordering::Relaxed) {
+        if pause {
             faults.pauses = 1;
         }
         Settings {
@@ -248,10 +242,16 @@ enum Ev {
     ShardTick(u32),
     GatewayTick(u32),
     Client(usize),
-    View { node: Node, version: usize },
+    View {
+        node: Node,
+        version: usize,
+    },
     Connect(u32, u32),
     PeerConnect(u32, u32),
-    LeaseExpiry(u32),
+    /// The lease of that incarnation ([`ShardNode::lease`]) runs out.
+    LeaseExpiry(u32, u64),
+    /// A woken shard's first keep-alive is answered.
+    KeepAlive(u32),
     Wake(u32),
     Fault,
 }
@@ -296,6 +296,8 @@ struct ShardNode {
     /// Paused (see [`Faults::pauses`]) until then: what reaches it meanwhile waits.
     paused_until: Duration,
     deferred: Vec<Event>,
+    /// Bumped each time a keep-alive renews its lease: an expiry scheduled before that is void.
+    lease: u64,
 }
 
 struct GatewayNode {
@@ -564,11 +566,18 @@ impl Sim {
             Ev::Connect(g, s) => self.connect(g, s),
             Ev::PeerConnect(a, b) => self.peer_connect(a, b),
             Ev::Wake(s) => self.wake(s),
-            Ev::LeaseExpiry(s) if self.etcd_stalled_until > self.t => {
-                // A stalled etcd expires nothing until it runs again.
-                self.at(self.etcd_stalled_until, Ev::LeaseExpiry(s));
+            Ev::LeaseExpiry(s, lease)
+                if self.shards.get(&s).is_some_and(|n| n.core.is_some() && n.lease != lease) =>
+            {
+                // A keep-alive renewed it meanwhile.
             }
-            Ev::LeaseExpiry(s) => {
+            Ev::LeaseExpiry(s, lease) if self.etcd_stalled_until > self.t => {
+                // A stalled etcd expires nothing until it runs again; then the expiry and
+                // the keep-alives that waited for it race.
+                let race = Duration::from_millis(self.rng.random_range(0..20));
+                self.at(self.etcd_stalled_until + race, Ev::LeaseExpiry(s, lease));
+            }
+            Ev::LeaseExpiry(s, _) => {
                 // Gone for good: every peer drops its stream to it, and what it had sent
                 // but nobody took is lost with it.
                 for (key, stream) in self.streams.iter_mut() {
@@ -582,6 +591,7 @@ impl Sim {
                     self.publish();
                 }
             }
+            Ev::KeepAlive(s) => self.keep_alive_answered(s),
             Ev::Fault => {
                 if !self.faults_left.is_empty() {
                     let i = self.rng.random_range(0..self.faults_left.len());
@@ -597,6 +607,7 @@ impl Sim {
     fn start_shard(&mut self, id: u32) {
         let config = CoreConfig {
             id: ShardId(id),
+            incarnation: 1,
             world: meridian_world::WorldConfig {
                 width: self.settings.map,
                 height: self.settings.map,
@@ -622,6 +633,7 @@ impl Sim {
                 peers_up: BTreeSet::new(),
                 paused_until: Duration::ZERO,
                 deferred: Vec::new(),
+                lease: 0,
             },
         );
         let version = self.etcd.version();
@@ -657,22 +669,52 @@ impl Sim {
             return;
         }
         self.note_all(|| format!("shard {s} wakes"));
-        let lease_gone = !self.etcd.has(s);
         let node = self.shards.get_mut(&s).expect("checked");
         let deferred = std::mem::take(&mut node.deferred);
         let core = node.core.as_mut().expect("checked");
         for event in deferred {
             core.handle(now, event);
         }
-        // Its first keep-alive after waking: etcd says the lease is gone, or alive.
-        if lease_gone {
-            core.handle(now, Event::LeaseExpired);
+        self.pump_shard(s);
+        if self.etcd_stalled_until > t {
+            // Its keep-alive waits in the stalled etcd.
+            let race = Duration::from_millis(self.rng.random_range(0..20));
+            self.at(self.etcd_stalled_until + race, Ev::KeepAlive(s));
         } else {
+            self.keep_alive_answered(s);
+        }
+    }
+
+    /// A shard's keep-alive is answered: its lease is alive (and renewed), or gone, and
+    /// then it registers again.
+    fn keep_alive_answered(&mut self, s: u32) {
+        if !self.shard_alive(s) {
+            return;
+        }
+        if self.etcd_stalled_until > self.t {
+            self.at(self.etcd_stalled_until, Ev::KeepAlive(s));
+            return;
+        }
+        let now = self.now();
+        let lease_gone = !self.etcd.has(s);
+        // The shell reads the partition from etcd when it finds the lease gone.
+        let partition = self.etcd.current().partition.clone();
+        if lease_gone {
+            self.note_all(|| format!("shard {s} finds its lease gone"));
+        }
+        let node = self.shards.get_mut(&s).expect("checked");
+        let core = node.core.as_mut().expect("checked");
+        if lease_gone {
+            core.handle(now, Event::LeaseExpired { partition });
+        } else {
+            node.lease += 1;
             core.handle(now, Event::LeaseConfirmed { asked: now });
         }
         self.pump_shard(s);
         if lease_gone {
-            self.etcd.add(s);
+            // Registers again, its record saying which life it is now.
+            let incarnation = self.shards[&s].core.as_ref().map_or(1, |c| c.incarnation());
+            self.etcd.add(s, incarnation);
             self.outcome.epochs += 1;
             self.publish();
         }
@@ -688,6 +730,7 @@ impl Sim {
         let mut out = std::mem::take(&mut self.out);
         core.flush(&mut out);
         let epoch = core.epoch();
+        let mut closed = Vec::new();
         for transmit in out.drain(..) {
             match transmit {
                 Transmit::Gateway { link, batch } => {
@@ -715,10 +758,18 @@ impl Sim {
                     self.send(Key::Peer(s, to.0), Payload::Peer { epoch, messages });
                 }
                 // The simulated cluster has no player store.
+                Transmit::CloseLink { link } => {
+                    if let Some(&g) = self.shards[&s].links.get(&link) {
+                        closed.push(g);
+                    }
+                }
                 Transmit::Save(_) | Transmit::WantIds => {}
             }
         }
         self.out = out;
+        for g in closed {
+            self.cut_link(g, s, true);
+        }
     }
 
     fn send(&mut self, key: Key, payload: Payload) {
@@ -1002,17 +1053,22 @@ impl Sim {
                 }
                 gateway.seen = version;
                 let members: Vec<u32> = view.shards.keys().map(|id| id.0).collect();
+                let registrations: Vec<(u32, u64)> =
+                    view.shards.values().map(|r| (r.id.0, r.incarnation)).collect();
                 gateway.harness.set_now(now);
-                let closed = gateway.harness.set_cluster(view.partition.clone(), &members);
+                let closed = gateway.harness.set_cluster(view.partition.clone(), &registrations);
                 let new: Vec<u32> =
                     members.iter().filter(|m| !gateway.known.contains(m)).copied().collect();
                 gateway.known = members.iter().copied().collect();
                 for s in &closed {
-                    gateway.dead.insert(*s);
+                    // One registered again is not dead: its link is new.
+                    if !members.contains(s) {
+                        gateway.dead.insert(*s);
+                    }
                     gateway.waiting.remove(s);
                 }
                 for s in closed {
-                    self.cut_link(g, s, false);
+                    self.cut_link(g, s, members.contains(&s));
                 }
                 for s in new {
                     let delay = Duration::from_millis(self.rng.random_range(1..30));
@@ -1068,7 +1124,7 @@ impl Sim {
         // Alive and running: a kill or a pause leaves at least one of these, as the model
         // of etcd never drops its last member (a whole cluster down is not modelled; a
         // shard killed while the only other one was paused stayed registered for good,
-        // and its players waited for it: `--pauses` seed 26).
+        // and its players waited for it: seed 26 with its pause).
         let t = self.t;
         let running =
             self.shards.iter().filter(|(_, n)| n.core.is_some() && n.paused_until <= t).count();
@@ -1126,7 +1182,8 @@ impl Sim {
                         stream.stalled_until = stream.stalled_until.max(until);
                     }
                 }
-                self.after(LEASE_TTL, Ev::LeaseExpiry(s));
+                let lease = self.shards.get(&s).map_or(0, |n| n.lease);
+                self.after(LEASE_TTL, Ev::LeaseExpiry(s, lease));
                 self.at(until, Ev::Wake(s));
             }
             FaultKind::EtcdStall => {
@@ -1137,7 +1194,7 @@ impl Sim {
             FaultKind::Join => {
                 let id = self.shards.keys().max().copied().unwrap_or(0) + 1;
                 self.start_shard(id);
-                self.etcd.add(id);
+                self.etcd.add(id, 1);
                 self.outcome.epochs += 1;
                 self.publish();
             }
@@ -1173,7 +1230,7 @@ impl Sim {
         for g in gateways {
             self.cut_link(g, s, true);
         }
-        self.after(LEASE_TTL, Ev::LeaseExpiry(s));
+        self.after(LEASE_TTL, Ev::LeaseExpiry(s, 0));
         let peers: Vec<u32> = self.shards.keys().copied().filter(|p| *p != s).collect();
         for p in peers {
             if let Some(node) = self.shards.get_mut(&p) {

@@ -18,6 +18,8 @@ pub struct Etcd {
     versions: Vec<ClusterView>,
     map: u32,
     members: BTreeSet<u32>,
+    /// Each member's incarnation (`ShardRecord::incarnation`).
+    incarnations: std::collections::BTreeMap<u32, u64>,
     epoch: u64,
 }
 
@@ -26,6 +28,7 @@ impl Etcd {
         let mut etcd = Etcd {
             versions: vec![ClusterView::default()],
             map,
+            incarnations: shards.iter().map(|&s| (s, 1)).collect(),
             members: shards.into_iter().collect(),
             epoch: 0,
         };
@@ -49,9 +52,11 @@ impl Etcd {
         self.members.contains(&shard)
     }
 
-    /// A shard registered: the coordinator lays the map out again.
-    pub fn add(&mut self, shard: u32) {
+    /// A shard registered (its record saying which incarnation it is): the coordinator
+    /// lays the map out again.
+    pub fn add(&mut self, shard: u32, incarnation: u64) {
         self.members.insert(shard);
+        self.incarnations.insert(shard, incarnation);
         self.repartition();
     }
 
@@ -139,6 +144,7 @@ impl Etcd {
                     state: ShardState::Serving,
                     players: 0,
                     load: Default::default(),
+                    incarnation: self.incarnations.get(&s).copied().unwrap_or(1),
                 };
                 (ShardId(s), record)
             })

@@ -437,6 +437,7 @@ impl Model {
             .map(|&id| {
                 let core_config = CoreConfig {
                     id,
+                    incarnation: 1,
                     world: world.clone(),
                     seed: config.seed,
                     resume_window: Duration::from_secs(30),
@@ -609,7 +610,8 @@ impl Model {
                     }
                     pending.push((from, to, messages));
                 }
-                Transmit::Save(_) | Transmit::WantIds => {}
+                // The scale model pauses no shard; it has no player store.
+                Transmit::CloseLink { .. } | Transmit::Save(_) | Transmit::WantIds => {}
             }
         }
     }

@@ -30,24 +30,39 @@ fn a_sweep_of_seeds_breaks_no_invariant() {
         })
         .collect();
     let mut failures = Vec::new();
+    let mut runs = 0;
     for seed in 0..SEEDS {
         let settings = Settings::swarm(seed);
-        let gap = known.iter().find(|(s, _)| *s == seed);
-        match (run(seed, &settings), gap) {
-            (Ok(_), None) => {}
-            (Err(violation), Some((_, what))) if violation.what == *what => {}
-            (Ok(_), Some((_, what))) => failures.push(format!(
-                "seed {seed} no longer fails ({what}): take it out of known-gaps.txt"
-            )),
-            (Err(violation), _) => failures.push(format!("{violation}\nsettings: {settings:?}")),
+        // A seed that draws a pause runs without it too: the settings it had before pauses
+        // joined the swarm, under which the races it found were fixed.
+        let mut variants = vec![settings.clone()];
+        if settings.faults.pauses > 0 {
+            let mut without = settings;
+            without.faults.pauses = 0;
+            variants.push(without);
+        }
+        for settings in variants {
+            runs += 1;
+            let gap = known.iter().find(|(s, _)| *s == seed);
+            match (run(seed, &settings), gap) {
+                (Ok(_), None) => {}
+                (Err(violation), Some((_, what))) if violation.what == *what => {}
+                (Ok(_), Some((_, what))) => failures.push(format!(
+                    "seed {seed} no longer fails ({what}): take it out of known-gaps.txt"
+                )),
+                (Err(violation), _) => {
+                    failures.push(format!("{violation}\nsettings: {settings:?}"))
+                }
+            }
         }
     }
-    eprintln!("{SEEDS} seeds ({} known gaps) in {:?}", known.len(), started.elapsed());
+    eprintln!("{SEEDS} seeds, {runs} runs ({} known gaps) in {:?}", known.len(), started.elapsed());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
 /// Seeds beyond the sweep's range that each found a race, now fixed: regressions run on
-/// every test run (the sweep's own range covers those it found below 2,000).
+/// every test run (the sweep's own range covers those it found below 2,000), with the
+/// settings they had then (no pause).
 const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
     (2322, "an input forwarded to an owner that died with it, the player handed back"),
     (2550, "a handoff held up on its stream, arriving after the player moved on"),
@@ -68,20 +83,30 @@ fn seeds_that_found_races_beyond_the_sweep_pass() {
     let failures: Vec<String> = FOUND_BEYOND_THE_SWEEP
         .iter()
         .filter_map(|(seed, found)| {
-            let settings = Settings::swarm(*seed);
+            let mut settings = Settings::swarm(*seed);
+            settings.faults.pauses = 0;
             run(*seed, &settings).err().map(|v| format!("seed {seed} (found: {found}): {v}"))
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// Seeds of `meridian-sim --pauses` (a shard paused past its lease) that each found a race,
-/// now fixed, run with their pause (the sweep itself runs without pauses: 4 of seeds 0..1000
-/// still fail with them, see `meridian_sim::PAUSES`).
+/// Seeds whose pause (a shard paused past its lease) found a race, now fixed. Those below
+/// the sweep's range run there too; they are named here with what they found.
 const FOUND_WITH_PAUSES: &[(u64, &str)] = &[
     (26, "a shard killed while the only other one was paused (the model kept it registered)"),
     (64, "a ghost of a lost handoff kept when another shard released the same generation"),
     (466, "a ghost of a lost handoff kept when another shard released the same generation"),
+    (303, "a woken shard taken for dead applied a restore its gateway had sent it before"),
+    (728, "a shard woken during an etcd stall lost its lease after; the model never told it"),
+    (844, "a shard woken during an etcd stall lost its lease after; the model never told it"),
+    (951, "a shard woken during an etcd stall lost its lease after; the model never told it"),
+    (1643, "a woken shard taken for dead applied inputs sent to its old incarnation"),
+    (3569, "a woken shard taken for dead applied inputs sent to its old incarnation"),
+    (4348, "a peer taken for dead and back in one view kept no copies; nobody mirrored again"),
+    (5430, "a player handed to a shard taken for dead, its gateway routing to the new life"),
+    (5768, "a shard taken for dead kept a gateway link its held events had closed"),
+    (6176, "a player handed to a later life of a shard than its gateway knew, restored twice"),
 ];
 
 #[test]
@@ -89,8 +114,8 @@ fn pause_seeds_that_found_races_pass() {
     let failures: Vec<String> = FOUND_WITH_PAUSES
         .iter()
         .filter_map(|(seed, found)| {
-            let mut settings = Settings::swarm(*seed);
-            settings.faults.pauses = 1;
+            let settings = Settings::swarm(*seed);
+            assert_eq!(settings.faults.pauses, 1, "seed {seed} draws a pause");
             run(*seed, &settings).err().map(|v| format!("seed {seed} (found: {found}): {v}"))
         })
         .collect();

@@ -38,9 +38,10 @@ struct Args {
     /// format of `services/sim/known-gaps.txt`.
     #[arg(long)]
     keep_going: bool,
-    /// Let the swarm pause shards past their lease too (see `meridian_sim::PAUSES`).
+    /// Run each seed without the pause the swarm may draw for it (a shard paused past its
+    /// lease): the settings seeds had before pauses joined the swarm.
     #[arg(long)]
-    pauses: bool,
+    no_pauses: bool,
     /// How many of the last trace lines a violation prints.
     #[arg(long, default_value_t = 120)]
     trace_lines: usize,
@@ -92,7 +93,6 @@ mod humantime_like {
 fn main() -> ExitCode {
     let args = Args::parse();
     meridian_sim::TRACE_LINES.store(args.trace_lines, std::sync::atomic::Ordering::Relaxed);
-    meridian_sim::PAUSES.store(args.pauses, std::sync::atomic::Ordering::Relaxed);
     if args.scale {
         return scale_model(&args);
     }
@@ -108,7 +108,10 @@ fn main() -> ExitCode {
         if started.elapsed() > budget {
             break;
         }
-        let settings = Settings::swarm(seed);
+        let mut settings = Settings::swarm(seed);
+        if args.no_pauses {
+            settings.faults.pauses = 0;
+        }
         if args.verbose || args.seed.is_some() {
             println!("seed {seed}: {settings:?}");
         }
