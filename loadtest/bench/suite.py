@@ -66,6 +66,11 @@ WS_SECTION = "Transport: TCP vs WebSocket (same gateway, same workload)"
 # the busy machine over the four runs weighs on both transports alike.
 WS_RUNS = (("ws_tcp_1", "tcp", "tcp spread 1"), ("ws_ws_1", "ws", "ws spread 1"),
            ("ws_ws_2", "ws", "ws spread 2"), ("ws_tcp_2", "tcp", "tcp spread 2"))
+TLS_SECTION = "Mutual TLS on the gRPC links: on vs off (same workload)"
+# Its runs, A B B A as above, each on a cluster of its own (1 shard, 1 io_uring gateway):
+# mutual TLS on every gRPC link (the default), or `meridian up --insecure-grpc`.
+TLS_RUNS = (("tls_on_1", True, "mutual TLS 1"), ("tls_off_1", False, "gRPC in the clear 1"),
+            ("tls_off_2", False, "gRPC in the clear 2"), ("tls_on_2", True, "mutual TLS 2"))
 
 
 def log(message):
@@ -412,6 +417,9 @@ class Suite:
         if self.args.only_game:
             r["game"] = self.game(work)
             return
+        if self.args.only_tls:
+            self.tls(work)
+            return
         spread = dict(bots=s["io_bots"], seconds=s["io_seconds"], interval=s["io_interval"])
         io_section = "Gateway I/O: io_uring vs epoll (same workloads)"
         relay_section = "Relay hop: bots -> proxy -> gateway vs bots -> gateway"
@@ -488,6 +496,9 @@ class Suite:
         finally:
             cluster.stop()
 
+        log("clusters: 1 gateway + 1 shard, mutual TLS on and off")
+        self.tls(work)
+
         if not self.args.no_micro:
             r["micro"] = self.micro_benchmarks()
         if not self.args.no_game:
@@ -496,6 +507,21 @@ class Suite:
     def game(self, work):
         """The game section (issue 13): see game.py."""
         return game.GameBench(self, Cluster, work, cpu_seconds, log).run()
+
+    def tls(self, work):
+        """The cost of mutual TLS on the gRPC links (issue 15): the gateway's and the
+        shard's CPU per relayed message and the delay, TLS on and off, A B B A."""
+        s = self.s
+        load = dict(bots=s["io_bots"], seconds=s["io_seconds"], interval=s["io_interval"])
+        for key, secure, label in TLS_RUNS:
+            extra = () if secure else ("--insecure-grpc",)
+            cluster = Cluster(work, f"bench-{key.replace('_', '-')}", 1, "uring", extra=extra)
+            try:
+                watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
+                self.results[key] = self.loadtest(label, cluster.game, **load, watch=watch,
+                                                  section=TLS_SECTION)
+            finally:
+                cluster.stop()
 
     def websocket(self, cluster, watch):
         """TCP against the WebSocket front of the same gateway (issue 14): the same bots,
@@ -766,6 +792,41 @@ def websocket_table(r, s):
             "rows": rows}
 
 
+def tls_table(r, s):
+    """Mutual TLS on the gRPC links against gRPC in the clear: the mean of each's runs,
+    their ratio, and every run apart."""
+    runs = {True: [], False: []}
+    for key, secure, _ in TLS_RUNS:
+        if r.get(key):
+            runs[secure].append(r[key])
+    if not (runs[True] and runs[False]):
+        return None
+    measures = [
+        ("delay p50 (ms)", lambda x: x["p50_ms"], 3),
+        ("delay p99 (ms)", lambda x: x["p99_ms"], 3),
+        ("messages relayed / s", lambda x: x["messages"] / x["wall_s"], 0),
+        ("moves lost", lambda x: x["moves_lost"], 0),
+        ("gateway CPU µs / message", lambda x: x["cpu_us_per_msg"]["gateway"], 2),
+        ("shard CPU µs / message", lambda x: x["cpu_us_per_msg"]["shards"], 2),
+    ]
+    rows = []
+    for label, value, digits in measures:
+        on = [value(x) for x in runs[True]]
+        off = [value(x) for x in runs[False]]
+        on_mean, off_mean = mean(on), mean(off)
+        rows.append([label, fmt(round_to(on_mean, digits), digits),
+                     fmt(round_to(off_mean, digits), digits),
+                     f"{fmt(ratio(on_mean, off_mean))}x" if ratio(on_mean, off_mean) else "-",
+                     " / ".join(fmt(round_to(v, digits), digits) for v in on),
+                     " / ".join(fmt(round_to(v, digits), digits) for v in off)])
+    return {"title": f"Mutual TLS on the gRPC links vs gRPC in the clear: {s['io_bots']} bots "
+                     f"spread over the map, a move per {s['io_interval']}, {s['io_seconds']} s "
+                     f"per run, 1 shard, 1 io_uring gateway, a cluster per run",
+            "header": ["measure", "mutual TLS", "in the clear", "TLS vs clear", "TLS runs",
+                       "clear runs"],
+            "rows": rows}
+
+
 def round_to(value, digits):
     """`value` rounded for `fmt`: whole numbers become ints (thousands separators)."""
     if value is None:
@@ -867,6 +928,9 @@ def build_tables(r, s):
                        "header": ["measure", "TCP (io_uring)", "QUIC", "QUIC vs TCP"],
                        "rows": rows})
     table = websocket_table(r, s)
+    if table:
+        tables.append(table)
+    table = tls_table(r, s)
     if table:
         tables.append(table)
     rows = []
@@ -1071,13 +1135,15 @@ def main():
                         help="skip the game section (NPCs and actions, issue 13)")
     parser.add_argument("--only-game", action="store_true",
                         help="run the game section alone (with --quick about 2 minutes)")
+    parser.add_argument("--only-tls", action="store_true",
+                        help="run the TLS on/off comparison alone (with --quick about 1 minute)")
     parser.add_argument("--rerender", action="store_true",
                         help="run nothing: redraw the report, tables (and docs) from the "
                              "bench.json and manifest.json already in --out")
     args = parser.parse_args()
-    if args.only_game and args.update_docs:
+    if (args.only_game or args.only_tls) and args.update_docs:
         parser.error("--update-docs rewrites the whole generated block of BENCHMARKS.md: "
-                     "run it with the whole suite, not --only-game")
+                     "run it with the whole suite, not --only-game or --only-tls")
     suite = Suite(args)
     if args.rerender:
         return suite.rerender()

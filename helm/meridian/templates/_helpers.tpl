@@ -108,7 +108,8 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- if .Values.etcd.bundled.enabled }}
 {{- $endpoints := list }}
 {{- range $i := until (int .Values.etcd.bundled.replicas) }}
-{{- $endpoints = append $endpoints (printf "http://%s-%d.%s.%s:%d" (include "meridian.etcd.fullname" $) $i (include "meridian.etcd.headless" $) (include "meridian.svcDomain" $) (int $.Values.etcd.bundled.clientPort)) }}
+{{- $scheme := ternary "https" "http" $.Values.etcd.bundled.security.enabled }}
+{{- $endpoints = append $endpoints (printf "%s://%s-%d.%s.%s:%d" $scheme (include "meridian.etcd.fullname" $) $i (include "meridian.etcd.headless" $) (include "meridian.svcDomain" $) (int $.Values.etcd.bundled.clientPort)) }}
 {{- end }}
 {{- join "," $endpoints }}
 {{- else }}
@@ -125,6 +126,16 @@ numbers as float64 and would print 1048576 as 1.048576e+06.
 {{- define "meridian.config.common" -}}
 MERIDIAN_CLUSTER: {{ .Values.cluster.name | quote }}
 MERIDIAN_ETCD: {{ include "meridian.etcdEndpoints" . | quote }}
+{{- with include "meridian.etcdClient.secret" . }}
+MERIDIAN_ETCD_CA: "/etc/meridian/etcd-client/ca.pem"
+{{- if or $.Values.etcd.bundled.enabled (include "meridian.etcdClient.hasCert" $) }}
+MERIDIAN_ETCD_CERT: "/etc/meridian/etcd-client/client.pem"
+MERIDIAN_ETCD_KEY: "/etc/meridian/etcd-client/client-key.pem"
+{{- end }}
+{{- end }}
+{{- with include "meridian.etcdUser" . }}
+MERIDIAN_ETCD_USER: {{ . | quote }}
+{{- end }}
 MERIDIAN_LEASE_TTL: {{ .Values.cluster.leaseTtlSeconds | int64 | quote }}
 MERIDIAN_LOG_JSON: {{ .Values.cluster.logJson | toString | quote }}
 {{- if .Values.cluster.dev }}
@@ -430,6 +441,14 @@ initContainers:
     envFrom:
       - configMapRef:
           name: {{ include "meridian.config.name" . }}
+    {{- with include "meridian.env.etcdPassword" . }}
+    env:
+      {{- . | nindent 6 }}
+    {{- end }}
+    {{- with include "meridian.etcdClient.mount" . }}
+    volumeMounts:
+      {{- . | nindent 6 }}
+    {{- end }}
     securityContext:
       {{- include "meridian.containerSecurityContext" . | nindent 6 }}
     resources:
@@ -518,6 +537,26 @@ Included by the ConfigMap template, which every configuration renders.
 {{- if and .Values.adminToken.value .Values.adminToken.existingSecret }}
 {{- $problems = append $problems "adminToken: set either adminToken.value or adminToken.existingSecret, not both" }}
 {{- end }}
+{{- with .Values.grpcTls }}
+{{- if ne .mode "disabled" }}
+{{- if gt (int $.Values.shard.replicas) (int .maxNodes) }}
+{{- $problems = append $problems (printf "grpcTls.maxNodes %d is below shard.replicas %d: shards past it would have no certificate" (int .maxNodes) (int $.Values.shard.replicas)) }}
+{{- end }}
+{{- $gateways := $.Values.gateway.replicas }}
+{{- if $.Values.gateway.autoscaling.enabled }}
+{{- $gateways = $.Values.gateway.autoscaling.maxReplicas }}
+{{- end }}
+{{- if gt (int $gateways) (int .maxNodes) }}
+{{- $problems = append $problems (printf "grpcTls.maxNodes %d is below the gateways' %d (replicas, or autoscaling.maxReplicas): gateways past it would have no certificate" (int .maxNodes) (int $gateways)) }}
+{{- end }}
+{{- end }}
+{{- if and (eq .mode "existingSecret") (not .existingSecret) }}
+{{- $problems = append $problems "grpcTls.mode existingSecret needs grpcTls.existingSecret" }}
+{{- end }}
+{{- if and (eq .mode "certManager") (not .certManager.issuerRef.name) }}
+{{- $problems = append $problems "grpcTls.mode certManager needs grpcTls.certManager.issuerRef.name" }}
+{{- end }}
+{{- end }}
 {{- if and .Values.resumeKey.previous .Values.resumeKey.existingSecret }}
 {{- $problems = append $problems "resumeKey.previous: with resumeKey.existingSecret, put the previous keys in that Secret (key resume-key-previous)" }}
 {{- end }}
@@ -555,5 +594,133 @@ Included by the ConfigMap template, which every configuration renders.
 {{- end }}
 {{- if $problems }}
 {{- fail (printf "\n\nmeridian: invalid values:\n  - %s\n" (join "\n  - " $problems)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+gRPC mutual TLS (grpcTls in values.yaml). The Secret of one kind's certificates (generated or
+existingSecret mode): meridian.grpcTls.secretName (dict "ctx" . "kind" "shard").
+*/}}
+{{- define "meridian.grpcTls.secretName" -}}
+{{- if eq .ctx.Values.grpcTls.mode "existingSecret" }}
+{{- .ctx.Values.grpcTls.existingSecret }}
+{{- else }}
+{{- printf "%s-grpc-tls-%s" (include "meridian.fullname" .ctx) .kind }}
+{{- end }}
+{{- end }}
+
+{{/* The flags a node of `kind` starts with, for the shell that knows its id as $ID. */}}
+{{- define "meridian.grpcTls.flags" -}}
+{{- $dir := "/etc/meridian/grpc-tls" }}
+{{- $mode := .ctx.Values.grpcTls.mode }}
+{{- if eq $mode "disabled" -}}
+--insecure-grpc
+{{- else if eq $mode "certManager" -}}
+--tls-ca "{{ $dir }}/{{ .kind }}-$ID-ca.pem" --tls-cert "{{ $dir }}/{{ .kind }}-$ID.pem" --tls-key "{{ $dir }}/{{ .kind }}-$ID-key.pem"
+{{- else -}}
+--tls-ca "{{ $dir }}/ca.pem" --tls-cert "{{ $dir }}/{{ .kind }}-$ID.pem" --tls-key "{{ $dir }}/{{ .kind }}-$ID-key.pem"
+{{- end }}
+{{- end }}
+
+{{/* The volume mount of the certificates (nothing when disabled). */}}
+{{- define "meridian.grpcTls.mount" -}}
+{{- if ne .Values.grpcTls.mode "disabled" -}}
+# The whole volume, never a subPath: a renewed Secret then replaces the files, which the
+# node reads again for its next connection.
+- name: grpc-tls
+  mountPath: /etc/meridian/grpc-tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The volume of one kind's certificates (nothing when disabled). */}}
+{{- define "meridian.grpcTls.volume" -}}
+{{- $tls := .ctx.Values.grpcTls }}
+{{- if eq $tls.mode "certManager" -}}
+- name: grpc-tls
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- range $i := until (int $tls.maxNodes) }}
+      {{- $name := printf "%s-%d" $.kind (add1 $i) }}
+      - secret:
+          name: {{ printf "%s-grpc-%s" (include "meridian.fullname" $.ctx) $name }}
+          optional: true
+          items:
+            - key: tls.crt
+              path: {{ $name }}.pem
+            - key: tls.key
+              path: {{ $name }}-key.pem
+            - key: ca.crt
+              path: {{ $name }}-ca.pem
+      {{- end }}
+{{- else if ne $tls.mode "disabled" -}}
+- name: grpc-tls
+  secret:
+    secretName: {{ include "meridian.grpcTls.secretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/*
+etcd with TLS and authentication. The Secret holding the client side's files (ca.pem, and
+client.pem / client-key.pem), or nothing for plain etcd.
+*/}}
+{{- define "meridian.etcdClient.secret" -}}
+{{- if .Values.etcd.bundled.enabled }}
+{{- if .Values.etcd.bundled.security.enabled }}
+{{- printf "%s-etcd-client" (include "meridian.fullname" .) }}
+{{- end }}
+{{- else }}
+{{- .Values.etcd.external.tlsSecret }}
+{{- end }}
+{{- end }}
+
+{{/* Whether an external etcd's Secret has a client certificate: looked up in the cluster
+(`helm template` cannot, and assumes it has). */}}
+{{- define "meridian.etcdClient.hasCert" -}}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace .Values.etcd.external.tlsSecret }}
+{{- if or (not $secret) (and $secret.data (hasKey $secret.data "client.pem")) }}true{{ end }}
+{{- end }}
+
+{{/* The etcd user Meridian's nodes log in as, or nothing. */}}
+{{- define "meridian.etcdUser" -}}
+{{- if .Values.etcd.bundled.enabled }}
+{{- if .Values.etcd.bundled.security.enabled }}meridian{{ end }}
+{{- else }}
+{{- .Values.etcd.external.user }}
+{{- end }}
+{{- end }}
+
+{{/* The etcd user's password, from its Secret. */}}
+{{- define "meridian.env.etcdPassword" -}}
+{{- if include "meridian.etcdUser" . -}}
+- name: MERIDIAN_ETCD_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      {{- if .Values.etcd.bundled.enabled }}
+      name: {{ include "meridian.fullname" . }}-etcd-auth
+      key: meridian-password
+      {{- else }}
+      name: {{ .Values.etcd.external.passwordSecret }}
+      key: password
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The mount and the volume of the etcd client files (nothing for plain etcd). */}}
+{{- define "meridian.etcdClient.mount" -}}
+{{- if include "meridian.etcdClient.secret" . -}}
+- name: etcd-client
+  mountPath: /etc/meridian/etcd-client
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- define "meridian.etcdClient.volume" -}}
+{{- with include "meridian.etcdClient.secret" . -}}
+- name: etcd-client
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
 {{- end }}
 {{- end }}

@@ -20,6 +20,13 @@ pub enum ClusterError {
     /// Another writer changed the key between our read and our write: read again.
     #[error("lost a race writing {0}")]
     Conflict(String),
+    /// A TLS file for etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-key`) cannot be read.
+    #[error("cannot read {path}: {source}")]
+    TlsFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ClusterError {

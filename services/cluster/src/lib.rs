@@ -52,22 +52,85 @@ pub async fn read_partition(
         .map_err(|source| ClusterError::BadValue { key: key.clone(), source })
 }
 
+/// How to reach etcd: its endpoints and, for an etcd that asks for them, TLS and a user.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Etcd {
+    /// `http://host:port` or, with [`Etcd::tls`], `https://host:port`.
+    pub endpoints: Vec<String>,
+    pub tls: Option<EtcdTls>,
+    /// A user and password (etcd's authentication, `etcdctl auth enable`).
+    pub user: Option<(String, String)>,
+}
+
+/// TLS to etcd: the CA that issued etcd's server certificate and, for an etcd that asks
+/// for client certificates (`--client-cert-auth`), this node's certificate and key (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca: std::path::PathBuf,
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl std::fmt::Debug for Etcd {
+    /// Never prints the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("endpoints", &self.endpoints)
+            .field("tls", &self.tls)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .finish()
+    }
+}
+
+impl Etcd {
+    /// Plain etcd at `endpoints`.
+    pub fn plain(endpoints: Vec<String>) -> Etcd {
+        Etcd { endpoints, ..Etcd::default() }
+    }
+
+    fn options(&self) -> Result<etcd_client::ConnectOptions, ClusterError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|source| ClusterError::TlsFile { path: path.into(), source })
+        };
+        let mut options = etcd_client::ConnectOptions::new();
+        if let Some(tls) = &self.tls {
+            let mut config = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca)?));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+            }
+            options = options.with_tls(config);
+        }
+        if let Some((name, password)) = &self.user {
+            // etcd's tokens expire (`--auth-token-ttl`, 5 minutes by default): a call that
+            // meets an expired one authenticates again and is retried.
+            options =
+                options.with_user(name.clone(), password.clone()).with_auto_token_refresh(true);
+        }
+        Ok(options)
+    }
+}
+
 /// Connects to etcd with the timeouts every node uses.
-pub async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, ClusterError> {
-    connect_with(endpoints, Some(std::time::Duration::from_secs(5))).await
+pub async fn connect(etcd: &Etcd) -> Result<etcd_client::Client, ClusterError> {
+    connect_with(etcd, Some(std::time::Duration::from_secs(5))).await
 }
 
 /// Connects to etcd; `request_timeout: None` is for calls that block by design, such as
-/// an election campaign, which waits as long as another member leads.
+/// an election campaign, which waits as long as another member leads. TLS files are read
+/// at each connect (a renewed certificate is used from the next one).
 pub async fn connect_with(
-    endpoints: &[String],
+    etcd: &Etcd,
     request_timeout: Option<std::time::Duration>,
 ) -> Result<etcd_client::Client, ClusterError> {
-    let mut options = etcd_client::ConnectOptions::new()
+    let mut options = etcd
+        .options()?
         .with_connect_timeout(std::time::Duration::from_secs(2))
         .with_keep_alive(std::time::Duration::from_secs(2), std::time::Duration::from_secs(2));
     if let Some(timeout) = request_timeout {
         options = options.with_timeout(timeout);
     }
-    etcd_client::Client::connect(endpoints, Some(options)).await.map_err(ClusterError::Unreachable)
+    etcd_client::Client::connect(&etcd.endpoints, Some(options))
+        .await
+        .map_err(ClusterError::Unreachable)
 }

@@ -1887,7 +1887,7 @@ mod tests {
             placement: Placement::RoundRobin,
             id: GatewayId(1),
             cluster: "test".into(),
-            etcd: Vec::new(),
+            etcd: Default::default(),
             io: IoBackend::Epoll,
             workers: 1,
             max_frame: 4096,
@@ -1901,6 +1901,7 @@ mod tests {
             advertise: None,
             jwks: None,
             accounts: None,
+            tls: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {

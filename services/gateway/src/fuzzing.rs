@@ -175,7 +175,7 @@ impl Harness {
             placement: Placement::RoundRobin,
             id: GatewayId(config.gateway),
             cluster: "fuzz".into(),
-            etcd: Vec::new(),
+            etcd: Default::default(),
             io: IoBackend::Epoll,
             workers: 1,
             max_frame: config.max_frame,
@@ -189,6 +189,7 @@ impl Harness {
             advertise: None,
             jwks: None,
             accounts: None,
+            tls: None,
         };
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {

@@ -87,7 +87,7 @@ pub struct GatewayConfig {
     pub placement: Placement,
     pub id: GatewayId,
     pub cluster: String,
-    pub etcd: Vec<String>,
+    pub etcd: meridian_cluster::Etcd,
     pub io: IoBackend,
     pub workers: usize,
     /// Largest frame body accepted from or sent to a client.
@@ -113,6 +113,8 @@ pub struct GatewayConfig {
     /// The player store (`--store`): each account keeps its player id and saved cell.
     /// Without it every login is a new player.
     pub accounts: Option<accounts::Accounts>,
+    /// Mutual TLS on the streams to the shards (see `meridian_tls`); plain gRPC without.
+    pub tls: Option<Arc<meridian_tls::NodeTls>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,6 +179,9 @@ pub async fn run(
     let registry = Registry::default();
     let io = select_backend(config.io);
     let metrics = Arc::new(GatewayMetrics::new(&registry, config.id, io));
+    if let Some(tls) = &config.tls {
+        tls.register_metrics(&registry, &[("node", &format!("gateway-{}", config.id.0))]);
+    }
     // Every event loop takes id blocks: the TCP workers and the QUIC front.
     let loops = config.workers.max(1) + usize::from(quic.is_some()) + usize::from(ws.is_some());
     let ids = ids::IdPool::start(client.clone(), &keys, loops).await?;
@@ -237,6 +242,7 @@ pub async fn run(
         routing,
         Arc::clone(&mailboxes),
         Arc::clone(&metrics),
+        config.tls.clone(),
     ));
 
     let record = GatewayRecord {

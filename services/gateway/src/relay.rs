@@ -36,6 +36,7 @@ pub async fn maintain_links(
     routing: Routing,
     mailboxes: Arc<Vec<Mailbox>>,
     metrics: Arc<GatewayMetrics>,
+    tls: Option<Arc<meridian_tls::NodeTls>>,
 ) {
     let mut tasks: HashMap<ShardId, LinkTask> = HashMap::new();
     let mut dead: std::collections::HashSet<ShardId> = Default::default();
@@ -97,6 +98,7 @@ pub async fn maintain_links(
                 receiver,
                 Arc::clone(&mailboxes),
                 Arc::clone(&metrics),
+                tls.clone(),
             ));
             tasks.insert(*id, LinkTask { link, addr: addr.clone(), task });
         }
@@ -128,10 +130,19 @@ async fn run_link(
     mut inputs: mpsc::Receiver<Vec<PlayerInput>>,
     mailboxes: Arc<Vec<Mailbox>>,
     metrics: Arc<GatewayMetrics>,
+    tls: Option<Arc<meridian_tls::NodeTls>>,
 ) {
     let mut backoff = Duration::from_millis(50);
+    // With mutual TLS, the shard's certificate must name it.
+    let name = format!("shard-{}", link.id.0);
     loop {
-        match relay_once(gateway, &addr, &link, &mut inputs, &mailboxes, &metrics).await {
+        let relayed = match meridian_tls::endpoint(&addr, tls.as_deref(), &name) {
+            Ok(endpoint) => {
+                relay_once(gateway, endpoint, &addr, &link, &mut inputs, &mailboxes, &metrics).await
+            }
+            Err(error) => Err(RelayError::Connect(error)),
+        };
+        match relayed {
             Ok(()) => info!(shard = %link.id, "relay stream ended"),
             Err(error) => warn!(shard = %link.id, %addr, %error, "relay stream failed"),
         }
@@ -165,13 +176,14 @@ enum RelayError {
 
 async fn relay_once(
     gateway: GatewayId,
+    endpoint: tonic::transport::Endpoint,
     addr: &str,
     link: &Arc<ShardLink>,
     inputs: &mut mpsc::Receiver<Vec<PlayerInput>>,
     mailboxes: &[Mailbox],
     metrics: &GatewayMetrics,
 ) -> Result<(), RelayError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+    let endpoint = endpoint
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(1))

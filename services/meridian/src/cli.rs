@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -31,7 +32,7 @@ pub enum Command {
     /// Run one gateway node.
     Gateway(Box<GatewayArgs>),
     /// Run one zone shard node.
-    Shard(ShardArgs),
+    Shard(Box<ShardArgs>),
     /// Print members, health and the partition map from etcd.
     Status(StatusArgs),
     /// Ask a shard to hand off all its players and exit (what SIGTERM does too).
@@ -42,6 +43,19 @@ pub enum Command {
     /// Print a login token for an account, signed with the public development key: accepted
     /// only by gateways in dev mode (`meridian up`), to try the token path locally.
     Token(TokenArgs),
+    /// Turn etcd's authentication on for Meridian, or bring it up to date: a root user, a
+    /// role that may read and write /meridian/ only, and --etcd-user with it (its password
+    /// in MERIDIAN_ETCD_PASSWORD). Idempotent; the chart runs it after each install.
+    EtcdAuth(EtcdAuthArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct EtcdAuthArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// The password of etcd's root user (made with it if there is none).
+    #[arg(long, env = "MERIDIAN_ETCD_ROOT_PASSWORD", hide_env_values = true)]
+    pub root_password: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -119,6 +133,8 @@ pub struct CommonArgs {
         default_value = "http://127.0.0.1:2379"
     )]
     pub etcd: Vec<String>,
+    #[command(flatten)]
+    pub etcd_access: EtcdAccess,
     /// Admin HTTP address (/healthz, /readyz, /metrics).
     #[arg(long, env = "MERIDIAN_ADMIN", default_value = "127.0.0.1:0")]
     pub admin: SocketAddr,
@@ -150,6 +166,108 @@ pub struct CommonArgs {
     /// Write {"id","pid",addresses} to this file once listening (for scripts and tests).
     #[arg(long, env = "MERIDIAN_READY_FILE")]
     pub ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS and authentication for an etcd that asks for them (a managed etcd, the chart's).
+#[derive(Args, Debug, Clone, Default)]
+pub struct EtcdAccess {
+    /// The CA that issued etcd's server certificate (PEM): the --etcd endpoints are then
+    /// `https://`. Read at each connection, so a renewed file is used from the next one.
+    #[arg(long, global = true, env = "MERIDIAN_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM), for an etcd started with --client-cert-auth.
+    #[arg(long, global = true, env = "MERIDIAN_ETCD_CERT", requires_all = ["etcd_ca", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, global = true, env = "MERIDIAN_ETCD_KEY", requires_all = ["etcd_ca", "etcd_cert"])]
+    pub etcd_key: Option<PathBuf>,
+    /// An etcd user (etcd's authentication enabled); its password in
+    /// MERIDIAN_ETCD_PASSWORD (or --etcd-password, which `ps` shows).
+    #[arg(long, global = true, env = "MERIDIAN_ETCD_USER", requires = "etcd_password")]
+    pub etcd_user: Option<String>,
+    #[arg(
+        long,
+        global = true,
+        env = "MERIDIAN_ETCD_PASSWORD",
+        hide_env_values = true,
+        requires = "etcd_user"
+    )]
+    pub etcd_password: Option<String>,
+}
+
+impl EtcdAccess {
+    /// How to reach etcd at `endpoints` with these settings.
+    pub fn etcd(&self, endpoints: &[String]) -> meridian_cluster::Etcd {
+        let tls = self.etcd_ca.clone().map(|ca| meridian_cluster::EtcdTls {
+            ca,
+            identity: self.etcd_cert.clone().zip(self.etcd_key.clone()),
+        });
+        let user = self.etcd_user.clone().zip(self.etcd_password.clone());
+        meridian_cluster::Etcd { endpoints: endpoints.to_vec(), tls, user }
+    }
+
+    /// Endpoints and TLS agree: `https://` with a CA, `http://` without.
+    fn check(&self, endpoints: &[String], problems: &mut Vec<String>) {
+        let secure = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+        match (&self.etcd_ca, secure) {
+            (Some(_), n) if n < endpoints.len() => {
+                problems.push("--etcd-ca needs every --etcd endpoint to be https://".into())
+            }
+            (None, n) if n > 0 => problems.push("https:// etcd endpoints need --etcd-ca".into()),
+            _ => {}
+        }
+    }
+}
+
+/// Mutual TLS on the gRPC links between nodes (gateway to shard, shard to shard).
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// The cluster CA's certificate (PEM): the only issuer trusted for other nodes. With
+    /// --tls-cert and --tls-key, every gRPC link is mutual TLS; the three files are read
+    /// again when they change (certificate rotation drops no player).
+    #[arg(long, env = "MERIDIAN_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// This node's certificate (PEM, leaf first), issued by the cluster CA with a DNS
+    /// subject alternative name naming the node: `shard-<id>` or `gateway-<id>`.
+    #[arg(long, env = "MERIDIAN_TLS_CERT", requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, env = "MERIDIAN_TLS_KEY", requires_all = ["tls_ca", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
+    /// Run the gRPC links in the clear, without the --tls-* files: only on a network where
+    /// nothing untrusted can reach a shard's gRPC port. Implied by --dev.
+    #[arg(long, env = "MERIDIAN_INSECURE_GRPC")]
+    pub insecure_grpc: bool,
+}
+
+impl TlsArgs {
+    /// The node's TLS, or none where the clear is allowed; a problem otherwise.
+    pub fn load(
+        &self,
+        dev: bool,
+        problems: &mut Vec<String>,
+    ) -> Option<Arc<meridian_tls::NodeTls>> {
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (Some(ca), Some(cert), Some(key)) => {
+                let files =
+                    meridian_tls::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() };
+                meridian_tls::NodeTls::load(files)
+                    .map_err(|error| problems.push(format!("--tls-*: {error}")))
+                    .ok()
+            }
+            _ if dev || self.insecure_grpc => None,
+            _ => {
+                problems.push(
+                    "gRPC links need mutual TLS: --tls-ca, --tls-cert and --tls-key (or \
+                     --insecure-grpc on a network nothing untrusted can reach)"
+                        .into(),
+                );
+                None
+            }
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -473,6 +591,10 @@ pub struct UpArgs {
     /// shard --help`); without one they are open, as dev mode has them.
     #[arg(long, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Run the gRPC links in the clear instead of over mutual TLS (to measure what TLS
+    /// costs; the benchmark suite does).
+    #[arg(long)]
+    pub insecure_grpc: bool,
     /// Write the cluster's addresses and pids as JSON here once everything is ready.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
@@ -515,6 +637,8 @@ pub struct ClusterArgs {
         default_value = "http://127.0.0.1:2379"
     )]
     pub etcd: Vec<String>,
+    #[command(flatten)]
+    pub etcd_access: EtcdAccess,
     /// The cluster's admin token, for the nodes' pages that name players (`/players`,
     /// `/density`).
     #[arg(long, global = true, env = "MERIDIAN_ADMIN_TOKEN", hide_env_values = true)]
@@ -559,6 +683,7 @@ fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
     if common.etcd.is_empty() || common.etcd.iter().any(|e| e.is_empty()) {
         problems.push("--etcd needs at least one endpoint".into());
     }
+    common.etcd_access.check(&common.etcd, problems);
     if common.lease_ttl == 0 || common.lease_ttl > 60 {
         problems.push(format!("--lease-ttl {} must be between 1 and 60 seconds", common.lease_ttl));
     }
@@ -656,6 +781,7 @@ impl ShardArgs {
             problems.push("--listen on an unspecified address needs --advertise".into());
         }
         let resume_keys = resume_keys(&self.common, &mut problems);
+        let tls = self.common.tls.load(self.common.dev, &mut problems);
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
                 .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
@@ -669,7 +795,7 @@ impl ShardArgs {
             admin: admin_access(&self.common),
             id: ShardId(self.id),
             cluster: self.common.cluster.clone(),
-            etcd: self.common.etcd.clone(),
+            etcd: self.common.etcd_access.etcd(&self.common.etcd),
             world,
             dev_mode: self.common.dev,
             lease_ttl: Duration::from_secs(self.common.lease_ttl),
@@ -681,6 +807,7 @@ impl ShardArgs {
             store,
             save_interval: Duration::from_secs(self.save_interval),
             game: self.game.config(&mut problems),
+            tls,
         };
         finish(ShardNode { config, listen: self.listen, common: self.common }, problems)
     }
@@ -706,6 +833,7 @@ impl GatewayArgs {
             problems.push(format!("--max-output {} must be at least 4 frames", self.max_output));
         }
         let resume_keys = resume_keys(&self.common, &mut problems);
+        let tls = self.common.tls.load(self.common.dev, &mut problems);
         let limits = self.limits.limits(self.max_frame, self.max_output, &mut problems);
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
@@ -767,7 +895,7 @@ impl GatewayArgs {
             admin: admin_access(&self.common),
             id: GatewayId(self.id),
             cluster: self.common.cluster.clone(),
-            etcd: self.common.etcd.clone(),
+            etcd: self.common.etcd_access.etcd(&self.common.etcd),
             io: self.io.into(),
             workers,
             max_frame: self.max_frame,
@@ -778,6 +906,7 @@ impl GatewayArgs {
             advertise: self.advertise,
             jwks: self.jwks,
             accounts: None,
+            tls,
         };
         let node = GatewayNode {
             config,
@@ -835,8 +964,10 @@ mod tests {
 
     #[test]
     fn a_rotation_takes_the_previous_keys_and_names_a_bad_one() {
-        let node = shard(&["--resume-key", KEY, "--resume-key-previous", &format!("{OLD}, ")])
-            .expect("valid");
+        let previous = format!("{OLD}, ");
+        let node =
+            shard(&["--insecure-grpc", "--resume-key", KEY, "--resume-key-previous", &previous])
+                .expect("valid");
         let old = TokenKeys::from(TokenKey::new(vec![0xb2; 16]).expect("a key"));
         let keys = node.config.resume_keys;
         assert_eq!(keys.verify(&old.mint(5, 6)).map(|t| t.nonce), Ok(6), "the previous key");
@@ -850,5 +981,32 @@ mod tests {
         assert!(said.contains("--resume-key-previous must be at least 32 hex digits"), "{said}");
         let said = refused(&["--resume-key", "a1"]);
         assert!(said.contains("--resume-key must be at least 32"), "{said}");
+    }
+
+    /// Outside dev mode a node needs its TLS files for the gRPC links, or says it runs them
+    /// in the clear; files that do not load are named; https etcd needs its CA.
+    #[test]
+    fn grpc_links_need_tls_or_an_explicit_opt_out() {
+        let refused = |args: &[&str]| match shard(args) {
+            Ok(_) => panic!("{args:?} taken"),
+            Err(error) => format!("{error:#}"),
+        };
+        let said = refused(&["--resume-key", KEY]);
+        assert!(said.contains("gRPC links need mutual TLS: --tls-ca"), "{said}");
+        assert!(shard(&["--resume-key", KEY, "--insecure-grpc"]).is_ok(), "an explicit opt-out");
+        assert!(shard(&["--dev"]).is_ok(), "dev mode");
+        let missing =
+            ["--tls-ca", "/nonexistent/ca.pem", "--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let mut args = vec!["--resume-key", KEY];
+        args.extend(missing);
+        let said = refused(&args);
+        assert!(said.contains("cannot read /nonexistent/ca.pem"), "{said}");
+        let said = refused(&["--resume-key", KEY, "--tls-ca", "ca.pem"]);
+        assert!(said.contains("--tls-cert"), "the three go together: {said}");
+        let https = ["--dev", "--etcd", "https://etcd:2379"];
+        assert!(refused(&https).contains("https:// etcd endpoints need --etcd-ca"));
+        let plain_with_ca = ["--dev", "--etcd-ca", "ca.pem"];
+        assert!(refused(&plain_with_ca)
+            .contains("--etcd-ca needs every --etcd endpoint to be https://"));
     }
 }

@@ -12,9 +12,12 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let keys = ClusterKeys::new(&args.cluster.cluster);
         let shard = ShardId(args.shard.or(args.id).context("which shard? give its id")?);
-        let mut client = meridian_cluster::connect(&args.cluster.etcd)
-            .await
-            .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
+        let mut client =
+            meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
+                .await
+                .with_context(|| {
+                    format!("connecting to etcd at {}", args.cluster.etcd.join(","))
+                })?;
         let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
         if !watch.current().shards.contains_key(&shard) {
             bail!("{shard} is not registered in cluster {:?}", args.cluster.cluster);

@@ -9,6 +9,7 @@
 
 mod cli;
 mod drain;
+mod etcd_auth;
 mod node;
 mod player;
 mod status;
@@ -91,12 +92,13 @@ pub fn run_with(games: Games) -> std::process::ExitCode {
         tracing::warn!(%error, "cannot raise the open-files limit");
     }
     let result = match cli.command {
-        cli::Command::Shard(args) => args.validate().and_then(node::run_shard),
+        cli::Command::Shard(args) => (*args).validate().and_then(node::run_shard),
         cli::Command::Gateway(args) => args.validate().and_then(node::run_gateway),
         cli::Command::Up(args) => args.validate().and_then(up::run),
         cli::Command::Status(args) => status::run(args),
         cli::Command::Drain(args) => drain::run(args),
         cli::Command::Player(args) => player::run(args),
+        cli::Command::EtcdAuth(args) => etcd_auth::run(args),
         cli::Command::Token(args) => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

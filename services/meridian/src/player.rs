@@ -56,7 +56,7 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
         let id = player.player_id;
         let keys = ClusterKeys::new(&args.cluster.cluster);
         let token = args.cluster.admin_token.as_deref();
-        let mut client = meridian_cluster::connect(&args.cluster.etcd)
+        let mut client = meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
             .await
             .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
         let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;

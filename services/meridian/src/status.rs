@@ -15,7 +15,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (view, health) = runtime.block_on(async {
-        let client = meridian_cluster::connect(&args.cluster.etcd)
+        let client = meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
             .await
             .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
         let watch = ClusterWatch::start(client, ClusterKeys::new(&args.cluster.cluster)).await?;
@@ -89,7 +89,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
 fn serve_map(args: &StatusArgs, addr: std::net::SocketAddr) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let client = meridian_cluster::connect(&args.cluster.etcd)
+        let client = meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
             .await
             .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
         let keys = ClusterKeys::new(&args.cluster.cluster);

@@ -1,7 +1,8 @@
 //! `meridian up`: a whole cluster on this machine, every node its own child process.
 //!
 //! Starts etcd (in the data directory: `--data-dir`, or a temporary one), the shards, then
-//! the gateways, all with the player store (an SQLite file in the data directory unless
+//! the gateways, with mutual TLS on every gRPC link (a development CA in `<data>/tls`
+//! issues each node's certificate), all with the player store (an SQLite file in the data directory unless
 //! `--store` says otherwise), waits until every node
 //! answers `/readyz`, prints the addresses (and writes them as JSON with `--ready-file`),
 //! and on SIGINT/SIGTERM stops gateways, shards and etcd in that order. Children get
@@ -152,6 +153,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let previous = args.resume_key_previous.clone().unwrap_or_default();
     let admin_token = args.admin_token.clone().unwrap_or_default();
+    // The secure path is the one every local cluster and test takes: a development CA
+    // issues each node a certificate naming it, and every gRPC link is mutual TLS.
+    let tls_dir = data_dir.join("tls");
+    let ca = meridian_tls::DevCa::open_or_create(&tls_dir)
+        .with_context(|| format!("making a development CA in {}", tls_dir.display()))?;
+    let tls = |command: &mut Command, name: &str| -> anyhow::Result<()> {
+        if args.insecure_grpc {
+            command.arg("--insecure-grpc");
+            return Ok(());
+        }
+        let files = ca.issue(name).with_context(|| format!("issuing {name}'s certificate"))?;
+        command.arg("--tls-ca").arg(&files.ca).arg("--tls-cert").arg(&files.cert);
+        command.arg("--tls-key").arg(&files.key);
+        Ok(())
+    };
     let common = |command: &mut Command, ready: &Path| {
         command
             .env("MERIDIAN_RESUME_KEY", &resume_key)
@@ -177,6 +193,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             command.args(["--save-interval", &args.save_interval.to_string()]);
         }
         common(&mut command, &ready);
+        tls(&mut command, &format!("shard-{id}"))?;
         nodes.list.push(spawn(&mut command, &format!("shard-{id}"), ready)?);
     }
     let io = match args.io {
@@ -208,6 +225,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             command.args(["--store", store]);
         }
         common(&mut command, &ready);
+        tls(&mut command, &format!("gateway-{id}"))?;
         nodes.list.push(spawn(&mut command, &format!("gateway-{id}"), ready)?);
     }
 
@@ -215,10 +233,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     summary["etcd_pid"] = json!(nodes.list[0].child.id());
     summary["data_dir"] = json!(data_dir);
     summary["store"] = json!(store);
+    // Where the development CA is: more nodes joining this cluster get their certificate
+    // from it (`meridian_tls::DevCa`).
+    summary["tls_dir"] = json!(tls_dir);
     summary["etcd_command"] =
         json!([args.etcd_bin.clone()].into_iter().chain(etcd_args).collect::<Vec<_>>());
     println!("meridian up: cluster {:?} is ready", args.cluster);
     println!("  etcd      {etcd_url}");
+    if args.insecure_grpc {
+        println!("  tls       none: gRPC links in the clear (--insecure-grpc)");
+    } else {
+        println!(
+            "  tls       mutual TLS on every gRPC link (development CA in {})",
+            tls_dir.display()
+        );
+    }
     match &store {
         Some(store) => println!("  store     {store}"),
         None => println!("  store     none: players are not saved"),
@@ -299,7 +328,7 @@ async fn wait_for_etcd(url: &str, nodes: &mut Nodes) -> anyhow::Result<()> {
         check_alive(nodes)?;
         if let Ok(Ok(mut client)) = tokio::time::timeout(
             Duration::from_secs(1),
-            meridian_cluster::connect(&[url.to_string()]),
+            meridian_cluster::connect(&meridian_cluster::Etcd::plain(vec![url.to_string()])),
         )
         .await
         {

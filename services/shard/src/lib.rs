@@ -55,7 +55,7 @@ pub use types::{CoreConfig, Event, LinkId, SaveRecord, Transmit};
 pub struct ShardConfig {
     pub id: ShardId,
     pub cluster: String,
-    pub etcd: Vec<String>,
+    pub etcd: meridian_cluster::Etcd,
     pub world: WorldConfig,
     /// Dev mode (the gateways honour `Login.spawn`; the shard places a player wherever its
     /// gateway's Join says).
@@ -75,6 +75,9 @@ pub struct ShardConfig {
     pub admin: meridian_observe::Private,
     /// The gRPC address others dial, if not the listener's own (e.g. behind 0.0.0.0).
     pub advertise: Option<String>,
+    /// Mutual TLS on the gRPC port and on the streams to peers (see `meridian_tls`); plain
+    /// gRPC without.
+    pub tls: Option<Arc<meridian_tls::NodeTls>>,
     /// The player store its players are saved in (`--store`), and how often players that
     /// moved are saved (`--save-interval`).
     pub store: Option<meridian_store::Address>,
@@ -207,6 +210,10 @@ pub async fn run(
 
     let registry = Registry::default();
     let metrics = Arc::new(ShardMetrics::new(&registry, config.id));
+    if let Some(tls) = &config.tls {
+        let shard = config.id.0.to_string();
+        tls.register_metrics(&registry, &[("node", &format!("shard-{shard}"))]);
+    }
     let view = watch.view();
     let peer_senders: peer::PeerSenders = Arc::new(EpochCell::new(Default::default()));
     tokio::spawn(peer::maintain_peers(
@@ -214,6 +221,7 @@ pub async fn run(
         watch.changes(),
         Arc::clone(&peer_senders),
         Arc::clone(&metrics),
+        config.tls.clone(),
     ));
     let saves = saver::Saves::new(Arc::clone(&metrics));
     if let Some(address) = &config.store {
@@ -289,21 +297,29 @@ pub async fn run(
         watch.changes(),
         Arc::clone(&metrics),
         streams_stopping,
+        config.tls.clone(),
     );
     let server = meridian_rpc::pb::shard_server::ShardServer::new(service)
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(health_service)
-            .add_service(server)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = server_stopped.await;
-            }),
-    );
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(server);
+    let stopped = async {
+        let _ = server_stopped.await;
+    };
+    let server = match &config.tls {
+        Some(tls) => {
+            let incoming = meridian_tls::incoming(grpc, Arc::clone(tls));
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        None => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+    };
 
     let mut changes = watch.changes();
     let me = config.id;

@@ -40,6 +40,7 @@ pub async fn maintain_peers(
     mut changes: watch::Receiver<ClusterView>,
     senders: PeerSenders,
     metrics: Arc<ShardMetrics>,
+    tls: Option<Arc<meridian_tls::NodeTls>>,
 ) {
     let mut tasks: HashMap<ShardId, (String, tokio::task::JoinHandle<()>)> = HashMap::new();
     let mut current: HashMap<ShardId, PeerHandle> = HashMap::new();
@@ -73,6 +74,7 @@ pub async fn maintain_peers(
                 epoch_view,
                 Arc::clone(&metrics),
                 Arc::clone(&up),
+                tls.clone(),
             ));
             tasks.insert(*id, (addr.clone(), task));
             current.insert(*id, PeerHandle { sender, up });
@@ -94,12 +96,21 @@ async fn run_peer(
     mut view: watch::Receiver<ClusterView>,
     metrics: Arc<ShardMetrics>,
     up_flag: Arc<std::sync::atomic::AtomicBool>,
+    tls: Option<Arc<meridian_tls::NodeTls>>,
 ) {
+    // With mutual TLS, the peer's certificate must name it.
+    let name = format!("shard-{}", peer.0);
     let incarnation = rand::random::<u64>();
     let mut sender = PeerSender { me, unconfirmed: VecDeque::new(), next_seq: 1, incarnation };
     let mut backoff = Duration::from_millis(50);
     loop {
-        let result = sender.stream_once(&addr, &mut queue, &view, &metrics, &up_flag).await;
+        let endpoint = meridian_tls::endpoint(&addr, tls.as_deref(), &name);
+        let result = match endpoint {
+            Ok(endpoint) => {
+                sender.stream_once(endpoint, &addr, &mut queue, &view, &metrics, &up_flag).await
+            }
+            Err(error) => Err(PeerError::Connect(error)),
+        };
         up_flag.store(false, std::sync::atomic::Ordering::Release);
         match result {
             Ok(()) => return,
@@ -199,13 +210,14 @@ impl PeerSender {
 
     async fn stream_once(
         &mut self,
+        endpoint: tonic::transport::Endpoint,
         addr: &str,
         queue: &mut mpsc::Receiver<Vec<PeerMessage>>,
         view: &watch::Receiver<ClusterView>,
         metrics: &ShardMetrics,
         up: &std::sync::atomic::AtomicBool,
     ) -> Result<(), PeerError> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(1))

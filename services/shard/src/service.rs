@@ -27,6 +27,25 @@ pub struct ShardService {
     /// Becomes true when the shard stops serving: every stream's task then ends, so the
     /// server's graceful shutdown does not wait for peers and gateways to hang up first.
     stopping: watch::Receiver<bool>,
+    /// With mutual TLS: a `Relay` is taken only from the gateway its certificate names, a
+    /// `Peer` only from the shard its certificate names.
+    tls: Option<Arc<meridian_tls::NodeTls>>,
+}
+
+/// With mutual TLS, whether the client certificate of `request` names `name`; the stream
+/// is refused `PERMISSION_DENIED` otherwise (and counted). Without TLS, anyone is.
+fn check_identity(
+    tls: Option<&meridian_tls::NodeTls>,
+    certs: Option<&[tonic::transport::CertificateDer<'static>]>,
+    name: &str,
+) -> Result<(), Status> {
+    let Some(tls) = tls else { return Ok(()) };
+    if meridian_tls::presented_as(certs, name) {
+        return Ok(());
+    }
+    tls.refused();
+    warn!(claimed = name, "stream refused: the client's certificate does not name it");
+    Err(Status::permission_denied(format!("this connection's certificate does not name {name}")))
 }
 
 /// The next message of an inbound stream, or `None` once it ended, failed, or the shard
@@ -51,6 +70,7 @@ impl ShardService {
         changes: watch::Receiver<ClusterView>,
         metrics: Arc<ShardMetrics>,
         stopping: watch::Receiver<bool>,
+        tls: Option<Arc<meridian_tls::NodeTls>>,
     ) -> Self {
         ShardService {
             commands,
@@ -60,6 +80,7 @@ impl ShardService {
             metrics,
             peer_applied: Default::default(),
             stopping,
+            tls,
         }
     }
 }
@@ -72,7 +93,7 @@ impl Shard for ShardService {
         &self,
         request: Request<Streaming<GatewayBatch>>,
     ) -> Result<Response<Self::RelayStream>, Status> {
-        let link = LinkId(self.next_link.fetch_add(1, Ordering::Relaxed));
+        let certs = request.peer_certs();
         let mut inbound = request.into_inner();
         // The first message says which gateway this is (handoffs name the gateway).
         let hello = inbound
@@ -80,6 +101,9 @@ impl Shard for ShardService {
             .await?
             .ok_or_else(|| Status::invalid_argument("relay stream ended before its hello"))?;
         let gateway = hello.gateway_id;
+        let name = format!("gateway-{gateway}");
+        check_identity(self.tls.as_deref(), certs.as_deref().map(Vec::as_slice), &name)?;
+        let link = LinkId(self.next_link.fetch_add(1, Ordering::Relaxed));
         let (out, out_rx) = mpsc::channel(LINK_QUEUE);
         self.commands
             .send(Command::Open { link, gateway, out })
@@ -124,6 +148,9 @@ impl Shard for ShardService {
         &self,
         request: Request<Streaming<PeerBatch>>,
     ) -> Result<Response<Self::PeerStream>, Status> {
+        let certs = request.peer_certs();
+        let tls = self.tls.clone();
+        let mut sender: Option<u32> = None;
         let mut inbound = request.into_inner();
         let (acks, acks_rx) = mpsc::channel(64);
         let commands = self.commands.clone();
@@ -138,6 +165,24 @@ impl Shard for ShardService {
                     Some(Ok(batch)) => batch,
                     None | Some(Err(_)) => return,
                 };
+                // The stream's sender is the shard its certificate names, and every batch
+                // on it says so.
+                let claimed = match sender {
+                    Some(first) if first == batch.from_shard => Ok(()),
+                    Some(first) => Err(Status::permission_denied(format!(
+                        "a batch from shard {} on shard {first}'s stream",
+                        batch.from_shard
+                    ))),
+                    None => {
+                        let name = format!("shard-{}", batch.from_shard);
+                        check_identity(tls.as_deref(), certs.as_deref().map(Vec::as_slice), &name)
+                    }
+                };
+                if let Err(status) = claimed {
+                    let _ = acks.send(Err(status)).await;
+                    return;
+                }
+                sender = Some(batch.from_shard);
                 let mine = view.read(|v| v.partition.as_ref().map(|p| p.epoch).unwrap_or(0));
                 if batch.epoch < mine {
                     metrics.stale_epoch_refused.inc();
@@ -247,7 +292,7 @@ mod tests {
         let view = Arc::new(EpochCell::new(ClusterView::default()));
         let metrics = Arc::new(crate::ShardMetrics::new(&Default::default(), ShardId(1)));
         let (_stop, stopping) = watch::channel(false);
-        let service = ShardService::new(commands, view, changes, metrics, stopping);
+        let service = ShardService::new(commands, view, changes, metrics, stopping, None);
         let server = ShardServer::new(service)
             .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
@@ -319,7 +364,7 @@ mod tests {
         let view = Arc::new(EpochCell::new(ClusterView::default()));
         let metrics = Arc::new(crate::ShardMetrics::new(&Default::default(), ShardId(1)));
         let (stop, stopping) = watch::channel(false);
-        let service = ShardService::new(commands, view, changes, metrics, stopping);
+        let service = ShardService::new(commands, view, changes, metrics, stopping, None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("a bound address");
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);

@@ -184,6 +184,10 @@ struct ReadyFile {
     etcd_pid: Option<i32>,
     #[serde(default)]
     etcd_command: Option<Vec<String>>,
+    /// The development CA's directory: nodes a test starts on the cluster take their
+    /// certificate from it.
+    #[serde(default)]
+    tls_dir: Option<PathBuf>,
 }
 
 /// A running `meridian up`.
@@ -253,6 +257,7 @@ impl Cluster {
             gateways: Vec::new(),
             etcd_pid: None,
             etcd_command: None,
+            tls_dir: None,
         };
         let mut cluster = Cluster {
             bin: bin.to_path_buf(),
@@ -405,6 +410,27 @@ impl Cluster {
     /// up` did: same data dir, same ports.
     pub fn etcd_command(&self) -> Option<&[String]> {
         self.ready.etcd_command.as_deref()
+    }
+
+    /// Flags giving a node named `name` (`shard-5`) a certificate from the cluster's
+    /// development CA, as `meridian up` gives its own nodes.
+    pub fn tls_args(&self, name: &str) -> anyhow::Result<Vec<std::ffi::OsString>> {
+        let files = self.tls_files(name)?;
+        Ok(vec![
+            "--tls-ca".into(),
+            files.ca.into(),
+            "--tls-cert".into(),
+            files.cert.into(),
+            "--tls-key".into(),
+            files.key.into(),
+        ])
+    }
+
+    /// A certificate naming `name` (`gateway-9`) from the cluster's development CA, made
+    /// now (again, if there was one: a renewal, as cert-manager does it in place).
+    pub fn tls_files(&self, name: &str) -> anyhow::Result<meridian_tls::TlsFiles> {
+        let dir = self.ready.tls_dir.as_deref().context("the cluster has no development CA")?;
+        Ok(meridian_tls::DevCa::open_or_create(dir)?.issue(name)?)
     }
 
     /// The `meridian` binary this cluster runs.

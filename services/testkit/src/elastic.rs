@@ -86,6 +86,7 @@ impl ExtraShard {
             .args(["--etcd", cluster.etcd_url(), "--cluster", cluster.cluster_name(), "--dev"])
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(["--lease-ttl", &lease_ttl.as_secs().max(1).to_string()])
+            .args(cluster.tls_args(&format!("shard-{id}"))?)
             .arg("--ready-file")
             .arg(&ready_path)
             // In the environment rather than on the command line, as `meridian up` does,

@@ -8,8 +8,10 @@
 mod accounts;
 mod cluster_up;
 mod errors;
+mod etcd_secure;
 mod failover;
 mod game;
+mod mtls;
 mod resume_close;
 mod rotation;
 mod saved;
@@ -22,6 +24,13 @@ mod world;
 mod common;
 
 pub use common::*;
+
+#[test]
+fn a_shard_takes_streams_only_from_the_node_its_certificate_names() {
+    mtls::a_shard_takes_streams_only_from_the_node_its_certificate_names(
+        meridian_testkit::Io::Uring.into(),
+    );
+}
 
 #[test]
 fn resume_tokens_of_the_previous_key_work_during_a_rotation_only() {

@@ -22,11 +22,19 @@ fn upsert(player_id: u64, name: &str, x: u32, y: u32) -> PeerMessage {
     }
 }
 
-/// Sends one batch on a fresh `Peer` stream; the status code the shard answered with.
-fn send_batch(grpc: std::net::SocketAddr, batch: PeerBatch) -> anyhow::Result<tonic::Code> {
+/// Sends one batch on a fresh `Peer` stream, over mutual TLS as the shard the batch says it
+/// is from (`tls`: that shard's certificate); the status code the shard answered with.
+fn send_batch(
+    grpc: std::net::SocketAddr,
+    tls: &meridian_tls::TlsFiles,
+    target: &str,
+    batch: PeerBatch,
+) -> anyhow::Result<tonic::Code> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let tls = meridian_tls::NodeTls::load(tls.clone())?;
     runtime.block_on(async move {
-        let mut client = ShardClient::connect(format!("http://{grpc}")).await?;
+        let endpoint = meridian_tls::endpoint(&grpc.to_string(), Some(&tls), target)?;
+        let mut client = ShardClient::new(endpoint.connect().await?);
         // The shard acknowledges a batch it takes, or ends the stream with an error.
         let mut acks = match client.peer(tokio_stream_once(batch)).await {
             Ok(response) => response.into_inner(),
@@ -54,6 +62,8 @@ pub fn stale_epoch_is_refused(io: Front) {
         // Shard ids come from the ready file; pretend to be the other one.
         let target = cluster.shard(0);
         let pretend = cluster.shard(1).id;
+        let as_peer = cluster.tls_files(&format!("shard-{pretend}"))?;
+        let target_name = format!("shard-{}", target.id);
         let mut watcher = Bot::connect(cluster.client_addr(0))?;
         // Somewhere shard `target` owns, whatever the layout: its own region's corner.
         let regions = status["partition"]["regions"].as_array().context("regions")?;
@@ -74,7 +84,7 @@ pub fn stale_epoch_is_refused(io: Front) {
             epoch: epoch - 1,
             messages: vec![upsert(900_001, "stale", x + 1, y)],
         };
-        let code = send_batch(target.grpc, stale)?;
+        let code = send_batch(target.grpc, &as_peer, &target_name, stale)?;
         ensure!(code == tonic::Code::FailedPrecondition, "a stale-epoch batch got {code:?}");
         let seen = watcher.ping_barrier()?;
         ensure!(seen.is_empty(), "the refused batch was applied: {seen:?}");
@@ -86,7 +96,7 @@ pub fn stale_epoch_is_refused(io: Front) {
             epoch,
             messages: vec![upsert(900_002, "fresh", x + 1, y)],
         };
-        let code = send_batch(target.grpc, current)?;
+        let code = send_batch(target.grpc, &as_peer, &target_name, current)?;
         ensure!(code == tonic::Code::Ok, "a current-epoch batch got {code:?}");
         let entered = watcher.recv_until(meridian_testkit::deadline(meridian_testkit::DEFAULT_WAIT), "the ghost from the current-epoch batch", |m| {
             matches!(&m.kind, Some(meridian_testkit::pb::server_message::Kind::Entered(e)) if e.player_id == 900_002)

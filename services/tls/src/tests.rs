@@ -1,0 +1,153 @@
+//! Real handshakes over loopback: a listener from [`incoming`], clients made by hand.
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_stream::StreamExt;
+
+use super::*;
+
+fn client_config(ca: &Path, identity: Option<&TlsFiles>) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("ca") {
+        roots.add(cert.expect("a certificate")).expect("a CA");
+    }
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots);
+    let config = match identity {
+        Some(files) => {
+            let chain = CertificateDer::pem_file_iter(&files.cert)
+                .expect("cert")
+                .collect::<Result<Vec<_>, _>>()
+                .expect("certs");
+            let key = PrivateKeyDer::from_pem_file(&files.key).expect("key");
+            builder.with_client_auth_cert(chain, key).expect("a client certificate")
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Arc::new(config)
+}
+
+/// Connects to `addr` as a TLS client expecting the server to be `server`, writes a byte
+/// and reads one back; the server's certificate chain if that worked.
+async fn talk(
+    addr: std::net::SocketAddr,
+    config: Arc<ClientConfig>,
+    server: &str,
+) -> Option<Vec<CertificateDer<'static>>> {
+    let tcp = TcpStream::connect(addr).await.expect("connects");
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let name = ServerName::try_from(server.to_string()).expect("a name");
+    let mut stream = connector.connect(name, tcp).await.ok()?;
+    stream.write_all(b"?").await.ok()?;
+    let mut byte = [0u8; 1];
+    stream.read_exact(&mut byte).await.ok()?;
+    stream.get_ref().1.peer_certificates().map(|c| c.to_vec())
+}
+
+/// A shard's listener in a temporary directory: (its CA, the shard's TLS, its address,
+/// and the names each accepted connection's client certificate was checked against).
+struct Server {
+    ca: DevCa,
+    dir: PathBuf,
+    tls: Arc<NodeTls>,
+    addr: std::net::SocketAddr,
+    seen: tokio::sync::mpsc::Receiver<Option<Vec<CertificateDer<'static>>>>,
+}
+
+async fn server(name: &str) -> Server {
+    let dir = std::env::temp_dir().join(format!("meridian-tls-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = DevCa::open_or_create(&dir).expect("a CA");
+    let tls = NodeTls::load(ca.issue("shard-1").expect("issued")).expect("loads");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let addr = listener.local_addr().expect("an address");
+    let mut streams = incoming(listener, Arc::clone(&tls));
+    let (seen_tx, seen) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Some(Ok(mut stream)) = streams.next().await {
+            let certs = stream.get_ref().1.peer_certificates().map(|c| c.to_vec());
+            let mut byte = [0u8; 1];
+            if stream.read_exact(&mut byte).await.is_ok() {
+                let _ = stream.write_all(&byte).await;
+                let _ = stream.flush().await;
+            }
+            let _ = seen_tx.send(certs).await;
+            // Kept open until the test ends, like a gRPC connection.
+            tokio::spawn(async move {
+                let mut rest = Vec::new();
+                let _ = stream.read_to_end(&mut rest).await;
+            });
+        }
+    });
+    Server { ca, dir, tls, addr, seen }
+}
+
+#[tokio::test]
+async fn a_client_with_a_certificate_from_the_cluster_ca_gets_in_and_is_known_by_name() {
+    let mut s = server("named").await;
+    let gateway = s.ca.issue("gateway-3").expect("issued");
+    let config = client_config(&s.dir.join("ca.pem"), Some(&gateway));
+    assert!(talk(s.addr, config, "shard-1").await.is_some(), "handshake and a byte each way");
+    let certs = s.seen.recv().await.expect("the server saw it").expect("a client certificate");
+    assert!(presented_as(Some(&certs), "gateway-3"));
+    assert!(!presented_as(Some(&certs), "gateway-4"), "another gateway's name is not this one");
+    assert!(!presented_as(Some(&certs), "shard-3"));
+    assert!(!presented_as(None, "gateway-3"), "no certificate names nobody");
+}
+
+#[tokio::test]
+async fn a_client_without_a_certificate_or_from_another_ca_is_refused() {
+    let s = server("refused").await;
+    let anonymous = client_config(&s.dir.join("ca.pem"), None);
+    assert!(talk(s.addr, anonymous, "shard-1").await.is_none(), "no client certificate");
+    let other_dir = s.dir.join("other");
+    let other = DevCa::open_or_create(&other_dir).expect("another CA");
+    let stranger = other.issue("gateway-3").expect("issued by the other CA");
+    let config = client_config(&s.dir.join("ca.pem"), Some(&stranger));
+    assert!(talk(s.addr, config, "shard-1").await.is_none(), "a certificate from another CA");
+    // Refusals are counted once the server side has seen them fail.
+    for _ in 0..100 {
+        if s.tls.refused.load(Ordering::Relaxed) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(s.tls.refused.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn a_client_checks_the_server_is_the_shard_it_dialled() {
+    let s = server("dialled").await;
+    let gateway = s.ca.issue("gateway-1").expect("issued");
+    let config = client_config(&s.dir.join("ca.pem"), Some(&gateway));
+    assert!(
+        talk(s.addr, config, "shard-2").await.is_none(),
+        "shard-1's certificate is not shard-2's"
+    );
+}
+
+#[tokio::test]
+async fn renewed_files_are_used_by_new_connections() {
+    let mut s = server("renewed").await;
+    let gateway = s.ca.issue("gateway-1").expect("issued");
+    let config = client_config(&s.dir.join("ca.pem"), Some(&gateway));
+    let before = talk(s.addr, Arc::clone(&config), "shard-1").await.expect("connects");
+    s.seen.recv().await.expect("seen");
+    // cert-manager writes a new certificate and key in place.
+    s.ca.issue("shard-1").expect("renewed");
+    let after = talk(s.addr, Arc::clone(&config), "shard-1").await.expect("connects");
+    assert_ne!(before[0], after[0], "the new connection got the renewed certificate");
+    assert_eq!(s.tls.reloads.load(Ordering::Relaxed), 1);
+    // A file that does not load keeps the last good set.
+    std::fs::write(s.dir.join("shard-1-key.pem"), b"half written").expect("writes");
+    let kept = talk(s.addr, config, "shard-1").await.expect("still connects");
+    assert_eq!(kept[0], after[0]);
+    assert_eq!(s.tls.reload_failures.load(Ordering::Relaxed), 1);
+}
