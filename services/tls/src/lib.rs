@@ -320,24 +320,28 @@ impl DevCa {
     /// The CA in `dir` (`ca.pem`, `ca-key.pem`), made there if it is not.
     pub fn open_or_create(dir: &Path) -> Result<DevCa, TlsError> {
         let (cert, key) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
-        if !cert.exists() || !key.exists() {
-            std::fs::create_dir_all(dir)
-                .map_err(|source| TlsError::Read { path: dir.into(), source })?;
-            let signing = rcgen::KeyPair::generate()?;
+        // The CA's parameters are fixed: reopened, its key and these make the same issuer
+        // (name and key identifier) as the certificate on disk, without parsing it.
+        let params = || -> Result<rcgen::CertificateParams, TlsError> {
             let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
             params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
             params.distinguished_name.push(rcgen::DnType::CommonName, "Meridian development CA");
             params.key_usages =
                 vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-            let made = params.self_signed(&signing)?;
+            Ok(params)
+        };
+        if !cert.exists() || !key.exists() {
+            std::fs::create_dir_all(dir)
+                .map_err(|source| TlsError::Read { path: dir.into(), source })?;
+            let signing = rcgen::KeyPair::generate()?;
+            let made = params()?.self_signed(&signing)?;
             write_private(&key, signing.serialize_pem().as_bytes())?;
             std::fs::write(&cert, made.pem())
                 .map_err(|source| TlsError::Read { path: cert.clone(), source })?;
         }
         let key_pem = String::from_utf8_lossy(&read(&key)?).into_owned();
-        let cert_pem = String::from_utf8_lossy(&read(&cert)?).into_owned();
         let signing = rcgen::KeyPair::from_pem(&key_pem)?;
-        let issuer = rcgen::Issuer::from_ca_cert_pem(&cert_pem, signing)?;
+        let issuer = rcgen::Issuer::new(params()?, signing);
         Ok(DevCa { dir: dir.into(), issuer })
     }
 
