@@ -360,8 +360,34 @@ defined variables, and "( ${POD_NAME##*-} + 1 " is none.
 $(( ${POD_NAME##*-} + 1 ))
 {{- end }}
 
-{{/* Container security context of every container in the chart. */}}
-{{- define "meridian.containerSecurityContext" -}}
+{{/*
+A map with overrides laid over it, as YAML: (dict "defaults" <map> "overrides" <map>). Each
+key of the overrides replaces the default's, except that null removes the key (platforms
+that pick the user themselves, such as OpenShift's restricted SCC, need runAsUser,
+runAsGroup and fsGroup unset) and a map (seccompProfile, capabilities, seLinuxOptions) is
+laid over the default's map the same way, key by key. Used for every security context, so
+that an empty override renders the chart's defaults.
+*/}}
+{{- define "meridian.overlay" -}}
+{{- $result := deepCopy .defaults }}
+{{- range $key, $value := .overrides }}
+{{- if kindIs "invalid" $value }}
+{{- $_ := unset $result $key }}
+{{- else if kindIs "map" $value }}
+{{- $base := get $result $key }}
+{{- if not (kindIs "map" $base) }}
+{{- $base = dict }}
+{{- end }}
+{{- $_ := set $result $key (include "meridian.overlay" (dict "defaults" $base "overrides" $value) | fromYaml) }}
+{{- else }}
+{{- $_ := set $result $key $value }}
+{{- end }}
+{{- end }}
+{{- toYaml $result }}
+{{- end }}
+
+{{/* The chart's container security context, for every container it runs. */}}
+{{- define "meridian.containerSecurityContext.defaults" -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 runAsNonRoot: true
@@ -370,14 +396,41 @@ capabilities:
     - ALL
 {{- end }}
 
-{{/* Pod security context of the Meridian pods (the image's user, 10001). */}}
-{{- define "meridian.podSecurityContext" -}}
+{{/* A container's security context: the defaults with a component's overrides (a map). */}}
+{{- define "meridian.containerSecurityContext" -}}
+{{- include "meridian.overlay" (dict "defaults" (include "meridian.containerSecurityContext.defaults" . | fromYaml) "overrides" .) }}
+{{- end }}
+
+{{/* The pod security context of the pods that run the Meridian image (its user, 10001). */}}
+{{- define "meridian.podSecurityContext.defaults" -}}
 runAsNonRoot: true
 runAsUser: 10001
 runAsGroup: 10001
 fsGroup: 10001
 seccompProfile:
   type: RuntimeDefault
+{{- end }}
+
+{{/* Their pod security context: the defaults with a component's overrides (a map). */}}
+{{- define "meridian.podSecurityContext" -}}
+{{- include "meridian.overlay" (dict "defaults" (include "meridian.podSecurityContext.defaults" . | fromYaml) "overrides" .) }}
+{{- end }}
+
+{{/*
+The end of a container's env: RUST_LOG (the component's logLevel, a tracing filter such as
+`info` or `info,meridian_shard=debug`), then the user's extraEnv, last so that a name given
+there wins over the chart's (Kubernetes keeps the last of equal names, and env wins over
+envFrom, so it can also override one MERIDIAN_* variable of the ConfigMap for one
+component): (dict "logLevel" <string or ""> "extraEnv" <list>).
+*/}}
+{{- define "meridian.env.extra" -}}
+{{- if .logLevel }}
+- name: RUST_LOG
+  value: {{ .logLevel | quote }}
+{{- end }}
+{{- with .extraEnv }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Startup, readiness and liveness probes on the named admin port: (probes values). */}}
@@ -421,8 +474,11 @@ same client the node uses, so success means the node will get past its own etcd 
 wait-for-store (bundled PostgreSQL only): a TCP connect to its Service, which has an
 endpoint only once pg_isready answers (during initdb PostgreSQL listens on no TCP port), so
 the node's own store connect at start, which it does not retry, finds PostgreSQL up.
+(dict "ctx" $ "securityContext" <the component's containerSecurityContext overrides>).
 */}}
 {{- define "meridian.initContainers" -}}
+{{- $securityContext := .securityContext }}
+{{- with .ctx }}
 {{- $waitForStore := and .Values.waitForStore .Values.store.bundled.enabled }}
 {{- if or .Values.waitForEtcd $waitForStore -}}
 initContainers:
@@ -450,7 +506,7 @@ initContainers:
       {{- . | nindent 6 }}
     {{- end }}
     securityContext:
-      {{- include "meridian.containerSecurityContext" . | nindent 6 }}
+      {{- include "meridian.containerSecurityContext" $securityContext | nindent 6 }}
     resources:
       {{- include "meridian.initResources" . | nindent 6 }}
 {{- end }}
@@ -469,9 +525,10 @@ initContainers:
           sleep 2
         done
     securityContext:
-      {{- include "meridian.containerSecurityContext" . | nindent 6 }}
+      {{- include "meridian.containerSecurityContext" $securityContext | nindent 6 }}
     resources:
       {{- include "meridian.initResources" . | nindent 6 }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
