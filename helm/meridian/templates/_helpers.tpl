@@ -649,6 +649,19 @@ Included by the ConfigMap template, which every configuration renders.
 {{- if eq (int .Values.cluster.adminPort) (int .Values.shard.grpcPort) }}
 {{- $problems = append $problems "cluster.adminPort and shard.grpcPort must differ" }}
 {{- end }}
+{{- with .Values.metrics }}
+{{- if and .serviceMonitor.enabled .podMonitor.enabled }}
+{{- $problems = append $problems "metrics: enable serviceMonitor or podMonitor, not both (every target would be scraped twice)" }}
+{{- end }}
+{{- range $kind := list "serviceMonitor" "podMonitor" }}
+{{- $monitor := index $.Values.metrics $kind }}
+{{- if and $monitor.enabled $monitor.interval $monitor.scrapeTimeout }}
+{{- if gt (int64 (include "meridian.durationMs" $monitor.scrapeTimeout)) (int64 (include "meridian.durationMs" $monitor.interval)) }}
+{{- $problems = append $problems (printf "metrics.%s.scrapeTimeout %s must not exceed its interval %s" $kind $monitor.scrapeTimeout $monitor.interval) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if $problems }}
 {{- fail (printf "\n\nmeridian: invalid values:\n  - %s\n" (join "\n  - " $problems)) }}
 {{- end }}
@@ -780,4 +793,69 @@ client.pem / client-key.pem), or nothing for plain etcd.
     secretName: {{ . }}
     defaultMode: 0440
 {{- end }}
+{{- end }}
+
+{{/*
+Monitoring (metrics.* in values.yaml). The components a ServiceMonitor or PodMonitor scrapes,
+as a YAML flow list: gateways and shards on their admin port, the bundled etcd on its
+metrics port.
+*/}}
+{{- define "meridian.metrics.components" -}}
+{{- $components := list "gateway" "shard" }}
+{{- if .Values.etcd.bundled.enabled }}
+{{- $components = append $components "etcd" }}
+{{- end }}
+{{- toJson $components }}
+{{- end }}
+
+{{/*
+The scrape endpoints of a ServiceMonitor or a PodMonitor (the same fields in both):
+(dict "ctx" $ "monitor" <its values>). Each target's job becomes <prefix>-<component>
+whichever monitor found it, so the alerts and the dashboard need not know which one it was.
+*/}}
+{{- define "meridian.metrics.endpoints" -}}
+{{- $ports := list "admin" }}
+{{- if .ctx.Values.etcd.bundled.enabled }}
+{{- $ports = append $ports "metrics" }}
+{{- end }}
+{{- range $ports }}
+- port: {{ . }}
+  path: /metrics
+  {{- with $.monitor.interval }}
+  interval: {{ . }}
+  {{- end }}
+  {{- with $.monitor.scrapeTimeout }}
+  scrapeTimeout: {{ . }}
+  {{- end }}
+  relabelings:
+    - sourceLabels:
+        - __meta_kubernetes_pod_label_app_kubernetes_io_component
+      targetLabel: job
+      replacement: {{ printf "%s-${1}" (include "meridian.fullname" $.ctx) | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The selector of the pods (PodMonitor) or Services (ServiceMonitor) to scrape. */}}
+{{- define "meridian.metrics.selector" -}}
+namespaceSelector:
+  matchNames:
+    - {{ .Release.Namespace }}
+selector:
+  matchLabels:
+    {{- include "meridian.selectorLabels" (dict "ctx" .) | nindent 4 }}
+  matchExpressions:
+    - key: app.kubernetes.io/component
+      operator: In
+      values: {{ include "meridian.metrics.components" . }}
+{{- end }}
+
+{{/* A Prometheus duration (30s, 1m30s, 500ms) in milliseconds, for comparing two. */}}
+{{- define "meridian.durationMs" -}}
+{{- $ms := 0 }}
+{{- $unit := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 }}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 }}
+{{- $digits := regexFind "^[0-9]+" . }}
+{{- $ms = add $ms (mul (int64 $digits) (get $unit (trimPrefix $digits .))) }}
+{{- end }}
+{{- $ms }}
 {{- end }}
