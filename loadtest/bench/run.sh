@@ -2,7 +2,7 @@
 # Meridian's benchmark suite, one command:
 #
 #   loadtest/bench/run.sh [--quick] [--update-docs] [--out DIR] [--no-proxies] [--no-micro]
-#                         [--no-game | --only-game | --only-tls]
+#                         [--no-game | --only-game | --only-tls | --only-ws [--ws-baseline BIN]]
 #
 # Builds the release binaries, installs what the comparisons need if it is missing
 # (etcd, nginx with its stream module, HAProxy, strace), then runs loadtest/bench/suite.py:

@@ -66,6 +66,9 @@ WS_SECTION = "Transport: TCP vs WebSocket (same gateway, same workload)"
 # the busy machine over the four runs weighs on both transports alike.
 WS_RUNS = (("ws_tcp_1", "tcp", "tcp spread 1"), ("ws_ws_1", "ws", "ws spread 1"),
            ("ws_ws_2", "ws", "ws spread 2"), ("ws_tcp_2", "tcp", "tcp spread 2"))
+# With `--ws-baseline BIN`: WebSocket runs through another build's gateway (its own cluster,
+# same workload), between the two halves of WS_RUNS: a before/after of the front.
+WS_BASELINE_RUNS = (("ws_base_1", "base", "ws baseline 1"), ("ws_base_2", "base", "ws baseline 2"))
 TLS_SECTION = "Mutual TLS on the gRPC links: on vs off (same workload)"
 # Its runs, A B B A as above, each on a cluster of its own (1 shard, 1 io_uring gateway):
 # mutual TLS on every gRPC link (the default), or `meridian up --insecure-grpc`.
@@ -420,6 +423,15 @@ class Suite:
         if self.args.only_tls:
             self.tls(work)
             return
+        if self.args.only_ws:
+            log("cluster: 1 gateway (--io=uring) + 1 shard")
+            cluster = Cluster(work, "bench-ws", 1, "uring")
+            try:
+                watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
+                self.websocket(cluster, watch, work)
+            finally:
+                cluster.stop()
+            return
         spread = dict(bots=s["io_bots"], seconds=s["io_seconds"], interval=s["io_interval"])
         io_section = "Gateway I/O: io_uring vs epoll (same workloads)"
         relay_section = "Relay hop: bots -> proxy -> gateway vs bots -> gateway"
@@ -441,7 +453,7 @@ class Suite:
                         .insert(0, {"label": "uring spread",
                                     "summary": r["uring_direct"]["summary_file"]})
                 if io == "uring" and cluster.ws:
-                    self.websocket(cluster, watch)
+                    self.websocket(cluster, watch, work)
                 r[f"{io}_strace"] = self.loadtest(
                     f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
                     s["io_interval"], strace_pid=cluster.gateway_pid)
@@ -523,12 +535,24 @@ class Suite:
             finally:
                 cluster.stop()
 
-    def websocket(self, cluster, watch):
+    def websocket(self, cluster, watch, work):
         """TCP against the WebSocket front of the same gateway (issue 14): the same bots,
-        spread over the map, run A B B A (see WS_RUNS)."""
+        spread over the map, run A B B A (see WS_RUNS); with a baseline build, its
+        WebSocket runs in the middle."""
         s = self.s
         load = dict(bots=s["ws_bots"], seconds=s["ws_seconds"], interval=s["ws_interval"])
         for key, transport, label in WS_RUNS:
+            if key == "ws_ws_2" and self.args.ws_baseline:
+                log(f"cluster: the baseline build {self.args.ws_baseline}")
+                base = Cluster(work, "bench-ws-base", 1, "uring", binary=self.args.ws_baseline)
+                try:
+                    base_watch = [("gateway", [base.gateway_pid]), ("shards", base.shard_pids)]
+                    for base_key, _, base_label in WS_BASELINE_RUNS:
+                        self.results[base_key] = self.loadtest(
+                            base_label, base.ws, **load, watch=base_watch,
+                            extra=["--transport", "ws"], section=WS_SECTION)
+                finally:
+                    base.stop()
             if transport == "tcp":
                 self.results[key] = self.loadtest(label, cluster.game, **load, watch=watch,
                                                   section=WS_SECTION)
@@ -755,12 +779,13 @@ def mean(values):
 def websocket_table(r, s):
     """TCP vs WebSocket through one gateway: the mean of each transport's runs, their
     ratio, and every run apart (their spread shows what the busy machine did)."""
-    runs = {"tcp": [], "ws": []}
-    for key, transport, _ in WS_RUNS:
+    runs = {"tcp": [], "ws": [], "base": []}
+    for key, transport, _ in WS_RUNS + WS_BASELINE_RUNS:
         if r.get(key):
             runs[transport].append(r[key])
     if not (runs["tcp"] and runs["ws"]):
         return None
+    kinds = ["tcp", "ws"] + (["base"] if runs["base"] else [])
     measures = [
         ("delay p50 (ms)", lambda x: x["p50_ms"], 3),
         ("delay p99 (ms)", lambda x: x["p99_ms"], 3),
@@ -776,20 +801,25 @@ def websocket_table(r, s):
                      2))
     rows = []
     for label, value, digits in measures:
-        tcp = [value(x) for x in runs["tcp"]]
-        ws = [value(x) for x in runs["ws"]]
-        tcp_mean, ws_mean = mean(tcp), mean(ws)
-        rows.append([label, fmt(round_to(tcp_mean, digits), digits),
-                     fmt(round_to(ws_mean, digits), digits),
-                     f"{fmt(ratio(ws_mean, tcp_mean))}x" if ratio(ws_mean, tcp_mean) else "-",
-                     " / ".join(fmt(round_to(v, digits), digits) for v in tcp),
-                     " / ".join(fmt(round_to(v, digits), digits) for v in ws)])
+        values = {kind: [value(x) for x in runs[kind]] for kind in kinds}
+        means = {kind: mean(values[kind]) for kind in kinds}
+        row = [label]
+        for kind in kinds:
+            row.append(fmt(round_to(means[kind], digits), digits))
+            if kind != "tcp":
+                versus = ratio(means[kind], means["tcp"])
+                row.append(f"{fmt(versus)}x" if versus else "-")
+        row += [" / ".join(fmt(round_to(v, digits), digits) for v in values[kind])
+                for kind in kinds]
+        rows.append(row)
+    header = ["measure", "TCP (io_uring)", "WebSocket", "WS vs TCP"]
+    if "base" in kinds:
+        header += ["WS, baseline build", "baseline vs TCP"]
+    header += ["TCP runs", "WS runs"] + (["baseline runs"] if "base" in kinds else [])
     return {"title": f"Transport: TCP vs WebSocket through one io_uring gateway: "
                      f"{s['ws_bots']} bots spread over the map, a move per {s['ws_interval']}, "
                      f"{s['ws_seconds']} s per run, 1 shard",
-            "header": ["measure", "TCP (io_uring)", "WebSocket", "WS vs TCP", "TCP runs",
-                       "WS runs"],
-            "rows": rows}
+            "header": header, "rows": rows}
 
 
 def tls_table(r, s):
@@ -1137,11 +1167,17 @@ def main():
                         help="run the game section alone (with --quick about 2 minutes)")
     parser.add_argument("--only-tls", action="store_true",
                         help="run the TLS on/off comparison alone (with --quick about 1 minute)")
+    parser.add_argument("--only-ws", action="store_true",
+                        help="run the TCP vs WebSocket comparison alone (with --quick about "
+                             "1 minute)")
+    parser.add_argument("--ws-baseline", metavar="BIN",
+                        help="also run the WebSocket runs through this other build of "
+                             "`meridian` (a before/after of the WebSocket front)")
     parser.add_argument("--rerender", action="store_true",
                         help="run nothing: redraw the report, tables (and docs) from the "
                              "bench.json and manifest.json already in --out")
     args = parser.parse_args()
-    if (args.only_game or args.only_tls) and args.update_docs:
+    if (args.only_game or args.only_tls or args.only_ws) and args.update_docs:
         parser.error("--update-docs rewrites the whole generated block of BENCHMARKS.md: "
                      "run it with the whole suite, not --only-game or --only-tls")
     suite = Suite(args)

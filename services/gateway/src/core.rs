@@ -28,6 +28,7 @@ use crate::accounts::{Account, TokenError};
 use crate::limits::{Bucket, Refusal};
 use crate::routing::ShardLink;
 use crate::shared::{session_id, session_parts, AccountAnswer, Inbox, Mail, Shared};
+use crate::websocket::{self, WsState};
 use crate::Placement;
 
 /// How long a connection being closed after an error may keep its read side open, so the
@@ -51,6 +52,10 @@ pub const INBUF_LIMIT: usize = 256 * 1024;
 /// How long players whose shard link broke wait for a shard to restore them on before
 /// they are told (UNAVAILABLE) and closed, so that they resume.
 const RESTORE_WAIT: Duration = Duration::from_secs(20);
+/// WebSocket connections refused admission that a worker keeps until their upgrade is
+/// done, to tell them why (DESIGN 2b: a refused client is sent `UNAVAILABLE`). Past this,
+/// or for a refused TCP connection, the refusal is written at once and the socket closed.
+pub const REFUSED_UPGRADES_MAX: usize = 64;
 /// How long a player handed to a shard (or a life of one) this gateway's view does not
 /// have yet waits for the view to bring it. Past that, the shard is taken to have died
 /// with the handoff, and the player is restored on the owner of its last cell.
@@ -118,6 +123,12 @@ const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 pub struct Conn<T> {
     pub io: T,
     generation_slot: u32,
+    /// A WebSocket session (on the same event loop as TCP): its bytes are WebSocket frames,
+    /// turned into and from the length-delimited frames everything else handles.
+    ws: Option<Box<WsState>>,
+    /// Counted by the admission (a WebSocket connection refused admission is kept, not
+    /// admitted, until it can be told why).
+    admitted: bool,
     /// The client's address as admitted (given back to the admission on removal).
     peer: Option<IpAddr>,
     /// Since when the connection has been anonymous (accepted, or back from a resume that
@@ -239,6 +250,10 @@ pub struct Core<T> {
     ctx: Ctx,
     mail: Inbox,
     open: usize,
+    /// Refused WebSocket connections waiting to be told (at most [`REFUSED_UPGRADES_MAX`]).
+    refused_upgrades: usize,
+    /// The frames a WebSocket read brought, reused from read to read.
+    ws_frames: Vec<u8>,
 }
 
 impl<T> Conn<T> {
@@ -266,6 +281,8 @@ impl<T> Core<T> {
             },
             mail,
             open: 0,
+            refused_upgrades: 0,
+            ws_frames: Vec::new(),
         }
     }
 
@@ -293,6 +310,43 @@ impl<T> Core<T> {
             shared.metrics.error(ErrorCode::Unavailable);
             return Err((io, refusal));
         }
+        Ok(self.add(io, peer, now, None, true))
+    }
+
+    /// Admits a WebSocket connection from `peer` and adds it: it upgrades, then plays like
+    /// any other. A refused one is kept too (not counted by the admission), to be told why
+    /// once upgraded, unless [`REFUSED_UPGRADES_MAX`] already wait: then the connection
+    /// comes back, for the backend to close.
+    pub fn insert_ws(&mut self, io: T, peer: Option<IpAddr>, now: Instant) -> Result<u32, T> {
+        self.ctx.now = now;
+        let shared = Arc::clone(&self.ctx.shared);
+        let slot = match shared.admission.admit(peer, now) {
+            Ok(()) => self.add(io, peer, now, Some(Box::new(WsState::new(None))), true),
+            Err(refusal) => {
+                shared.metrics.connections_refused.inc(refusal.reason());
+                shared.metrics.error(ErrorCode::Unavailable);
+                if self.refused_upgrades >= REFUSED_UPGRADES_MAX {
+                    shared.metrics.ws_handshake_failures.inc();
+                    return Err(io);
+                }
+                self.refused_upgrades += 1;
+                let told = Some(refusal.frame());
+                self.add(io, peer, now, Some(Box::new(WsState::new(told))), false)
+            }
+        };
+        shared.metrics.ws_connections.add(1);
+        Ok(slot)
+    }
+
+    fn add(
+        &mut self,
+        io: T,
+        peer: Option<IpAddr>,
+        now: Instant,
+        ws: Option<Box<WsState>>,
+        admitted: bool,
+    ) -> u32 {
+        let shared = &self.ctx.shared;
         let limits = shared.admission.limits();
         let slot = match self.free.pop() {
             Some(slot) => slot,
@@ -306,6 +360,8 @@ impl<T> Core<T> {
         self.slots[slot as usize] = Some(Conn {
             io,
             generation_slot: generation,
+            ws,
+            admitted,
             peer,
             opened_at: now,
             last_input_at: now,
@@ -340,9 +396,11 @@ impl<T> Core<T> {
             dirty: false,
         });
         self.open += 1;
-        self.ctx.shared.metrics.connections.add(1);
-        self.ctx.shared.metrics.accepted.inc();
-        Ok(slot)
+        if admitted {
+            self.ctx.shared.metrics.connections.add(1);
+            self.ctx.shared.metrics.accepted.inc();
+        }
+        slot
     }
 
     pub fn get_mut(&mut self, slot: u32) -> Option<&mut Conn<T>> {
@@ -356,8 +414,15 @@ impl<T> Core<T> {
         self.generations[slot as usize] = (conn.generation_slot + 1) & 0x00ff_ffff;
         self.free.push(slot);
         self.open -= 1;
-        self.ctx.shared.metrics.connections.add(-1);
-        self.ctx.shared.admission.release(conn.peer);
+        if conn.ws.is_some() {
+            self.ctx.shared.metrics.ws_connections.add(-1);
+        }
+        if conn.admitted {
+            self.ctx.shared.metrics.connections.add(-1);
+            self.ctx.shared.admission.release(conn.peer);
+        } else {
+            self.refused_upgrades -= 1;
+        }
         Some(conn)
     }
 
@@ -376,25 +441,49 @@ impl<T> Core<T> {
             return; // Lingering before close: input is discarded.
         }
         let session = session_id(self.ctx.worker, slot, conn.generation_slot);
-        if conn.inbuf.is_empty() && !conn.read_paused {
-            let used = self.ctx.handle_frames(conn, slot, session, data, now);
-            if conn.closing == Closing::No {
-                conn.inbuf.extend_from_slice(&data[used..]);
-            }
-        } else if conn.read_paused {
-            // Over budget: what was already on its way waits, up to a bound.
-            conn.inbuf.extend_from_slice(data);
-        } else {
-            let mut buf = std::mem::take(&mut conn.inbuf);
-            buf.extend_from_slice(data);
-            let used = self.ctx.handle_frames(conn, slot, session, &buf, now);
-            buf.drain(..used);
-            conn.inbuf = buf;
+        let Some(ws) = conn.ws.as_mut() else {
+            return self.ctx.on_frames(conn, slot, session, data, now);
+        };
+        let mut frames = std::mem::take(&mut self.ws_frames);
+        frames.clear();
+        let queued = conn.out.len();
+        let max_frame = self.ctx.shared.config.max_frame;
+        let read = ws.read(data, max_frame, &mut frames, &mut conn.out);
+        let metrics = &self.ctx.shared.metrics;
+        if read.upgraded {
+            metrics.ws_handshakes.inc();
         }
-        if conn.read_paused {
-            self.ctx.shared.metrics.reads_paused.inc();
+        if read.upgrade_failed {
+            metrics.ws_handshake_failures.inc();
         }
-        self.ctx.bound_input(conn, slot, session);
+        if read.control_frames > 0 {
+            // Pings and pongs spend the input budget like messages: the next message
+            // finds it spent (and reading pauses) if they went past it.
+            conn.frames.spend(read.control_frames);
+            conn.bytes.spend(read.control_bytes);
+        }
+        if !frames.is_empty() {
+            self.ctx.on_frames(conn, slot, session, &frames, now);
+        }
+        self.ws_frames = frames;
+        if read.ended {
+            self.ctx.close(conn, slot, session, Closing::AfterFlush);
+        } else if conn.out.len() != queued {
+            self.ctx.after_output(conn, slot, session);
+        }
+    }
+
+    /// The backend sent everything of a connection closing after a flush: a WebSocket
+    /// session gets its close frame now, behind everything else (true: there is that to
+    /// send before the socket's write side is shut).
+    pub fn end_of_output(&mut self, slot: u32) -> bool {
+        let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return false;
+        };
+        let Some(ws) = conn.ws.as_mut() else { return false };
+        let before = conn.out.len();
+        ws.close(&mut conn.out, websocket::CLOSE_NORMAL);
+        conn.out.len() != before
     }
 
     /// Connections whose reading was paused and whose budget has refilled handle what
@@ -901,6 +990,37 @@ fn message_at(frames: &[u8], tag: u8) -> Option<usize> {
 }
 
 impl Ctx {
+    /// Length-delimited frames read from a connection (from TCP as they came, or made of
+    /// WebSocket messages): handled now, or kept while the input budget is spent.
+    fn on_frames<T>(
+        &mut self,
+        conn: &mut Conn<T>,
+        slot: u32,
+        session: u64,
+        data: &[u8],
+        now: Instant,
+    ) {
+        if conn.inbuf.is_empty() && !conn.read_paused {
+            let used = self.handle_frames(conn, slot, session, data, now);
+            if conn.closing == Closing::No {
+                conn.inbuf.extend_from_slice(&data[used..]);
+            }
+        } else if conn.read_paused {
+            // Over budget: what was already on its way waits, up to a bound.
+            conn.inbuf.extend_from_slice(data);
+        } else {
+            let mut buf = std::mem::take(&mut conn.inbuf);
+            buf.extend_from_slice(data);
+            let used = self.handle_frames(conn, slot, session, &buf, now);
+            buf.drain(..used);
+            conn.inbuf = buf;
+        }
+        if conn.read_paused {
+            self.shared.metrics.reads_paused.inc();
+        }
+        self.bound_input(conn, slot, session);
+    }
+
     /// The player's shard let go of it with its stream (or died): it is restored on the
     /// owner of its last acknowledged cell once a link is up (`tick`), and until its
     /// ViewReset its moves are refused.
@@ -939,7 +1059,11 @@ impl Ctx {
             // player it does not have says nothing of the kind): the handoff is complete.
             conn.handed_from = None;
         }
-        conn.out.extend_from_slice(&delivery.frames);
+        match conn.ws.as_deref() {
+            None => conn.out.extend_from_slice(&delivery.frames),
+            Some(ws) if ws.writable() => websocket::write_frames(&mut conn.out, &delivery.frames),
+            Some(_) => {}
+        }
         if delivery.has_state {
             conn.state = std::mem::take(&mut delivery.state);
         }
@@ -1741,7 +1865,12 @@ impl Ctx {
         if conn.closing == Closing::Abort {
             return; // Cut off: nothing more is written to it.
         }
-        encode_frame(message, &mut conn.out);
+        match conn.ws.as_deref() {
+            None => encode_frame(message, &mut conn.out),
+            Some(ws) if ws.writable() => websocket::write_message(&mut conn.out, message),
+            // Not upgraded (the login deadline passed first, say) or closed: nothing is said.
+            Some(_) => {}
+        }
         let session = session_id(self.worker, slot, conn.generation_slot);
         self.after_output(conn, slot, session);
     }

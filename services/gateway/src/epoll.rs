@@ -19,6 +19,8 @@ use crate::sockets::{configure_client_socket, is_resource_exhaustion, refuse_raw
 
 const LISTENER: Token = Token(0);
 const WAKE: Token = Token(1);
+/// The WebSocket listener's token: past every connection's (a 24-bit generation).
+const WS_LISTENER: Token = Token(usize::MAX);
 const READ_CHUNK: usize = 64 * 1024;
 /// Bytes read from one connection per loop iteration: a client that sends without pause
 /// cannot keep its worker from serving everyone else.
@@ -58,9 +60,13 @@ fn untoken(token: Token) -> (u32, u32) {
 }
 
 fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
-    let WorkerStart { index, listener, shared, mail } = start;
+    let WorkerStart { index, listener, ws_listener, shared, mail } = start;
     let mut listener = TcpListener::from_std(listener);
     poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+    let mut ws_listener = ws_listener.map(TcpListener::from_std);
+    if let Some(ws_listener) = ws_listener.as_mut() {
+        poll.registry().register(ws_listener, WS_LISTENER, Interest::READABLE)?;
+    }
     let mut core: Core<EpollConn> = Core::new(index, Arc::clone(&shared), mail);
     let mut events = Events::with_capacity(1024);
     let mut buf = vec![0u8; READ_CHUNK];
@@ -89,9 +95,14 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
         for event in events.iter() {
             match event.token() {
                 LISTENER if !accept_backoff => {
-                    accept_backoff = accept_all(&mut poll, &listener, &mut core, now)
+                    accept_backoff = accept_all(&mut poll, &listener, false, &mut core, now)
                 }
-                LISTENER | WAKE => {}
+                WS_LISTENER if !accept_backoff => {
+                    if let Some(ws_listener) = &ws_listener {
+                        accept_backoff = accept_all(&mut poll, ws_listener, true, &mut core, now)
+                    }
+                }
+                LISTENER | WS_LISTENER | WAKE => {}
                 token => {
                     let (slot, generation) = untoken(token);
                     if core.generation(slot) != generation {
@@ -118,6 +129,9 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
             stopping_since = Some(Instant::now());
             let _ = poll.registry().deregister(&mut listener);
+            if let Some(ws_listener) = ws_listener.as_mut() {
+                let _ = poll.registry().deregister(ws_listener);
+            }
             core.shut_down_all();
         }
         if last_tick.elapsed() >= TICK {
@@ -127,7 +141,10 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
                 finish(&mut poll, &mut core, slot);
             }
             if accept_backoff && stopping_since.is_none() {
-                accept_backoff = accept_all(&mut poll, &listener, &mut core, last_tick);
+                accept_backoff = accept_all(&mut poll, &listener, false, &mut core, last_tick);
+                if let Some(ws_listener) = ws_listener.as_ref().filter(|_| !accept_backoff) {
+                    accept_backoff = accept_all(&mut poll, ws_listener, true, &mut core, last_tick);
+                }
             }
         }
         core.take_dirty(&mut dirty);
@@ -151,11 +168,12 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
     }
 }
 
-/// Accepts every waiting connection; returns true if accepting must pause (out of
-/// descriptors or memory) until the next tick.
+/// Accepts every waiting connection (WebSocket ones if `ws`); returns true if accepting
+/// must pause (out of descriptors or memory) until the next tick.
 fn accept_all(
     poll: &mut Poll,
     listener: &TcpListener,
+    ws: bool,
     core: &mut Core<EpollConn>,
     now: Instant,
 ) -> bool {
@@ -170,12 +188,20 @@ fn accept_all(
                     write_shut: false,
                     read_stopped: false,
                 };
-                let slot = match core.insert(conn, Some(peer.ip()), now) {
+                let inserted = if ws {
+                    // A refused WebSocket connection comes back only past the bound on
+                    // those kept to be told: dropping it closes it.
+                    core.insert_ws(conn, Some(peer.ip()), now).map_err(|_| None)
+                } else {
+                    core.insert(conn, Some(peer.ip()), now).map_err(Some)
+                };
+                let slot = match inserted {
                     Ok(slot) => slot,
-                    Err((conn, refusal)) => {
+                    Err(Some((conn, refusal))) => {
                         refuse_raw(conn.stream.into_raw_fd(), refusal);
                         continue;
                     }
+                    Err(None) => continue,
                 };
                 let generation = core.generation(slot);
                 let conn = core.get_mut(slot).expect("invariant: just inserted");
@@ -285,6 +311,11 @@ fn write_out(poll: &mut Poll, core: &mut Core<EpollConn>, slot: u32) {
     }
     let conn = core.get_mut(slot).expect("invariant: present above");
     if drained && conn.closing == Closing::AfterFlush && !conn.io.write_shut {
+        if core.end_of_output(slot) {
+            // A WebSocket close frame goes out first.
+            return write_out(poll, core, slot);
+        }
+        let conn = core.get_mut(slot).expect("invariant: present above");
         // Half-close: the client reads everything we sent, then its EOF reaches us.
         conn.io.write_shut = true;
         let _ = conn.io.stream.shutdown(std::net::Shutdown::Write);

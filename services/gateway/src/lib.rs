@@ -27,8 +27,8 @@ mod routing;
 mod shared;
 mod sockets;
 mod uring;
+mod websocket;
 mod worker;
-mod ws;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,8 +46,8 @@ pub use metrics::GatewayMetrics;
 pub use quic::QuicFront;
 pub use quic_tls::{PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 pub use sockets::raise_open_files_limit;
+pub use websocket::{WsFront, SUBPROTOCOL as WS_SUBPROTOCOL};
 pub use worker::bind_game_listener;
-pub use ws::{WsFront, SUBPROTOCOL as WS_SUBPROTOCOL};
 
 /// File descriptors kept out of reach of client connections (gRPC links to shards, etcd,
 /// the admin port, the rings and eventfds); a quarter of the limit where that is less.
@@ -183,11 +183,23 @@ pub async fn run(
         tls.register_metrics(&registry, &[("node", &format!("gateway-{}", config.id.0))]);
     }
     // Every event loop takes id blocks: the TCP workers and the QUIC front.
-    let loops = config.workers.max(1) + usize::from(quic.is_some()) + usize::from(ws.is_some());
+    let loops = config.workers.max(1) + usize::from(quic.is_some());
     let ids = ids::IdPool::start(client.clone(), &keys, loops).await?;
     let routing = routing::Routing::new();
     let listeners = worker::reuseport_listeners(game, config.workers)
         .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
+    let ws_addr = match &ws {
+        Some(front) => Some(front.local_addr().map_err(GatewayError::Listener)?),
+        None => None,
+    };
+    let ws_listeners = match ws {
+        Some(front) => worker::reuseport_listeners(front.listener, config.workers)
+            .map_err(|source| GatewayError::Listen { addr: ws_addr.expect("bound"), source })?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => Vec::new(),
+    };
     let stopping = Arc::new(AtomicBool::new(false));
     let key_file = match &config.jwks {
         Some(path) => {
@@ -214,19 +226,11 @@ pub async fn run(
     if config.jwks.is_some() {
         tokio::spawn(reload_login_keys(Arc::clone(&shared)));
     }
-    let mut workers = worker::spawn_workers(io, listeners, Arc::clone(&shared))?;
+    let mut workers = worker::spawn_workers(io, listeners, ws_listeners, Arc::clone(&shared))?;
     let quic_addr = match quic {
         Some(front) => {
             let addr = front.local_addr().map_err(GatewayError::Listener)?;
             workers.spawn_quic(front, Arc::clone(&shared))?;
-            Some(addr)
-        }
-        None => None,
-    };
-    let ws_addr = match ws {
-        Some(front) => {
-            let addr = front.local_addr().map_err(GatewayError::Listener)?;
-            workers.spawn_ws(front, Arc::clone(&shared))?;
             Some(addr)
         }
         None => None,

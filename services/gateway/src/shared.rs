@@ -207,6 +207,8 @@ pub(crate) fn mailbox() -> (SyncSender<Mail>, Inbox, Arc<AtomicBool>) {
 pub struct WorkerStart {
     pub index: usize,
     pub listener: std::net::TcpListener,
+    /// The worker's WebSocket listener (`--ws`), on the same loop as `listener`.
+    pub ws_listener: Option<std::net::TcpListener>,
     pub shared: Arc<Shared>,
     pub mail: Inbox,
 }

@@ -34,6 +34,8 @@ const OP_WAKE: u64 = 4;
 const OP_TICK: u64 = 5;
 /// Completions of cancellations this loop asks for: nothing to do.
 const OP_CANCEL: u64 = 6;
+/// Accepts on the WebSocket listener.
+const OP_ACCEPT_WS: u64 = 7;
 
 fn user_data(op: u64, slot: u32, generation: u32) -> u64 {
     (op << 56) | (u64::from(slot & 0x00ff_ffff) << 32) | u64::from(generation)
@@ -225,17 +227,25 @@ impl Drop for BufRing {
 struct Loop {
     ring: IoUring,
     core: Core<UringConn>,
-    listener_fd: RawFd,
+    /// The game listener, then the WebSocket listener if there is one.
+    listeners: [Option<Listening>; 2],
     eventfd: RawFd,
     wake_buf: Box<u64>,
     tick: Box<types::Timespec>,
     stopping_since: Option<Instant>,
-    /// The multishot accept is armed (its last completion had the MORE flag).
-    accept_armed: bool,
-    /// Accepting stopped after running out of descriptors or memory; the next tick re-arms.
-    accept_backoff: bool,
     /// The time of the current iteration's completions.
     now: Instant,
+}
+
+/// A listener the loop accepts on.
+struct Listening {
+    fd: RawFd,
+    /// Its connections speak WebSocket.
+    ws: bool,
+    /// The multishot accept is armed (its last completion had the MORE flag).
+    armed: bool,
+    /// Accepting stopped after running out of descriptors or memory; the next tick re-arms.
+    backoff: bool,
 }
 
 impl Loop {
@@ -251,12 +261,14 @@ impl Loop {
         }
     }
 
-    fn arm_accept(&mut self) -> io::Result<()> {
-        self.accept_armed = true;
-        let entry = opcode::AcceptMulti::new(types::Fd(self.listener_fd))
+    fn arm_accept(&mut self, which: usize) -> io::Result<()> {
+        let Some(listening) = self.listeners[which].as_mut() else { return Ok(()) };
+        listening.armed = true;
+        let op = if listening.ws { OP_ACCEPT_WS } else { OP_ACCEPT };
+        let entry = opcode::AcceptMulti::new(types::Fd(listening.fd))
             .flags(libc::SOCK_CLOEXEC)
             .build()
-            .user_data(user_data(OP_ACCEPT, 0, 0));
+            .user_data(user_data(op, 0, 0));
         self.push(entry)
     }
 
@@ -295,30 +307,33 @@ impl Loop {
         self.push(entry)
     }
 
-    fn on_accept(&mut self, result: i32, flags: u32) -> io::Result<()> {
+    fn on_accept(&mut self, which: usize, result: i32, flags: u32) -> io::Result<()> {
         let more = cqueue::more(flags);
+        let Some(listening) = self.listeners[which].as_mut() else { return Ok(()) };
+        let ws = listening.ws;
         if !more {
-            self.accept_armed = false;
+            listening.armed = false;
         }
         if result < 0 {
             let error = io::Error::from_raw_os_error(-result);
             if is_resource_exhaustion(&error) {
                 // Out of descriptors or memory: re-arming at once would spin on the same
                 // error. Stop accepting until the next tick; connections wait in the backlog.
-                if !self.accept_backoff {
+                if !listening.backoff {
                     warn!(%error, "accept failed; pausing accepts for a tick");
                     self.core.shared().metrics.accept_backoffs.inc();
                 }
-                self.accept_backoff = true;
+                listening.backoff = true;
                 if more {
-                    self.cancel(user_data(OP_ACCEPT, 0, 0))?;
+                    let op = if ws { OP_ACCEPT_WS } else { OP_ACCEPT };
+                    self.cancel(user_data(op, 0, 0))?;
                 }
                 return Ok(());
             }
             debug!(%error, "accept failed");
         }
-        if !more && !self.accept_backoff && self.stopping_since.is_none() {
-            self.arm_accept()?;
+        if !more && !listening.backoff && self.stopping_since.is_none() {
+            self.arm_accept(which)?;
         }
         if result < 0 {
             return Ok(());
@@ -341,6 +356,16 @@ impl Loop {
             write_shut: false,
             read_shut: false,
         };
+        if ws {
+            return match self.core.insert_ws(conn, peer_ip(fd), self.now) {
+                Ok(slot) => self.arm_recv(slot),
+                Err(conn) => {
+                    // SAFETY: closing the fd just accepted, which nothing else has.
+                    unsafe { libc::close(conn.fd) };
+                    Ok(())
+                }
+            };
+        }
         match self.core.insert(conn, peer_ip(fd), self.now) {
             Ok(slot) => self.arm_recv(slot),
             Err((conn, refusal)) => {
@@ -489,6 +514,12 @@ impl Loop {
             && conn.out.is_empty()
             && !io.write_shut
         {
+            if self.core.end_of_output(slot) {
+                // A WebSocket close frame goes out first.
+                return self.drive(slot);
+            }
+            let Some(conn) = self.core.get_mut(slot) else { return Ok(()) };
+            let io = &mut conn.io;
             io.write_shut = true;
             // SAFETY: shutdown on our own open fd. The client reads what we sent, then EOF;
             // its own close ends our recv and the connection.
@@ -498,10 +529,13 @@ impl Loop {
     }
 
     fn on_tick(&mut self) -> io::Result<()> {
-        if self.accept_backoff && self.stopping_since.is_none() {
-            self.accept_backoff = false;
-            if !self.accept_armed {
-                self.arm_accept()?;
+        for which in 0..self.listeners.len() {
+            let Some(listening) = self.listeners[which].as_mut() else { continue };
+            if listening.backoff && self.stopping_since.is_none() {
+                listening.backoff = false;
+                if !listening.armed {
+                    self.arm_accept(which)?;
+                }
             }
         }
         self.core.tick(self.now);
@@ -516,22 +550,25 @@ impl Loop {
 }
 
 fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
-    let WorkerStart { index, listener, shared, mail } = start;
+    let WorkerStart { index, listener, ws_listener, shared, mail } = start;
     let ring = restricted_ring(RING_ENTRIES)?;
     let mut buffers = BufRing::new(&ring, BUFFER_COUNT, BUFFER_SIZE)?;
+    let listening = |fd, ws| Listening { fd, ws, armed: false, backoff: false };
     let mut this = Loop {
         ring,
         core: Core::new(index, Arc::clone(&shared), mail),
-        listener_fd: listener.as_raw_fd(),
+        listeners: [
+            Some(listening(listener.as_raw_fd(), false)),
+            ws_listener.as_ref().map(|l| listening(l.as_raw_fd(), true)),
+        ],
         eventfd,
         wake_buf: Box::new(0),
         tick: Box::new(types::Timespec::new().nsec(TICK.as_nanos() as u32)),
         stopping_since: None,
-        accept_armed: false,
-        accept_backoff: false,
         now: Instant::now(),
     };
-    this.arm_accept()?;
+    this.arm_accept(0)?;
+    this.arm_accept(1)?;
     this.arm_wake()?;
     this.arm_tick()?;
     info!(worker = index, "io_uring worker started");
@@ -552,7 +589,8 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         for &(data, result, flags) in &completions {
             let (op, slot, generation) = parse_user_data(data);
             step = match op {
-                OP_ACCEPT => this.on_accept(result, flags),
+                OP_ACCEPT => this.on_accept(0, result, flags),
+                OP_ACCEPT_WS => this.on_accept(1, result, flags),
                 OP_RECV => this.on_recv(slot, generation, result, flags, &mut buffers),
                 OP_SEND => {
                     this.on_send(slot, generation, result);
@@ -610,6 +648,7 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         unsafe { libc::close(fd) };
     }
     drop(listener);
+    drop(ws_listener);
     info!(worker = index, "io_uring worker stopped");
     result
 }

@@ -42,20 +42,6 @@ impl Workers {
         Ok(())
     }
 
-    pub fn spawn_ws(
-        &mut self,
-        front: crate::WsFront,
-        shared: Arc<Shared>,
-    ) -> Result<(), GatewayError> {
-        let index = self.mailboxes.len();
-        let (sender, mail, woken) = mailbox();
-        let (waker, thread) = crate::ws::spawn(index, front, shared, mail)
-            .map_err(|source| GatewayError::Worker { index, source })?;
-        self.threads.push(thread);
-        self.mailboxes.push(Mailbox { sender, waker, woken });
-        Ok(())
-    }
-
     pub fn join(self) {
         for thread in self.threads {
             let _ = thread.join();
@@ -63,16 +49,21 @@ impl Workers {
     }
 }
 
+/// Starts a worker per game listener; each also accepts on the WebSocket listener of the
+/// same index, if there is one.
 pub fn spawn_workers(
     io: IoBackend,
     listeners: Vec<std::net::TcpListener>,
+    ws_listeners: Vec<Option<std::net::TcpListener>>,
     shared: Arc<Shared>,
 ) -> Result<Workers, GatewayError> {
     let mut threads = Vec::new();
     let mut mailboxes = Vec::new();
+    let mut ws_listeners = ws_listeners.into_iter();
     for (index, listener) in listeners.into_iter().enumerate() {
         let (sender, mail, woken) = mailbox();
-        let start = WorkerStart { index, listener, shared: Arc::clone(&shared), mail };
+        let ws_listener = ws_listeners.next().flatten();
+        let start = WorkerStart { index, listener, ws_listener, shared: Arc::clone(&shared), mail };
         let (waker, thread) = match io {
             IoBackend::Uring => crate::uring::spawn(start),
             IoBackend::Epoll => crate::epoll::spawn(start),

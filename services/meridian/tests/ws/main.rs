@@ -43,7 +43,17 @@ transport_scenarios!(over_ws);
 
 #[test]
 fn tcp_and_websocket_players_share_one_world_and_text_is_refused() {
-    with_cluster(ClusterOptions::new(Front::ws(Io::Uring)), |cluster| {
+    one_world_and_text_refused(Io::Uring);
+}
+
+/// WebSocket sessions run on the event loops, so the epoll backend serves them too.
+#[test]
+fn tcp_and_websocket_players_share_one_world_on_epoll_too() {
+    one_world_and_text_refused(Io::Epoll);
+}
+
+fn one_world_and_text_refused(io: Io) {
+    with_cluster(ClusterOptions::new(Front::ws(io)), |cluster| {
         let (tcp, ws) = (cluster.game_addr(0), cluster.ws_addr(0));
         let status = cluster.status_json()?;
         let published = &status["gateways"][0]["ws"];
@@ -72,6 +82,50 @@ fn tcp_and_websocket_players_share_one_world_and_text_is_refused() {
         });
         ensure!(refused, "MALFORMED before the close: {rest:?}");
         tina.expect_messages(&[left(&wendy)]).context("wendy left the world")?;
+        Ok(())
+    })
+}
+
+/// A WebSocket client past a connection cap is told why in a binary message once upgraded
+/// (`UNAVAILABLE` with the detail, as over TCP: DESIGN 2b), then closed; one that is no
+/// WebSocket client at all gets an HTTP error; a ping frame is answered; the players in
+/// are not disturbed.
+#[test]
+fn refusals_and_bad_upgrades_over_websocket() {
+    let opts = ClusterOptions::new(Front::ws(Io::Uring))
+        .arg("--limit-exempt")
+        .arg("")
+        .env("MERIDIAN_MAX_CONNECTIONS_PER_ADDRESS", "2")
+        .env("MERIDIAN_CONNECT_RATE", "1000");
+    with_cluster(opts, |cluster| {
+        use meridian_testkit::ws::{WsClient, WsRead};
+        use std::io::{Read, Write};
+        let ws = cluster.ws_addr(0);
+        let mut wendy = Bot::connect(cluster.client_addr(0))?;
+        ensure!(wendy.is_ws());
+        wendy.login("wendy", Some((100, 100)))?;
+        let _second = WsClient::connect(ws, Duration::from_secs(5))?;
+        let mut third = WsClient::connect(ws, Duration::from_secs(5)).context("upgraded")?;
+        let until = deadline(Duration::from_secs(5));
+        let WsRead::Data(frame) = third.read(until)? else { anyhow::bail!("no refusal") };
+        let header = meridian_protocol::next_frame(&frame, 4096)?.context("a whole frame")?;
+        let message: meridian_testkit::pb::ServerMessage =
+            meridian_protocol::decode_body(header.body(&frame))?;
+        let refused = matches!(&message.kind,
+            Some(meridian_testkit::pb::server_message::Kind::Error(e))
+                if e.code == ErrorCode::Unavailable as i32
+                    && e.detail == "too many connections from your address");
+        ensure!(refused, "the third connection is told why: {message:?}");
+        ensure!(matches!(third.read(until)?, WsRead::Closed), "then closed");
+
+        // Not a WebSocket upgrade: an HTTP error, then the close.
+        let mut plain = std::net::TcpStream::connect(ws)?;
+        plain.set_read_timeout(Some(Duration::from_secs(5)))?;
+        plain.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")?;
+        let mut answer = String::new();
+        plain.read_to_string(&mut answer)?;
+        ensure!(answer.starts_with("HTTP/1.1 400 "), "a plain GET: {answer}");
+        ensure!(wendy.ping_barrier()?.is_empty(), "wendy still plays");
         Ok(())
     })
 }
