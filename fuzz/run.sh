@@ -3,7 +3,7 @@
 #
 #   fuzz/run.sh                  30 s per target
 #   FUZZ_SECONDS=300 fuzz/run.sh longer
-#   fuzz/run.sh frame            one target (any of: frame resume_token gateway_core)
+#   fuzz/run.sh frame            one target (any of: frame resume_token gateway_core websocket)
 #
 # Needs a nightly toolchain (cargo-fuzz builds with AddressSanitizer); without one it says
 # so and exits 0, so CI on a stable-only machine is not failed by a missing tool. Installs
@@ -18,7 +18,7 @@ if [[ ! "$seconds" =~ ^[0-9]+$ ]] || (( seconds < 1 )); then
     echo "FUZZ_SECONDS must be a whole number of seconds, not '$seconds'" >&2
     exit 2
 fi
-all_targets=(frame resume_token gateway_core)
+all_targets=(frame resume_token gateway_core websocket)
 targets=("${@:-${all_targets[@]}}")
 
 if ! cargo +nightly --version >/dev/null 2>&1; then

@@ -13,6 +13,7 @@ pub mod frame;
 pub mod gateway_core;
 pub mod resume_token;
 pub mod seeds;
+pub mod websocket;
 
 /// Reads a fuzz input front to back; past the end every read gives zeros, so any input
 /// decodes to something.

@@ -24,6 +24,7 @@ pub fn all() -> Vec<Seed> {
     let mut seeds = frame_seeds();
     seeds.extend(token_seeds());
     seeds.extend(core_seeds());
+    seeds.extend(websocket_seeds());
     seeds
 }
 
@@ -280,6 +281,70 @@ fn core_seeds() -> Vec<Seed> {
     ]
 }
 
+/// A `websocket` input: the limit (an index into its `LIMITS`, bit 7 for a refused
+/// session), the piece lengths, the stream.
+fn ws_input(limit: usize, refused: bool, pieces: &[u8], stream: &[u8]) -> Vec<u8> {
+    let limits = crate::websocket::LIMITS;
+    let index = limits.iter().position(|&l| l == limit).expect("a limit the target knows");
+    let mut out = Writer::default();
+    out.u8(index as u8 | u8::from(refused) << 7).u8(pieces.len() as u8).bytes(pieces).bytes(stream);
+    out.0
+}
+
+fn ws_request(extra: &str) -> Vec<u8> {
+    format!(
+        "GET /play HTTP/1.1\r\nHost: g\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+    .into_bytes()
+}
+
+/// A client's frame: `first` is FIN and opcode, masked with a fixed key.
+fn ws_frame(first: u8, payload: &[u8]) -> Vec<u8> {
+    let mask = [0x12, 0x34, 0x56, 0x78];
+    let mut frame = vec![first];
+    match payload.len() {
+        n if n < 126 => frame.push(0x80 | n as u8),
+        n => {
+            frame.push(0x80 | 126);
+            frame.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    frame.extend_from_slice(&mask);
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    frame
+}
+
+fn websocket_seeds() -> Vec<Seed> {
+    let bodies: Vec<Vec<u8>> =
+        every_client_kind().iter().map(prost::Message::encode_to_vec).collect();
+    let mut session = ws_request("Sec-WebSocket-Protocol: meridian.v1\r\n");
+    for body in &bodies {
+        session.extend(ws_frame(0x82, body));
+    }
+    let mut fragmented = ws_request("");
+    fragmented.extend(ws_frame(0x02, &bodies[0][..2]));
+    fragmented.extend(ws_frame(0x89, b"ping"));
+    fragmented.extend(ws_frame(0x80, &bodies[0][2..]));
+    fragmented.extend(ws_frame(0x88, &1000u16.to_be_bytes()));
+    let mut oversized = ws_request("");
+    oversized.extend(ws_frame(0x82, &[0; 4097]));
+    let mut text = ws_request("");
+    text.extend(ws_frame(0x81, b"{}"));
+    let mut unmasked = ws_request("");
+    unmasked.extend([0x82, 0x01, 0x08]);
+    vec![
+        seed("websocket", "session-every-kind", ws_input(4096, false, &[], &session)),
+        seed("websocket", "session-in-pieces", ws_input(4096, false, &[0, 6, 40], &session)),
+        seed("websocket", "fragmented-ping-close", ws_input(4096, false, &[2], &fragmented)),
+        seed("websocket", "oversized", ws_input(4096, false, &[], &oversized)),
+        seed("websocket", "text", ws_input(125, false, &[], &text)),
+        seed("websocket", "unmasked", ws_input(4096, false, &[], &unmasked)),
+        seed("websocket", "refused", ws_input(4096, true, &[9], &session)),
+        seed("websocket", "not-an-upgrade", ws_input(0, false, &[], b"GET / HTTP/1.1\r\n\r\n")),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,6 +359,7 @@ mod tests {
             "frame" => crate::frame::check(data),
             "resume_token" => crate::resume_token::check(data),
             "gateway_core" => crate::gateway_core::check(data),
+            "websocket" => crate::websocket::check(data),
             other => panic!("no target {other}"),
         }
     }

@@ -29,6 +29,9 @@ use crate::shared::{session_id, Inbox, Mail, Shared};
 use crate::{GatewayConfig, GatewayMetrics, IoBackend, Placement};
 
 pub use crate::core::Closing;
+pub use crate::websocket::{
+    Read as WsRead, WsState, MAX_REQUEST as WS_MAX_REQUEST, UNDECODABLE as WS_UNDECODABLE,
+};
 
 /// Width and height of the harness's map; shards own vertical strips of it.
 pub const MAP_SIDE: u32 = 400;

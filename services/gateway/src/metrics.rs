@@ -222,7 +222,8 @@ impl GatewayMetrics {
             ),
             ws_connections: registry.gauge(
                 "meridian_gateway_ws_connections",
-                "Open WebSocket sessions (also counted in meridian_gateway_connections).",
+                "Open WebSocket connections, upgraded or not (admitted ones are also counted in \
+                 meridian_gateway_connections).",
                 l,
             ),
             ws_handshakes: registry.counter(
@@ -232,7 +233,8 @@ impl GatewayMetrics {
             ),
             ws_handshake_failures: registry.counter(
                 "meridian_gateway_ws_handshake_failures_total",
-                "WebSocket connections refused: failed or timed-out upgrades, or too many at once.",
+                "WebSocket upgrades refused (an HTTP error), and refused connections closed without a \
+                 word past the 64 per worker kept to be told why.",
                 l,
             ),
             quic_handshakes: registry.counter(

@@ -134,8 +134,8 @@ impl WsState {
     }
 
     /// Bytes held between reads.
-    #[cfg(test)]
-    fn held(&self) -> usize {
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn held(&self) -> usize {
         self.carry.len() + self.message.len()
     }
 
