@@ -45,7 +45,7 @@ fn two_shards() -> ClusterOptions {
         .arg("--resume-key")
         .arg(RESUME_KEY_HEX)
         .arg("--lease-ttl")
-        .arg(DEFAULT_LEASE_TTL.as_secs().to_string())
+        .arg(format!("{}s", DEFAULT_LEASE_TTL.as_secs()))
 }
 
 /// Every node's name and admin address.
