@@ -90,6 +90,7 @@ pub fn command() -> clap::Command {
 /// Runs the binary (every command) with these games.
 pub fn run_with(games: Games) -> std::process::ExitCode {
     let _ = GAMES.set(games);
+    meridian_observe::set_build_info(env!("CARGO_PKG_VERSION"), env!("MERIDIAN_BUILD_COMMIT"));
     let cli = cli::Cli::parse();
     meridian_observe::init_tracing(cli.log_json);
     // Every node serves many sockets: the soft open-files limit (often 1024) goes up to the

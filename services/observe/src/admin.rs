@@ -161,6 +161,7 @@ pub async fn serve_admin_with(
     routes: Routes,
     access: Access,
 ) {
+    crate::process::register(&registry);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;

@@ -9,12 +9,14 @@
 mod admin;
 mod client;
 mod metrics;
+pub mod process;
 
 pub use admin::{
     serve_admin, serve_admin_with, Access, Private, Readiness, Reply, ReplyFuture, Routes,
 };
 pub use client::{admin_get, admin_get_as};
-pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Registry};
+pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Kind, Registry};
+pub use process::set_build_info;
 
 /// What is logged when `RUST_LOG` is not set: Meridian's own events from `info` up, the
 /// libraries under it (HTTP/2, gRPC, QUIC, TLS, PostgreSQL, WebSocket) only from `warn`:
