@@ -156,11 +156,12 @@ pub fn check(args: StatusArgs) -> ExitCode {
     let problems = problems(&observed);
     if problems.is_empty() {
         let view = &observed.view;
+        let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
         println!(
-            "ok: cluster {:?}, {} shards and {} gateways ready, partition epoch {} covers the map",
+            "ok: cluster {:?}, {} and {} ready, partition epoch {} covers the map",
             args.cluster.cluster,
-            view.shards.len(),
-            view.gateways.len(),
+            count(view.shards.len(), "shard"),
+            count(view.gateways.len(), "gateway"),
             view.partition.as_ref().map_or(0, |p| p.epoch)
         );
         return ExitCode::from(CHECK_HEALTHY);

@@ -432,3 +432,20 @@ fn random_hex_key() -> anyhow::Result<String> {
         .context("reading /dev/urandom")?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `up` on the default port with the default name prints a bare `meridian status`.
+    #[test]
+    fn the_status_command_names_only_what_is_not_a_default() {
+        let default_etcd = crate::cli::DEFAULT_ETCD;
+        assert_eq!(status_command("meridian", default_etcd), "meridian status");
+        assert_eq!(
+            status_command("meridian", "http://127.0.0.1:40001"),
+            "meridian status --etcd http://127.0.0.1:40001"
+        );
+        assert_eq!(status_command("blue", default_etcd), "meridian status --cluster blue");
+    }
+}

@@ -25,7 +25,7 @@ fn status_check_exits_non_zero_on_each_problem() {
         let healthy = check(&cluster)?;
         ensure!(healthy.status.code() == Some(0), "a healthy cluster: {healthy:?}");
         ensure!(healthy.stdout.lines().count() == 1, "one summary line: {healthy:?}");
-        ensure!(healthy.stdout.contains("2 shards and 1 gateways ready"), "{healthy:?}");
+        ensure!(healthy.stdout.contains("2 shards and 1 gateway ready"), "{healthy:?}");
 
         // A killed shard stays registered until its lease lapses: it does not answer.
         let shard = cluster.shard(1).clone();

@@ -49,7 +49,10 @@ fn status_after_up_shows_the_cluster_without_naming_it() {
         ensure!(run.stdout.contains("gateways (1):"), "{run:?}");
         let run = cluster.run_meridian(&["status", "--check", "--etcd", cluster.etcd_url()])?;
         ensure!(run.status.code() == Some(0), "status --check: {run:?}");
-        ensure!(run.stdout.starts_with("ok: cluster \"meridian\", 1 shards"), "{run:?}");
+        ensure!(
+            run.stdout.starts_with("ok: cluster \"meridian\", 1 shard and 1 gateway ready"),
+            "{run:?}"
+        );
         Ok(())
     })();
     if let Err(error) = checked {
