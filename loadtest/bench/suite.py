@@ -195,7 +195,8 @@ class Cluster:
         self.ready_file.unlink(missing_ok=True)
         self.log_file = open(work / f"{name}.up.log", "w")
         command = [str(binary or RELEASE / "meridian"), "up", "--shards", str(shards), "--io", io,
-                   "--port", "0", "--quic-port", "0", "--ws-port", "0", "--cluster", name,
+                   "--port", "0", "--quic-port", "0", "--ws-port", "0", "--etcd-port", "0",
+                   "--cluster", name,
                    "--ready-file", str(self.ready_file), *extra]
         self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
                                         cwd=ROOT, env={**os.environ, **(env or {})})
@@ -699,6 +700,19 @@ def count_syscalls(path, names, messages):
         name = names.get(tid, "other")
         by_name[name] = by_name.get(name, 0) + count
     return per_message(by_name, messages)
+
+
+def parse_duration(text):
+    """A duration as the `meridian` and `loadtest` flags write it (`250ms`, `30s`, `1m30s`,
+    `2h`; a bare number is seconds), in seconds."""
+    text = text.strip()
+    if re.fullmatch(r"\d+", text):
+        return float(text)
+    parts = re.findall(r"(\d+)(ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 250ms, 30s, 1m30s")
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(int(n) * scale[u] for n, u in parts)
 
 
 def parse_divan(text):

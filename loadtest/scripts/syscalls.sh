@@ -12,7 +12,7 @@ io=${1:?uring|epoll}; bots=${2:-1000}; seconds=${3:-20}; interval=${4:-1s}
 cd "$(dirname "$0")/../.."
 command -v strace >/dev/null || apt-get install -y -qq strace >/dev/null
 work=$(mktemp -d)
-target/release/meridian up --io "$io" --port 0 --cluster "sc-$io" --ready-file "$work/ready.json" >"$work/up.log" 2>&1 &
+target/release/meridian up --io "$io" --port 0 --etcd-port 0 --cluster "sc-$io" --ready-file "$work/ready.json" >"$work/up.log" 2>&1 &
 up=$!
 trap 'kill $up 2>/dev/null; wait $up 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 200); do [ -f "$work/ready.json" ] && break; sleep 0.1; done

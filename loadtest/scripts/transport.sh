@@ -14,7 +14,7 @@ profile=${PROFILE:-release}
 cd "$(dirname "$0")/../.."
 bin=target/$profile
 work=$(mktemp -d)
-"$bin/meridian" up --shards 1 --io "$io" --port 0 --quic-port 0 --cluster "tq-$$" \
+"$bin/meridian" up --shards 1 --io "$io" --port 0 --quic-port 0 --etcd-port 0 --cluster "tq-$$" \
     --ready-file "$work/ready.json" >"$work/up.log" 2>&1 &
 up=$!
 trap 'kill $up 2>/dev/null; wait $up 2>/dev/null; rm -rf "$work"' EXIT

@@ -44,6 +44,7 @@ def _start(run_dir: Path, attempt: int) -> tuple[subprocess.Popen[bytes], Path, 
     log = run_dir / f"up-{attempt}.log"
     command = [
         str(meridian_bin()), "up", "--shards", "2", "--port", "0", "--quic-port", "0", "--ws-port", "0",
+        "--etcd-port", "0",
         "--game", "wolves", "--ready-file", str(ready_file),
         "--cluster", f"py-test-{os.getpid()}-{attempt}",
     ]

@@ -178,8 +178,8 @@ MERIDIAN_LIMIT_EXEMPT: {{ join "," .exempt | quote }}
 {{- end }}
 {{- end }}
 {{- if .Values.gateway.quic.enabled }}
-MERIDIAN_QUIC_IDLE_TIMEOUT_MS: {{ .Values.gateway.quic.idleTimeoutMs | int64 | quote }}
-MERIDIAN_QUIC_KEEP_ALIVE_MS: {{ .Values.gateway.quic.keepAliveMs | int64 | quote }}
+MERIDIAN_QUIC_IDLE_TIMEOUT: {{ printf "%dms" (.Values.gateway.quic.idleTimeoutMs | int64) | quote }}
+MERIDIAN_QUIC_KEEP_ALIVE: {{ printf "%dms" (.Values.gateway.quic.keepAliveMs | int64) | quote }}
 {{- end }}
 {{- if not (kindIs "invalid" .Values.gateway.workers) }}
 MERIDIAN_WORKERS: {{ .Values.gateway.workers | int64 | quote }}

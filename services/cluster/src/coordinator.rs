@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::model::{ClusterView, PartitionMap, Region, ShardId};
 use crate::{ClusterError, ClusterKeys};
@@ -58,8 +58,16 @@ impl Coordinator {
                 }
             };
             info!(shard = %self.me, "elected coordinator");
-            if let Err(error) = self.lead(&mut changes, lease_id).await {
-                warn!(%error, "lost coordinator leadership");
+            match self.lead(&mut changes, lease_id).await {
+                Ok(()) => {}
+                // Another write to the partition key won the compare (a deposed leader's
+                // last try, or ours racing a new leader): expected, and the campaign below
+                // settles who leads.
+                Err(ClusterError::Conflict(key)) if key == self.keys.partition() => {
+                    let error = ClusterError::Conflict(key);
+                    debug!(%error, "lost a race for the partition map; campaigning again")
+                }
+                Err(error) => warn!(%error, "lost coordinator leadership"),
             }
             if let Some(key) = leader_key {
                 let _ = self.client.delete(key, None).await;

@@ -126,7 +126,13 @@ pub async fn connect_with(
     let mut options = etcd
         .options()?
         .with_connect_timeout(std::time::Duration::from_secs(2))
-        .with_keep_alive(std::time::Duration::from_secs(2), std::time::Duration::from_secs(2));
+        // HTTP/2 pings find a connection that broke silently (a stalled etcd, a dropped
+        // route). etcd's server takes at most one ping per 5 s (`--grpc-keepalive-min-time`)
+        // and none on a connection without a request in flight: a client that pings more
+        // often gets its connection closed (`too_many_pings`), failing whatever request it
+        // carried, an election campaign most of all. Every 10 s, and only under a request.
+        .with_keep_alive(std::time::Duration::from_secs(10), std::time::Duration::from_secs(3))
+        .with_keep_alive_while_idle(false);
     if let Some(timeout) = request_timeout {
         options = options.with_timeout(timeout);
     }

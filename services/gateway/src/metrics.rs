@@ -64,7 +64,7 @@ impl GatewayMetrics {
         let l: &[(&str, &str)] = &[("gateway", gateway.as_str())];
         registry
             .gauge(
-                "meridian_gateway_io_backend",
+                "meridian_gateway_io_backend_info",
                 "The event loop in use (value 1).",
                 &[("gateway", gateway.as_str()), ("io", io.as_str())],
             )

@@ -15,6 +15,19 @@ use meridian_protocol::{TokenKey, TokenKeys};
 use meridian_shard::ShardConfig;
 use meridian_world::WorldConfig;
 
+/// The cluster name every command uses unless told otherwise (`--cluster`,
+/// `MERIDIAN_CLUSTER`): `meridian up` names its cluster this, so `meridian status` after it
+/// needs no `--cluster`.
+pub const DEFAULT_CLUSTER: &str = "meridian";
+
+/// The etcd endpoint every command uses unless told otherwise (`--etcd`, `MERIDIAN_ETCD`);
+/// `meridian up` starts its etcd there when the port is free.
+pub const DEFAULT_ETCD: &str = "http://127.0.0.1:2379";
+
+/// How every DURATION flag is written, said at the end of each command's `--help`.
+pub const DURATIONS: &str = "A DURATION is written 250ms, 30s, 1m30s or 2h (units ms, s, m, h, \
+     summed); a bare number is seconds.";
+
 #[derive(Parser, Debug)]
 #[command(name = "meridian", version, about = "A seamless sharded MMO server cluster")]
 pub struct Cli {
@@ -28,20 +41,28 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a whole local cluster: etcd, shards and gateways as child processes, dev mode on.
+    #[command(after_help = DURATIONS)]
     Up(UpArgs),
     /// Run one gateway node.
+    #[command(after_help = DURATIONS)]
     Gateway(Box<GatewayArgs>),
     /// Run one zone shard node.
+    #[command(after_help = DURATIONS)]
     Shard(Box<ShardArgs>),
-    /// Print members, health and the partition map from etcd.
+    /// Print members, health and the partition map from etcd (`--check`: exit non-zero if
+    /// anything is wrong).
+    #[command(after_help = "With --check, the exit code: 0 healthy; 1 a problem found (one \
+        line each); 2 a bad command line; 3 the cluster could not be read from etcd.")]
     Status(StatusArgs),
     /// Ask a shard to hand off all its players and exit (what SIGTERM does too).
+    #[command(after_help = DURATIONS)]
     Drain(DrainArgs),
     /// Look up, remove or move one account's player (the player store, and etcd for the
     /// shard holding it).
     Player(PlayerArgs),
     /// Print a login token for an account, signed with the public development key: accepted
     /// only by gateways in dev mode (`meridian up`), to try the token path locally.
+    #[command(after_help = DURATIONS)]
     Token(TokenArgs),
     /// Turn etcd's authentication on for Meridian, or bring it up to date: a root user, a
     /// role that may read and write /meridian/ only, and --etcd-user with it (its password
@@ -72,17 +93,29 @@ pub struct PlayerArgs {
 #[derive(Subcommand, Debug, Clone)]
 pub enum PlayerAction {
     /// The account's player: id, name, saved cell and generation, and where it is online.
-    Show { account: String },
+    Show {
+        /// The account (a login token's `sub`; in dev mode, the Login's name).
+        account: String,
+    },
     /// Take the player out of the world: its connection gets UNAVAILABLE with the reason
     /// and is closed (saved where it stood).
     Kick {
+        /// The account (a login token's `sub`; in dev mode, the Login's name).
         account: String,
+        /// Sent to the player's client with UNAVAILABLE.
         #[arg(long, default_value = "kicked by an operator")]
         reason: String,
     },
     /// Move the player to cell (X, Y): at once if it is online (the client gets ViewReset
     /// there), else where it comes back at its next login.
-    Move { account: String, x: u32, y: u32 },
+    Move {
+        /// The account (a login token's `sub`; in dev mode, the Login's name).
+        account: String,
+        /// The cell's column (0 is the map's left edge).
+        x: u32,
+        /// The cell's row (0 is the map's top edge).
+        y: u32,
+    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -93,9 +126,9 @@ pub struct TokenArgs {
     /// The display name (the token's `name`); without it, the Login's name is used.
     #[arg(long)]
     pub name: Option<String>,
-    /// How long the token is valid, in seconds.
-    #[arg(long, default_value_t = 3600)]
-    pub ttl: u64,
+    /// How long the token is valid.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub ttl: Duration,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -123,15 +156,10 @@ impl From<Io> for IoBackend {
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
     /// Cluster name: the etcd key prefix is /meridian/<cluster>/.
-    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian")]
+    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = DEFAULT_CLUSTER)]
     pub cluster: String,
     /// etcd endpoints, comma-separated.
-    #[arg(
-        long,
-        env = "MERIDIAN_ETCD",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379"
-    )]
+    #[arg(long, env = "MERIDIAN_ETCD", value_delimiter = ',', default_value = DEFAULT_ETCD)]
     pub etcd: Vec<String>,
     #[command(flatten)]
     pub etcd_access: EtcdAccess,
@@ -141,9 +169,11 @@ pub struct CommonArgs {
     /// Admin address to advertise in etcd (default: the admin listener's address).
     #[arg(long, env = "MERIDIAN_ADVERTISE_ADMIN")]
     pub advertise_admin: Option<String>,
-    /// Seconds a member's etcd lease lives without keep-alives (how fast a death is seen).
-    #[arg(long, env = "MERIDIAN_LEASE_TTL", default_value_t = 3)]
-    pub lease_ttl: u64,
+    /// How long a member's etcd lease lives without keep-alives (how fast a death is
+    /// seen): whole seconds, 1s to 60s.
+    #[arg(long, env = "MERIDIAN_LEASE_TTL", value_name = "DURATION", default_value = "3s",
+          value_parser = parse_duration)]
+    pub lease_ttl: Duration,
     /// Dev mode: Login.spawn is honoured.
     #[arg(long, env = "MERIDIAN_DEV")]
     pub dev: bool,
@@ -187,6 +217,7 @@ pub struct EtcdAccess {
     /// MERIDIAN_ETCD_PASSWORD (or --etcd-password, which `ps` shows).
     #[arg(long, global = true, env = "MERIDIAN_ETCD_USER", requires = "etcd_password")]
     pub etcd_user: Option<String>,
+    /// The --etcd-user's password; prefer MERIDIAN_ETCD_PASSWORD (a flag shows in `ps`).
     #[arg(
         long,
         global = true,
@@ -281,10 +312,14 @@ pub struct ShardArgs {
     /// gRPC address to advertise in etcd (default: the listener's address).
     #[arg(long, env = "MERIDIAN_ADVERTISE")]
     pub advertise: Option<String>,
+    /// The world's width in cells (the same on every shard of the cluster).
     #[arg(long, env = "MERIDIAN_MAP_WIDTH", default_value_t = 400)]
     pub map_width: u32,
+    /// The world's height in cells (the same on every shard of the cluster).
     #[arg(long, env = "MERIDIAN_MAP_HEIGHT", default_value_t = 400)]
     pub map_height: u32,
+    /// How far a player sees, in cells (Chebyshev distance): it is told of every entity
+    /// within this range and of none beyond.
     #[arg(long, env = "MERIDIAN_VIEW_RANGE", default_value_t = 20)]
     pub view_range: u32,
     /// Moves per second per player before RATE_LIMITED.
@@ -293,21 +328,24 @@ pub struct ShardArgs {
     /// Seed for random spawns.
     #[arg(long, env = "MERIDIAN_SEED", default_value_t = 1)]
     pub seed: u64,
-    /// Seconds after a connection drops during which its player can be resumed.
-    #[arg(long, env = "MERIDIAN_RESUME_WINDOW", default_value_t = 30)]
-    pub resume_window: u64,
-    /// Seconds a drain (SIGTERM or `meridian drain`) may take before it is reported as
+    /// How long after a connection drops its player can still be resumed.
+    #[arg(long, env = "MERIDIAN_RESUME_WINDOW", value_name = "DURATION", default_value = "30s",
+          value_parser = parse_duration)]
+    pub resume_window: Duration,
+    /// How long a drain (SIGTERM or `meridian drain`) may take before it is reported as
     /// incomplete and the shard exits non-zero.
-    #[arg(long, env = "MERIDIAN_DRAIN_TIMEOUT", default_value_t = 60)]
-    pub drain_timeout: u64,
+    #[arg(long, env = "MERIDIAN_DRAIN_TIMEOUT", value_name = "DURATION", default_value = "60s",
+          value_parser = parse_duration)]
+    pub drain_timeout: Duration,
     /// The player store this shard saves its players in: `postgres://...` or `sqlite:PATH`
     /// (the same one the gateways use). Without it nothing is saved.
     #[arg(long, env = "MERIDIAN_STORE")]
     pub store: Option<String>,
-    /// Seconds between saves of the players that moved (they are also saved when they log
+    /// Time between saves of the players that moved (they are also saved when they log
     /// out or their connection drops).
-    #[arg(long, env = "MERIDIAN_SAVE_INTERVAL", default_value_t = 10)]
-    pub save_interval: u64,
+    #[arg(long, env = "MERIDIAN_SAVE_INTERVAL", value_name = "DURATION", default_value = "10s",
+          value_parser = parse_duration)]
+    pub save_interval: Duration,
     #[command(flatten)]
     pub game: GameArgs,
     #[command(flatten)]
@@ -324,7 +362,8 @@ pub struct GameArgs {
     pub game: Option<String>,
     /// The game's tick on every shard (NPC behaviour, state changes sent at most once per
     /// tick).
-    #[arg(long, env = "MERIDIAN_GAME_TICK", default_value = "100ms", value_parser = parse_duration)]
+    #[arg(long, env = "MERIDIAN_GAME_TICK", value_name = "DURATION", default_value = "100ms",
+          value_parser = parse_duration)]
     pub game_tick: Duration,
     /// NPCs one shard owns at most; the game's spawns past it are refused.
     #[arg(long, env = "MERIDIAN_MAX_NPCS", default_value_t = meridian_shard::types::DEFAULT_MAX_NPCS)]
@@ -399,13 +438,35 @@ pub struct GatewayArgs {
     /// QUIC private key, PEM (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, env = "MERIDIAN_QUIC_KEY")]
     pub quic_key: Option<PathBuf>,
-    /// Milliseconds without a packet from a QUIC client before it is dropped (its player
-    /// leaves the world).
-    #[arg(long, env = "MERIDIAN_QUIC_IDLE_TIMEOUT_MS", default_value_t = 10_000)]
-    pub quic_idle_timeout_ms: u64,
-    /// Milliseconds of silence after which the gateway pings a QUIC client.
-    #[arg(long, env = "MERIDIAN_QUIC_KEEP_ALIVE_MS", default_value_t = 3_000)]
-    pub quic_keep_alive_ms: u64,
+    /// How long a QUIC client may send no packet before it is dropped (its player leaves
+    /// the world): 500ms to 10m.
+    #[arg(long, env = "MERIDIAN_QUIC_IDLE_TIMEOUT", value_name = "DURATION", default_value = "10s",
+          value_parser = parse_duration)]
+    pub quic_idle_timeout: Duration,
+    /// The former --quic-idle-timeout, in milliseconds (MERIDIAN_QUIC_IDLE_TIMEOUT_MS):
+    /// still taken, so existing scripts keep working.
+    #[arg(
+        long,
+        env = "MERIDIAN_QUIC_IDLE_TIMEOUT_MS",
+        hide = true,
+        value_name = "MS",
+        conflicts_with = "quic_idle_timeout"
+    )]
+    pub quic_idle_timeout_ms: Option<u64>,
+    /// Silence after which the gateway pings a QUIC client: at most half the idle timeout.
+    #[arg(long, env = "MERIDIAN_QUIC_KEEP_ALIVE", value_name = "DURATION", default_value = "3s",
+          value_parser = parse_duration)]
+    pub quic_keep_alive: Duration,
+    /// The former --quic-keep-alive, in milliseconds (MERIDIAN_QUIC_KEEP_ALIVE_MS): still
+    /// taken.
+    #[arg(
+        long,
+        env = "MERIDIAN_QUIC_KEEP_ALIVE_MS",
+        hide = true,
+        value_name = "MS",
+        conflicts_with = "quic_keep_alive"
+    )]
+    pub quic_keep_alive_ms: Option<u64>,
     #[command(flatten)]
     pub limits: LimitArgs,
     #[command(flatten)]
@@ -439,10 +500,12 @@ pub struct LimitArgs {
     #[arg(long, env = "MERIDIAN_INPUT_BYTE_RATE", default_value_t = 64 * 1024)]
     pub input_byte_rate: u32,
     /// A connection with no Login or Resume by then is closed (NOT_LOGGED_IN).
-    #[arg(long, env = "MERIDIAN_LOGIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "MERIDIAN_LOGIN_TIMEOUT", value_name = "DURATION", default_value = "10s",
+          value_parser = parse_duration)]
     pub login_timeout: Duration,
     /// A logged-in client that sends nothing (not even Ping) for this long is closed.
-    #[arg(long, env = "MERIDIAN_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    #[arg(long, env = "MERIDIAN_IDLE_TIMEOUT", value_name = "DURATION", default_value = "120s",
+          value_parser = parse_duration)]
     pub idle_timeout: Duration,
     /// Client connections on this gateway (also capped by the open-files limit less a
     /// reserve of 512); past it new ones get UNAVAILABLE "server full".
@@ -517,13 +580,14 @@ impl LimitArgs {
     }
 }
 
-/// A humane duration: `250ms`, `30s`, `2m`, `1h`, or a sum such as `1m30s`.
+/// A humane duration: `250ms`, `30s`, `2m`, `1h`, or a sum such as `1m30s`; a bare number
+/// is seconds (what the duration flags took before they took units).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let mut total = Duration::ZERO;
     let mut rest = text;
     if rest.is_empty() {
-        return Err("empty duration".into());
+        return Err("\"\": expected a duration, as in 250ms, 30s, 1m30s".into());
     }
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
@@ -532,13 +596,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
         let number: u64 = rest[..digits].parse().map_err(|e| format!("{text:?}: {e}"))?;
         rest = &rest[digits..];
+        if rest.is_empty() && total.is_zero() && digits == text.len() {
+            return Ok(Duration::from_secs(number));
+        }
         let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
         let part = match &rest[..unit] {
             "ms" => Duration::from_millis(number),
             "s" => Duration::from_secs(number),
             "m" => Duration::from_secs(number.saturating_mul(60)),
             "h" => Duration::from_secs(number.saturating_mul(3600)),
-            "" => return Err(format!("{text:?}: a unit is needed (ms, s, m, h)")),
+            "" => {
+                return Err(format!("{text:?}: a unit is needed after each number (ms, s, m, h)"))
+            }
             other => return Err(format!("{text:?}: unknown unit {other:?} (ms, s, m, h)")),
         };
         total = total.saturating_add(part);
@@ -552,8 +621,11 @@ pub struct UpArgs {
     /// Zone shards; the map is split among them (4: a 2x2 grid with a four-way corner).
     #[arg(long, default_value_t = 4)]
     pub shards: u32,
+    /// Gateways; every one serves the whole world (clients may connect to any).
     #[arg(long, default_value_t = 1)]
     pub gateways: u32,
+    /// The gateways' event loop: io_uring (falling back to epoll where it is refused) or
+    /// epoll.
     #[arg(long, value_enum, default_value = "uring")]
     pub io: Io,
     /// Game port of the first gateway (0: any free port).
@@ -565,21 +637,34 @@ pub struct UpArgs {
     /// WebSocket port of the first gateway (0: any free port); the others take any.
     #[arg(long, default_value_t = 7778)]
     pub ws_port: u16,
-    /// The gateways' QUIC idle timeout in milliseconds (see `meridian gateway --help`).
-    #[arg(long, default_value_t = 10_000)]
-    pub quic_idle_timeout_ms: u64,
-    #[arg(long, default_value = "local")]
+    /// The gateways' QUIC idle timeout (see `meridian gateway --help`); they ping quiet
+    /// clients every third of it.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub quic_idle_timeout: Duration,
+    /// The former --quic-idle-timeout, in milliseconds: still taken.
+    #[arg(long, hide = true, value_name = "MS", conflicts_with = "quic_idle_timeout")]
+    pub quic_idle_timeout_ms: Option<u64>,
+    /// Cluster name (the etcd key prefix /meridian/<cluster>/): the default is every other
+    /// command's, so `meridian status` finds this cluster without --cluster.
+    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = DEFAULT_CLUSTER)]
     pub cluster: String,
-    #[arg(long, default_value_t = 3)]
-    pub lease_ttl: u64,
+    /// The port etcd serves clients on, on 127.0.0.1: by default the one every other command
+    /// looks at (so `meridian status` needs no --etcd); if it is taken, or with 0, any free
+    /// port (`up` prints the --etcd to give).
+    #[arg(long, default_value_t = 2379)]
+    pub etcd_port: u16,
+    /// Every node's etcd lease TTL (see `meridian shard --lease-ttl`): whole seconds, 1s to
+    /// 60s.
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
     /// The etcd binary to start.
     #[arg(long, default_value = "etcd")]
     pub etcd_bin: String,
     #[command(flatten)]
     pub game: GameArgs,
-    /// Seconds after a connection drops during which its player can be resumed.
-    #[arg(long, default_value_t = 30)]
-    pub resume_window: u64,
+    /// How long after a connection drops its player can still be resumed.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub resume_window: Duration,
     /// The resume-token key for every node (hex); a random one if not given.
     #[arg(long, env = "MERIDIAN_RESUME_KEY", hide_env_values = true)]
     pub resume_key: Option<String>,
@@ -612,10 +697,10 @@ pub struct UpArgs {
     /// Default: a temporary directory, removed when `up` stops.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Seconds between the shards' saves of players that moved (see `meridian shard
+    /// Time between the shards' saves of players that moved (see `meridian shard
     /// --save-interval`).
-    #[arg(long, default_value_t = 10)]
-    pub save_interval: u64,
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub save_interval: Duration,
     /// Addresses the gateways' per-address connection limits do not apply to: loopback by
     /// default, so local load tests with thousands of bots work; `--limit-exempt ''` to
     /// try the limits locally.
@@ -626,16 +711,13 @@ pub struct UpArgs {
 /// Which cluster, in which etcd: what the operator commands need.
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
-    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = "meridian", global = true)]
+    /// Cluster name: the etcd key prefix is /meridian/<cluster>/ (`meridian up` uses the
+    /// same default).
+    #[arg(long, env = "MERIDIAN_CLUSTER", default_value = DEFAULT_CLUSTER, global = true)]
     pub cluster: String,
     /// etcd endpoints, comma-separated.
-    #[arg(
-        long,
-        global = true,
-        env = "MERIDIAN_ETCD",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379"
-    )]
+    #[arg(long, global = true, env = "MERIDIAN_ETCD", value_delimiter = ',',
+          default_value = DEFAULT_ETCD)]
     pub etcd: Vec<String>,
     #[command(flatten)]
     pub etcd_access: EtcdAccess,
@@ -650,6 +732,7 @@ pub struct DrainArgs {
     /// The shard to drain (or --id, as a Kubernetes preStop hook passes it).
     #[arg(required_unless_present = "id", conflicts_with = "id")]
     pub shard: Option<u32>,
+    /// The shard to drain, as a flag (MERIDIAN_SHARD_ID, which a shard's pod has set).
     #[arg(long, env = "MERIDIAN_SHARD_ID")]
     pub id: Option<u32>,
     #[command(flatten)]
@@ -657,9 +740,9 @@ pub struct DrainArgs {
     /// Wait until the shard has handed off its players and left, printing progress.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: give up (exit 1) after this many seconds.
-    #[arg(long, default_value_t = 120)]
-    pub timeout: u64,
+    /// With --wait: give up (exit 1) after this long.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -673,6 +756,12 @@ pub struct StatusArgs {
     /// Ctrl-C; port 0 picks a free port (the URL is printed).
     #[arg(long, value_name = "ADDR", conflicts_with = "json")]
     pub web: Option<SocketAddr>,
+    /// Check the cluster instead of printing it, for scripts and probes: print one line per
+    /// problem (a shard or gateway not ready or not answering, no gateway registered, no
+    /// partition, a cell no registered shard owns) and exit 1 if there is any, 3 if etcd
+    /// cannot be read, 0 (with a one-line summary) if all is well.
+    #[arg(long, conflicts_with_all = ["json", "web"])]
+    pub check: bool,
 }
 
 fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
@@ -684,8 +773,13 @@ fn check_common(common: &CommonArgs, problems: &mut Vec<String>) {
         problems.push("--etcd needs at least one endpoint".into());
     }
     common.etcd_access.check(&common.etcd, problems);
-    if common.lease_ttl == 0 || common.lease_ttl > 60 {
-        problems.push(format!("--lease-ttl {} must be between 1 and 60 seconds", common.lease_ttl));
+    check_lease_ttl(common.lease_ttl, problems);
+}
+
+/// etcd leases live whole seconds.
+fn check_lease_ttl(ttl: Duration, problems: &mut Vec<String>) {
+    if ttl.subsec_nanos() != 0 || ttl < Duration::from_secs(1) || ttl > Duration::from_secs(60) {
+        problems.push(format!("--lease-ttl {ttl:?} must be whole seconds between 1s and 60s"));
     }
 }
 
@@ -787,8 +881,8 @@ impl ShardArgs {
                 .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
                 .ok()
         });
-        if self.save_interval == 0 {
-            problems.push("--save-interval must be at least 1 second".into());
+        if self.save_interval < Duration::from_secs(1) {
+            problems.push("--save-interval must be at least 1s".into());
         }
         let config = ShardConfig {
             resume_keys,
@@ -798,14 +892,14 @@ impl ShardArgs {
             etcd: self.common.etcd_access.etcd(&self.common.etcd),
             world,
             dev_mode: self.common.dev,
-            lease_ttl: Duration::from_secs(self.common.lease_ttl),
+            lease_ttl: self.common.lease_ttl,
             seed: self.seed,
-            drain_timeout: Duration::from_secs(self.drain_timeout),
-            resume_window: Duration::from_secs(self.resume_window),
+            drain_timeout: self.drain_timeout,
+            resume_window: self.resume_window,
             advertise_admin: self.common.advertise_admin.clone(),
             advertise: self.advertise,
             store,
-            save_interval: Duration::from_secs(self.save_interval),
+            save_interval: self.save_interval,
             game: self.game.config(&mut problems),
             tls,
         };
@@ -840,23 +934,20 @@ impl GatewayArgs {
                 .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
                 .ok()
         });
+        // The former millisecond flags, where given, stand for the new ones.
+        let idle = self.quic_idle_timeout_ms.map_or(self.quic_idle_timeout, Duration::from_millis);
+        let keep_alive =
+            self.quic_keep_alive_ms.map_or(self.quic_keep_alive, Duration::from_millis);
         let quic = self.quic.map(|addr| {
-            let timeouts = QuicTimeouts {
-                idle: Duration::from_millis(self.quic_idle_timeout_ms),
-                keep_alive: Duration::from_millis(self.quic_keep_alive_ms),
-            };
-            if !(500..=600_000).contains(&self.quic_idle_timeout_ms) {
-                problems.push(format!(
-                    "--quic-idle-timeout-ms {} must be between 500 and 600000",
-                    self.quic_idle_timeout_ms
-                ));
+            let timeouts = QuicTimeouts { idle, keep_alive };
+            if idle < Duration::from_millis(500) || idle > Duration::from_secs(600) {
+                problems
+                    .push(format!("--quic-idle-timeout {idle:?} must be between 500ms and 10m"));
             }
-            if self.quic_keep_alive_ms == 0
-                || self.quic_keep_alive_ms * 2 > self.quic_idle_timeout_ms
-            {
+            if keep_alive.is_zero() || keep_alive * 2 > idle {
                 problems.push(format!(
-                    "--quic-keep-alive-ms {} must be above 0 and at most half the idle timeout",
-                    self.quic_keep_alive_ms
+                    "--quic-keep-alive {keep_alive:?} must be above 0 and at most half the idle \
+                     timeout"
                 ));
             }
             let cert = match (self.quic_cert.clone(), self.quic_key.clone()) {
@@ -902,7 +993,7 @@ impl GatewayArgs {
             max_output_bytes: self.max_output,
             limits,
             dev_mode: self.common.dev,
-            lease_ttl: Duration::from_secs(self.common.lease_ttl),
+            lease_ttl: self.common.lease_ttl,
             advertise: self.advertise,
             jwks: self.jwks,
             accounts: None,
@@ -936,9 +1027,9 @@ impl UpArgs {
         if self.gateways == 0 || self.gateways > 16 {
             problems.push(format!("--gateways {} must be between 1 and 16", self.gateways));
         }
-        if self.lease_ttl == 0 || self.lease_ttl > 60 {
-            problems
-                .push(format!("--lease-ttl {} must be between 1 and 60 seconds", self.lease_ttl));
+        check_lease_ttl(self.lease_ttl, &mut problems);
+        if self.save_interval < Duration::from_secs(1) {
+            problems.push("--save-interval must be at least 1s".into());
         }
         self.game.config(&mut problems);
         finish(self, problems)

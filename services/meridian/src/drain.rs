@@ -49,8 +49,8 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
                     started.elapsed().as_secs_f64()
                 ),
             }
-            if started.elapsed() > Duration::from_secs(args.timeout) {
-                bail!("{shard} did not finish draining within {} s", args.timeout);
+            if started.elapsed() > args.timeout {
+                bail!("{shard} did not finish draining within {:?}", args.timeout);
             }
             let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
         }

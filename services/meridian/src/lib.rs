@@ -81,9 +81,16 @@ pub fn run<G: Game + Default + 'static>() -> std::process::ExitCode {
     run_with(Games::stock().with("game", meridian_game::factory::<G>()).default_to("game"))
 }
 
+/// The command line as clap describes it: every command, flag and help text (for tests
+/// and for generating shell completions).
+pub fn command() -> clap::Command {
+    <cli::Cli as clap::CommandFactory>::command()
+}
+
 /// Runs the binary (every command) with these games.
 pub fn run_with(games: Games) -> std::process::ExitCode {
     let _ = GAMES.set(games);
+    meridian_observe::set_build_info(env!("CARGO_PKG_VERSION"), env!("MERIDIAN_BUILD_COMMIT"));
     let cli = cli::Cli::parse();
     meridian_observe::init_tracing(cli.log_json);
     // Every node serves many sockets: the soft open-files limit (often 1024) goes up to the
@@ -95,6 +102,7 @@ pub fn run_with(games: Games) -> std::process::ExitCode {
         cli::Command::Shard(args) => (*args).validate().and_then(node::run_shard),
         cli::Command::Gateway(args) => args.validate().and_then(node::run_gateway),
         cli::Command::Up(args) => args.validate().and_then(up::run),
+        cli::Command::Status(args) if args.check => return status::check(args),
         cli::Command::Status(args) => status::run(args),
         cli::Command::Drain(args) => drain::run(args),
         cli::Command::Player(args) => player::run(args),
@@ -108,7 +116,7 @@ pub fn run_with(games: Games) -> std::process::ExitCode {
                 &args.sub,
                 args.name.as_deref(),
                 now,
-                args.ttl,
+                args.ttl.as_secs(),
             );
             println!("{token}");
             Ok(())

@@ -70,6 +70,33 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// etcd's client port: `wanted` (the port every command looks at by default) if nobody
+/// listens on it, else a free one.
+fn etcd_client_port(wanted: u16) -> anyhow::Result<u16> {
+    if wanted == 0 {
+        return free_port();
+    }
+    match TcpListener::bind(("127.0.0.1", wanted)) {
+        Ok(_probe) => Ok(wanted),
+        Err(error) => {
+            eprintln!("meridian up: port {wanted} is taken ({error}); etcd listens on a free port");
+            free_port()
+        }
+    }
+}
+
+/// The `meridian status` command that shows this cluster: no flag that is the default.
+fn status_command(cluster: &str, etcd_url: &str) -> String {
+    let mut command = "meridian status".to_string();
+    if cluster != crate::cli::DEFAULT_CLUSTER {
+        command.push_str(&format!(" --cluster {cluster}"));
+    }
+    if etcd_url != crate::cli::DEFAULT_ETCD {
+        command.push_str(&format!(" --etcd {etcd_url}"));
+    }
+    command
+}
+
 fn spawn(command: &mut Command, name: &str, ready_file: PathBuf) -> anyhow::Result<Node> {
     // SAFETY: prctl in the child between fork and exec touches no shared state.
     unsafe {
@@ -112,7 +139,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut attempt = 0;
     let (etcd_url, etcd_args) = loop {
         attempt += 1;
-        let (client_port, peer_port) = (free_port()?, free_port()?);
+        // The default port first (so `meridian status` finds etcd without --etcd); a retry
+        // takes any.
+        let wanted = if attempt == 1 { args.etcd_port } else { 0 };
+        let (client_port, peer_port) = (etcd_client_port(wanted)?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         // The same directory every attempt (and every start with the same --data-dir): a
@@ -174,7 +204,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             .env("MERIDIAN_RESUME_KEY_PREVIOUS", &previous)
             .env("MERIDIAN_ADMIN_TOKEN", &admin_token)
             .args(["--cluster", &args.cluster, "--etcd", &etcd_url, "--dev"])
-            .args(["--lease-ttl", &args.lease_ttl.to_string(), "--admin", "127.0.0.1:0"])
+            .args(["--lease-ttl", &duration_arg(args.lease_ttl), "--admin", "127.0.0.1:0"])
             .arg("--ready-file")
             .arg(ready);
     };
@@ -182,20 +212,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         let ready = run_dir.join(format!("shard-{id}.json"));
         let mut command = Command::new(&me);
         command.args(["shard", "--id", &id.to_string(), "--listen", "127.0.0.1:0"]);
-        command.args(["--resume-window".to_string(), args.resume_window.to_string()]);
+        command.args(["--resume-window", &duration_arg(args.resume_window)]);
         if let Some(game) = &args.game.game {
             command.args(["--game", game]);
         }
-        command.arg("--game-tick").arg(format!("{}ms", args.game.game_tick.as_millis()));
+        command.args(["--game-tick", &duration_arg(args.game.game_tick)]);
         command.args(["--max-npcs", &args.game.max_npcs.to_string()]);
         if let Some(store) = &store {
             command.args(["--store", store]);
-            command.args(["--save-interval", &args.save_interval.to_string()]);
+            command.args(["--save-interval", &duration_arg(args.save_interval)]);
         }
         common(&mut command, &ready);
         tls(&mut command, &format!("shard-{id}"))?;
         nodes.list.push(spawn(&mut command, &format!("shard-{id}"), ready)?);
     }
+    let quic_idle = args.quic_idle_timeout_ms.map_or(args.quic_idle_timeout, Duration::from_millis);
     let io = match args.io {
         crate::cli::Io::Uring => "uring",
         crate::cli::Io::Epoll => "epoll",
@@ -211,8 +242,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--quic", &format!("127.0.0.1:{quic_port}")])
             .args(["--ws", &format!("127.0.0.1:{ws_port}")])
-            .args(["--quic-idle-timeout-ms", &args.quic_idle_timeout_ms.to_string()])
-            .args(["--quic-keep-alive-ms", &(args.quic_idle_timeout_ms / 3).to_string()]);
+            .args(["--quic-idle-timeout", &duration_arg(quic_idle)])
+            .args(["--quic-keep-alive", &duration_arg(quic_idle / 3)]);
         let exempt: Vec<&str> =
             args.limit_exempt.iter().map(|a| a.trim()).filter(|a| !a.is_empty()).collect();
         if !exempt.is_empty() {
@@ -282,7 +313,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     if let Some(admin) = summary["gateways"][0]["admin"].as_str() {
         println!("  play:     http://{admin}/play   (in a browser, over the WebSocket front)");
     }
-    println!("  status:   meridian status --cluster {} --etcd {etcd_url}", args.cluster);
+    println!("  status:   {}", status_command(&args.cluster, &etcd_url));
     let exempt: Vec<&str> =
         args.limit_exempt.iter().map(|a| a.trim()).filter(|a| !a.is_empty()).collect();
     if !exempt.is_empty() {
@@ -389,10 +420,32 @@ async fn wait_until_ready(
     }))
 }
 
+/// `duration` as a flag's value, exactly (to the millisecond).
+fn duration_arg(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
 fn random_hex_key() -> anyhow::Result<String> {
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
         .context("reading /dev/urandom")?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `up` on the default port with the default name prints a bare `meridian status`.
+    #[test]
+    fn the_status_command_names_only_what_is_not_a_default() {
+        let default_etcd = crate::cli::DEFAULT_ETCD;
+        assert_eq!(status_command("meridian", default_etcd), "meridian status");
+        assert_eq!(
+            status_command("meridian", "http://127.0.0.1:40001"),
+            "meridian status --etcd http://127.0.0.1:40001"
+        );
+        assert_eq!(status_command("blue", default_etcd), "meridian status --cluster blue");
+    }
 }

@@ -1,15 +1,22 @@
 //! The admin HTTP port: `/healthz`, `/readyz`, `/metrics`, plus whatever pages a node adds
-//! (a shard's `/players` and `/density`, a gateway's live map). Deliberately tiny (one
-//! request per connection, `connection: close`): it serves probes, scrapes and an
-//! operator's browser, not traffic.
+//! (a shard's `/players` and `/density`, a gateway's live map). It serves probes, scrapes
+//! and an operator's browser, not traffic: HTTP/1.1 with keep-alive on hyper (the HTTP
+//! stack tonic already brings in), GET and HEAD only, every request and client bounded (see
+//! the limits below), since it faces whatever can reach the port.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tracing::debug;
 
 use crate::Registry;
@@ -94,40 +101,39 @@ impl Access {
     }
 
     /// `None` if the request may read `path`, else the refusal's status and body.
-    fn refuses(&self, path: &str, query: &str, head: &str) -> Option<(&'static str, String)> {
+    /// `authorization` is the request's `Authorization` header, if it has one.
+    fn refuses(
+        &self,
+        path: &str,
+        query: &str,
+        authorization: Option<&str>,
+    ) -> Option<(StatusCode, &'static str)> {
         if self.public.contains(&path) {
             return None;
         }
         let refusal = match &self.private {
             Private::Open => return None,
             Private::Token(token) => {
-                let presented = bearer(head).or_else(|| query_token(query));
+                let presented = authorization.and_then(bearer).or_else(|| query_token(query));
                 if presented.is_some_and(|p| same(p.as_bytes(), token.as_bytes())) {
                     return None;
                 }
-                ("401 Unauthorized", "this page names players: send the node's admin token (Authorization: Bearer, or ?token=)\n")
+                (StatusCode::UNAUTHORIZED, "this page names players: send the node's admin token (Authorization: Bearer, or ?token=)\n")
             }
             Private::Closed => (
-                "403 Forbidden",
+                StatusCode::FORBIDDEN,
                 "this page names players: it is served only with --admin-token (MERIDIAN_ADMIN_TOKEN) set\n",
             ),
         };
         self.refused.inc();
-        Some((refusal.0, refusal.1.to_string()))
+        Some(refusal)
     }
 }
 
-/// The token of an `Authorization: Bearer` header in a request head.
-fn bearer(head: &str) -> Option<&str> {
-    head.lines().skip(1).find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        if !name.trim().eq_ignore_ascii_case("authorization") {
-            return None;
-        }
-        let value = value.trim();
-        let (scheme, token) = value.split_once(' ')?;
-        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-    })
+/// The token of an `Authorization: Bearer <token>` header value.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// The `token` parameter of a query string.
@@ -140,12 +146,38 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// How long a client may take to send its request line, and how long the rest of its
-/// request is drained after the answer.
-const CLIENT_WITHIN: Duration = Duration::from_secs(2);
-/// Longest request head (request line and headers) read; what is past it is not looked at
-/// (a request line longer than this gets what the truncated line names, or a 404).
-const REQUEST_HEAD_MAX: usize = 8 * 1024;
+/// How long a client may take to send a request's head (request line and headers), counted
+/// from when the connection is ready for it: a new connection, or one kept alive after an
+/// answer. So it is also how long an idle kept-alive connection stays open.
+pub const REQUEST_HEAD_WITHIN: Duration = Duration::from_secs(10);
+/// The most a request head may hold, in bytes (hyper's smallest read buffer); past it the
+/// client gets 431 and the connection is closed.
+pub const REQUEST_HEAD_MAX: usize = 8 * 1024;
+/// The most headers a request may carry (a browser sends about 15); past it, 431.
+pub const REQUEST_HEADERS_MAX: usize = 64;
+/// How long one connection may live, however busy: a client that stops reading its answer
+/// holds it no longer than this. It is then closed after the answer in flight (given 5 s).
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+/// Connections served at once; more wait in the listener's backlog until one closes.
+pub const CONNECTIONS_MAX: usize = 256;
+
+/// What every connection's requests are answered from.
+struct Admin {
+    registry: Registry,
+    readiness: Readiness,
+    routes: Routes,
+    access: Access,
+    limits: Limits,
+}
+
+/// The bounds on clients (the constants above; tests shorten the times).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    head_within: Duration,
+    lifetime: Duration,
+}
+
+const LIMITS: Limits = Limits { head_within: REQUEST_HEAD_WITHIN, lifetime: CONNECTION_LIFETIME };
 
 /// Serves the admin endpoints on `listener` until the task is dropped.
 pub async fn serve_admin(listener: TcpListener, registry: Registry, readiness: Readiness) {
@@ -153,7 +185,8 @@ pub async fn serve_admin(listener: TcpListener, registry: Registry, readiness: R
     serve_admin_with(listener, registry, readiness, Arc::new(|_: &str| None), access).await
 }
 
-/// [`serve_admin`] plus node-specific routes, guarded by `access`.
+/// [`serve_admin`] plus node-specific routes, guarded by `access`. The process metrics and
+/// `meridian_build_info` are added to `registry` here.
 pub async fn serve_admin_with(
     listener: TcpListener,
     registry: Registry,
@@ -161,101 +194,137 @@ pub async fn serve_admin_with(
     routes: Routes,
     access: Access,
 ) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let registry = registry.clone();
-        let readiness = Arc::clone(&readiness);
-        let routes = Arc::clone(&routes);
-        tokio::spawn(answer(stream, registry, readiness, routes, access.clone()));
-    }
+    serve_admin_within(listener, registry, readiness, routes, access, LIMITS).await
 }
 
-async fn answer(
-    mut stream: TcpStream,
+async fn serve_admin_within(
+    listener: TcpListener,
     registry: Registry,
     readiness: Readiness,
     routes: Routes,
     access: Access,
+    limits: Limits,
 ) {
-    let mut request = vec![0u8; REQUEST_HEAD_MAX];
-    let mut filled = 0;
-    // Read until the end of the head (the bearer token is a header), or as much of it as
-    // fits; a client that sends a request line only (HTTP/0.9 style) is answered once the
-    // line is complete and nothing more comes.
-    while filled < request.len() && !request[..filled].windows(4).any(|w| w == b"\r\n\r\n") {
-        let within = if request[..filled].contains(&b'\n') {
-            Duration::from_millis(200)
-        } else {
-            CLIENT_WITHIN
+    crate::process::register(&registry);
+    let admin = Arc::new(Admin { registry, readiness, routes, access, limits });
+    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
         };
-        match tokio::time::timeout(within, stream.read(&mut request[filled..])).await {
-            Ok(Ok(n)) if n > 0 => filled += n,
-            _ if request[..filled].contains(&b'\n') => break,
-            _ => return,
-        }
+        let admin = Arc::clone(&admin);
+        tokio::spawn(async move {
+            serve_connection(stream, admin).await;
+            drop(slot);
+        });
     }
-    let head = String::from_utf8_lossy(&request[..filled]);
-    let line = head.lines().next().unwrap_or("");
-    let target = line.split_whitespace().nth(1).unwrap_or("/");
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let (status, content_type, body) = match path {
-        "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
-        "/readyz" => match readiness() {
-            Ok(()) => ("200 OK", "text/plain", "ready\n".to_string()),
-            Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
-        },
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", registry.render()),
-        other => match routes(other) {
-            Some(reply) => match access.refuses(other, query, &head) {
-                Some((status, body)) => (status, "text/plain", body),
-                None => {
-                    let reply = reply.await;
-                    ("200 OK", reply.content_type, reply.body)
-                }
-            },
-            None => ("404 Not Found", "text/plain", "not found\n".to_string()),
-        },
-    };
-    let challenge = if status.starts_with("401") { "www-authenticate: Bearer\r\n" } else { "" };
-    let head = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
-         {challenge}cache-control: no-store\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    if let Err(error) = async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        stream.shutdown().await
-    }
-    .await
-    {
-        debug!(%error, "admin client went away");
-        return;
-    }
-    // Read what is left of the request (a browser's headers) before closing: closing a
-    // socket with unread input sends a reset, which can destroy the answer in flight.
-    let mut rest = [0u8; 1024];
-    let _ = tokio::time::timeout(CLIENT_WITHIN, async {
-        while let Ok(n) = stream.read(&mut rest).await {
-            if n == 0 {
-                break;
+}
+
+async fn serve_connection(stream: TcpStream, admin: Arc<Admin>) {
+    let limits = admin.limits;
+    let service = hyper::service::service_fn(move |request| {
+        let admin = Arc::clone(&admin);
+        async move { Ok::<_, Infallible>(answer(&admin, request).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.head_within)
+        .max_buf_size(REQUEST_HEAD_MAX)
+        .max_headers(REQUEST_HEADERS_MAX)
+        .keep_alive(true);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let outcome = tokio::select! {
+        outcome = connection.as_mut() => outcome,
+        _ = tokio::time::sleep(limits.lifetime) => {
+            connection.as_mut().graceful_shutdown();
+            match tokio::time::timeout(Duration::from_secs(5), connection.as_mut()).await {
+                Ok(outcome) => outcome,
+                Err(_) => return,
             }
         }
-    })
-    .await;
+    };
+    if let Err(error) = outcome {
+        debug!(%error, "admin connection ended");
+    }
+}
+
+/// A plain-text answer.
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    reply(status, "text/plain; charset=utf-8", body.into())
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Answers one request. HEAD gets GET's headers (its `content-length` too) and no body:
+/// hyper leaves the body out.
+async fn answer<B>(admin: &Admin, request: Request<B>) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        let mut refused = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+        refused.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return refused;
+    }
+    let path = request.uri().path();
+    let query = request.uri().query().unwrap_or("");
+    match path {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" => match (admin.readiness)() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        },
+        "/metrics" => {
+            let body = Bytes::from(admin.registry.render());
+            reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
+        }
+        other => match (admin.routes)(other) {
+            Some(page) => {
+                let authorization = request
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|value| value.to_str().ok());
+                match admin.access.refuses(other, query, authorization) {
+                    Some((status, why)) => {
+                        let mut refused = text(status, why);
+                        if status == StatusCode::UNAUTHORIZED {
+                            let challenge = HeaderValue::from_static("Bearer");
+                            refused.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
+                        }
+                        refused
+                    }
+                    None => {
+                        let page = page.await;
+                        reply(StatusCode::OK, page.content_type, Bytes::from(page.body))
+                    }
+                }
+            }
+            None => text(StatusCode::NOT_FOUND, "not found\n"),
+        },
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
+    /// How long a test waits for any answer.
+    const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
     async fn serve() -> String {
-        serve_as(Private::Open).await
+        serve_as(Private::Open, LIMITS).await
     }
 
-    async fn serve_as(private: Private) -> String {
+    async fn serve_as(private: Private, limits: Limits) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let registry = Registry::default();
@@ -264,26 +333,93 @@ mod tests {
         let routes: Routes = Arc::new(|path: &str| {
             let reply: ReplyFuture = match path {
                 "/page" => Box::pin(async { Reply::html("<p>hi</p>".into()) }),
+                "/open" => Box::pin(async { Reply::html("<p>all</p>".into()) }),
                 _ => return None,
             };
             Some(reply)
         });
-        let routes: Routes = Arc::new(move |path: &str| match path {
-            "/open" => Some(Box::pin(async { Reply::html("<p>all</p>".into()) }) as ReplyFuture),
-            other => routes(other),
-        });
         let access = Access::new(private, &["/open"], &registry);
-        tokio::spawn(serve_admin_with(listener, registry, readiness, routes, access));
+        tokio::spawn(serve_admin_within(listener, registry, readiness, routes, access, limits));
         addr
     }
 
-    /// Sends `request` as a browser would (all headers at once) and reads the whole answer.
-    async fn ask(addr: &str, request: &str) -> String {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await.unwrap();
-        answer
+    /// One answer as read off the wire.
+    #[derive(Debug)]
+    struct Answer {
+        status: u16,
+        /// The status line and headers, header names lowercased.
+        head: String,
+        body: String,
+    }
+
+    impl Answer {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.head.lines().find_map(|line| {
+                let (key, value) = line.split_once(':')?;
+                key.eq_ignore_ascii_case(name).then(|| value.trim())
+            })
+        }
+    }
+
+    /// A client connection that reads answers one at a time, by their `content-length`.
+    struct Client {
+        stream: TcpStream,
+        unread: Vec<u8>,
+    }
+
+    impl Client {
+        async fn connect(addr: &str) -> Client {
+            Client { stream: TcpStream::connect(addr).await.unwrap(), unread: Vec::new() }
+        }
+
+        async fn send(&mut self, request: &str) {
+            self.stream.write_all(request.as_bytes()).await.unwrap();
+        }
+
+        /// Reads more bytes; false at the end of the stream (or a reset).
+        async fn fill(&mut self) -> bool {
+            let mut buffer = [0u8; 4096];
+            match tokio::time::timeout(ANSWER_WITHIN, self.stream.read(&mut buffer)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    self.unread.extend_from_slice(&buffer[..n]);
+                    true
+                }
+                Ok(_) => false,
+                Err(_) => panic!("no answer within {ANSWER_WITHIN:?}"),
+            }
+        }
+
+        /// The next answer; `head_only` for the answer to a HEAD (no body follows).
+        async fn answer(&mut self, head_only: bool) -> Answer {
+            let end = loop {
+                if let Some(at) = self.unread.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
+                }
+                assert!(self.fill().await, "closed before a whole head: {:?}", self.unread);
+            };
+            let head = String::from_utf8(self.unread.drain(..end).collect()).unwrap();
+            let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+            let mut answer = Answer { status, head, body: String::new() };
+            let length: usize = answer.header("content-length").map_or(0, |l| l.parse().unwrap());
+            let length = if head_only { 0 } else { length };
+            while self.unread.len() < length {
+                assert!(self.fill().await, "closed before the whole body");
+            }
+            answer.body = String::from_utf8(self.unread.drain(..length).collect()).unwrap();
+            answer
+        }
+
+        /// Whether the server closes the connection (within the wait) with nothing more sent.
+        async fn closed(&mut self) -> bool {
+            !self.fill().await && self.unread.is_empty()
+        }
+    }
+
+    /// One request on a connection of its own.
+    async fn ask(addr: &str, request: &str) -> Answer {
+        let mut client = Client::connect(addr).await;
+        client.send(request).await;
+        client.answer(request.starts_with("HEAD")).await
     }
 
     #[tokio::test]
@@ -292,18 +428,98 @@ mod tests {
         let headers =
             "Host: x\r\nUser-Agent: a browser with a long header line\r\nAccept: */*\r\n\r\n";
         let page = ask(&addr, &format!("GET /page?t=1 HTTP/1.1\r\n{headers}")).await;
-        assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
-        assert!(page.contains("content-type: text/html; charset=utf-8\r\n"), "{page}");
-        assert!(page.ends_with("\r\n\r\n<p>hi</p>"), "{page}");
+        assert_eq!((page.status, page.body.as_str()), (200, "<p>hi</p>"), "{page:?}");
+        assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"), "{page:?}");
+        assert_eq!(page.header("cache-control"), Some("no-store"), "{page:?}");
         let ready = ask(&addr, "GET /readyz HTTP/1.0\r\n\r\n").await;
-        assert!(ready.starts_with("HTTP/1.1 503 Service Unavailable"), "{ready}");
-        assert!(ready.ends_with("not registered in etcd\n"), "{ready}");
-        let metrics = ask(&addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
-        assert!(metrics.contains("meridian_test_total 2\n"), "{metrics}");
-        let missing = ask(&addr, "GET /nothing HTTP/1.0\r\n\r\n").await;
-        assert!(missing.starts_with("HTTP/1.1 404 Not Found"), "{missing}");
-        let garbage = ask(&addr, "\u{1}\u{2}\n").await;
-        assert!(garbage.starts_with("HTTP/1.1 404"), "{garbage}");
+        assert_eq!((ready.status, ready.body.as_str()), (503, "not registered in etcd\n"));
+        let metrics = ask(&addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(metrics.body.contains("meridian_test_total 2\n"), "{metrics:?}");
+        assert!(metrics.body.contains("meridian_build_info{"), "{metrics:?}");
+        let version = metrics.header("content-type").unwrap();
+        assert!(version.starts_with("text/plain; version=0.0.4"), "{metrics:?}");
+        let missing = ask(&addr, "GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert_eq!(missing.status, 404, "{missing:?}");
+        let garbage = ask(&addr, "\u{1}\u{2}\r\n\r\n").await;
+        assert_eq!(garbage.status, 400, "{garbage:?}");
+    }
+
+    /// Two requests (and a third) on one connection: an HTTP/1.1 client keeps it.
+    #[tokio::test]
+    async fn keeps_the_connection_alive_between_requests() {
+        let addr = serve().await;
+        let mut client = Client::connect(&addr).await;
+        client.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let first = client.answer(false).await;
+        assert_eq!((first.status, first.body.as_str()), (200, "ok\n"), "{first:?}");
+        assert_ne!(first.header("connection"), Some("close"), "{first:?}");
+        client.send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let second = client.answer(false).await;
+        assert!(second.status == 200 && second.body.contains("meridian_test_total 2"));
+        // Pipelined: both answered in order.
+        client.send("GET /page HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n").await;
+        assert_eq!(client.answer(false).await.body, "<p>hi</p>");
+        assert_eq!(client.answer(false).await.body, "ok\n");
+        // A client that asks to close is answered, then closed.
+        client.send("GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n").await;
+        assert_eq!(client.answer(false).await.status, 200);
+        assert!(client.closed().await, "closed after `connection: close`");
+    }
+
+    /// HEAD: GET's status and headers (its length too), no body; the next answer on the
+    /// connection starts right after the head.
+    #[tokio::test]
+    async fn head_gets_the_headers_and_no_body() {
+        let addr = serve().await;
+        let mut client = Client::connect(&addr).await;
+        client.send("HEAD /page HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let head = client.answer(true).await;
+        assert_eq!(head.status, 200, "{head:?}");
+        assert_eq!(head.header("content-length"), Some("9"), "{head:?}");
+        assert_eq!(head.header("content-type"), Some("text/html; charset=utf-8"));
+        client.send("HEAD /readyz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert_eq!(client.answer(true).await.status, 503);
+        client.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let after = client.answer(false).await;
+        assert_eq!((after.status, after.body.as_str()), (200, "ok\n"), "{after:?}");
+    }
+
+    #[tokio::test]
+    async fn other_methods_are_refused_with_allow() {
+        let addr = serve().await;
+        for method in ["POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+            let request =
+                format!("{method} /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+            let answer = ask(&addr, &request).await;
+            assert_eq!(answer.status, 405, "{method}: {answer:?}");
+            assert_eq!(answer.header("allow"), Some("GET, HEAD"), "{method}: {answer:?}");
+        }
+        // Refused before the route runs: a private page says 405, not 401 or its content.
+        let post = ask(&addr, "POST /page HTTP/1.1\r\nContent-Length: 0\r\n\r\n").await;
+        assert_eq!(post.status, 405, "{post:?}");
+    }
+
+    /// A head past the size limit gets 431; a client that does not finish its head in time
+    /// is closed; an idle kept-alive connection too.
+    #[tokio::test]
+    async fn bounds_request_heads_and_slow_clients() {
+        let limits =
+            Limits { head_within: Duration::from_millis(300), lifetime: CONNECTION_LIFETIME };
+        let addr = serve_as(Private::Open, limits).await;
+        let big =
+            format!("GET /healthz HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(REQUEST_HEAD_MAX));
+        assert_eq!(ask(&addr, &big).await.status, 431);
+        let many: String = (0..=REQUEST_HEADERS_MAX).map(|i| format!("X-{i}: 1\r\n")).collect();
+        let many = ask(&addr, &format!("GET /healthz HTTP/1.1\r\n{many}\r\n")).await;
+        assert_eq!(many.status, 431, "{many:?}");
+
+        let mut slow = Client::connect(&addr).await;
+        slow.send("GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
+        assert!(slow.closed().await, "a head never finished");
+        let mut idle = Client::connect(&addr).await;
+        idle.send("GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert_eq!(idle.answer(false).await.status, 200);
+        assert!(idle.closed().await, "an idle kept-alive connection");
     }
 
     /// Pages that name players need the node's admin token (a header, or the URL for a
@@ -311,35 +527,32 @@ mod tests {
     /// metrics and public pages stay open; refusals are counted.
     #[tokio::test]
     async fn private_pages_need_the_admin_token() {
-        let addr = serve_as(Private::Token(Arc::from("s3cret"))).await;
-        let asked = |request: &'static str| {
-            let addr = addr.clone();
-            async move { ask(&addr, request).await }
-        };
-        let none = asked("GET /page HTTP/1.1\r\nHost: x\r\n\r\n").await;
-        assert!(none.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{none}");
-        assert!(none.contains("www-authenticate: Bearer\r\n") && !none.contains("<p>hi"), "{none}");
-        let wrong = asked("GET /page HTTP/1.1\r\nAuthorization: Bearer s3cre\r\n\r\n").await;
-        assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+        let addr = serve_as(Private::Token(Arc::from("s3cret")), LIMITS).await;
+        let none = ask(&addr, "GET /page HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert_eq!(none.status, 401, "{none:?}");
+        assert_eq!(none.header("www-authenticate"), Some("Bearer"), "{none:?}");
+        assert!(!none.body.contains("<p>hi"), "{none:?}");
+        let wrong = ask(&addr, "GET /page HTTP/1.1\r\nAuthorization: Bearer s3cre\r\n\r\n").await;
+        assert_eq!(wrong.status, 401, "{wrong:?}");
         let right =
-            asked("GET /page HTTP/1.1\r\nHost: x\r\nauthorization: bearer s3cret\r\n\r\n").await;
-        assert!(right.starts_with("HTTP/1.1 200 OK") && right.ends_with("<p>hi</p>"), "{right}");
-        let browser = asked("GET /page?x=1&token=s3cret HTTP/1.1\r\n\r\n").await;
-        assert!(browser.starts_with("HTTP/1.1 200 OK"), "{browser}");
+            ask(&addr, "GET /page HTTP/1.1\r\nHost: x\r\nauthorization: bearer s3cret\r\n\r\n")
+                .await;
+        assert_eq!((right.status, right.body.as_str()), (200, "<p>hi</p>"), "{right:?}");
+        let browser = ask(&addr, "GET /page?x=1&token=s3cret HTTP/1.1\r\n\r\n").await;
+        assert_eq!(browser.status, 200, "{browser:?}");
+        let head = ask(&addr, "HEAD /page HTTP/1.1\r\n\r\n").await;
+        assert_eq!(head.status, 401, "HEAD is guarded as GET: {head:?}");
         for open in ["/healthz", "/metrics", "/open"] {
-            let request: &'static str = Box::leak(format!("GET {open} HTTP/1.0\r\n\r\n").into());
-            let answer = asked(request).await;
-            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{open}: {answer}");
+            let answer = ask(&addr, &format!("GET {open} HTTP/1.0\r\n\r\n")).await;
+            assert_eq!(answer.status, 200, "{open}: {answer:?}");
         }
-        let metrics = asked("GET /metrics HTTP/1.0\r\n\r\n").await;
-        assert!(metrics.contains("meridian_admin_refused_total 2\n"), "{metrics}");
+        let metrics = ask(&addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
+        assert!(metrics.body.contains("meridian_admin_refused_total 3\n"), "{metrics:?}");
 
-        let closed = serve_as(Private::from_config(None, false)).await;
+        let closed = serve_as(Private::from_config(None, false), LIMITS).await;
         let answer = ask(&closed, "GET /page HTTP/1.1\r\nAuthorization: Bearer x\r\n\r\n").await;
-        assert!(
-            answer.starts_with("HTTP/1.1 403 Forbidden") && answer.contains("--admin-token"),
-            "{answer}"
-        );
+        assert_eq!(answer.status, 403, "{answer:?}");
+        assert!(answer.body.contains("--admin-token"), "{answer:?}");
         assert!(matches!(Private::from_config(None, true), Private::Open));
         assert!(matches!(Private::from_config(Some(""), true), Private::Open));
     }

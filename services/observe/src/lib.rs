@@ -9,18 +9,29 @@
 mod admin;
 mod client;
 mod metrics;
+pub mod process;
 
 pub use admin::{
     serve_admin, serve_admin_with, Access, Private, Readiness, Reply, ReplyFuture, Routes,
 };
 pub use client::{admin_get, admin_get_as};
-pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Registry};
+pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Kind, Registry};
+pub use process::set_build_info;
 
-/// Sets up `tracing` once for the process: `RUST_LOG`-style filter (default `info`),
-/// human-readable lines on stderr, or JSON lines when `json` is set.
+/// What is logged when `RUST_LOG` is not set: Meridian's own events from `info` up, the
+/// libraries under it (HTTP/2, gRPC, QUIC, TLS, PostgreSQL, WebSocket) only from `warn`:
+/// their `info` lines are per connection and say nothing an operator acts on.
+pub const DEFAULT_LOG_FILTER: &str = "info,h2=warn,hyper=warn,hyper_util=warn,tower=warn,\
+     tonic=warn,etcd_client=warn,quinn=warn,quinn_proto=warn,rustls=warn,tokio_postgres=warn,\
+     tungstenite=warn,tokio_tungstenite=warn";
+
+/// Sets up `tracing` once for the process: the `RUST_LOG` filter if set (e.g.
+/// `info,meridian_shard=debug`), else [`DEFAULT_LOG_FILTER`]; human-readable lines on
+/// stderr, or JSON lines when `json` is set.
 pub fn init_tracing(json: bool) {
     use tracing_subscriber::{fmt, EnvFilter};
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // A second call (tests that start nodes in-process) keeps the first subscriber.
     let _ = if json { builder.json().try_init() } else { builder.try_init() };

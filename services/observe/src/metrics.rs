@@ -93,11 +93,23 @@ impl Histogram {
 /// partition epoch), so nothing has to copy it into an atomic.
 type ReadFn = Box<dyn Fn() -> i64 + Send + Sync>;
 
+/// A value that is not a whole number (seconds of CPU), read at scrape time.
+type ReadFloatFn = Box<dyn Fn() -> f64 + Send + Sync>;
+
+/// The Prometheus type of a metric read at scrape time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Never goes down (named `_total`).
+    Counter,
+    Gauge,
+}
+
 enum Metric {
     Counter(Arc<Counter>),
     Gauge(Arc<Gauge>),
     CounterFn(ReadFn),
     GaugeFn(ReadFn),
+    FloatFn(Kind, ReadFloatFn),
     Histogram(Arc<Histogram>),
 }
 
@@ -181,6 +193,18 @@ impl Registry {
         self.push(name, help, labels, Metric::GaugeFn(Box::new(read)));
     }
 
+    /// A metric of `kind` whose value `read` computes on every scrape, not necessarily a
+    /// whole number (NaN renders as `NaN`: the value could not be read).
+    pub fn float_fn(
+        &self,
+        name: &str,
+        help: &str,
+        kind: Kind,
+        read: impl Fn() -> f64 + Send + Sync + 'static,
+    ) {
+        self.push(name, help, &[], Metric::FloatFn(kind, Box::new(read)));
+    }
+
     pub fn histogram(
         &self,
         name: &str,
@@ -201,7 +225,9 @@ impl Registry {
         for entry in entries.iter() {
             let kind = match entry.metric {
                 Metric::Counter(_) | Metric::CounterFn(_) => "counter",
+                Metric::FloatFn(Kind::Counter, _) => "counter",
                 Metric::Gauge(_) | Metric::GaugeFn(_) => "gauge",
+                Metric::FloatFn(Kind::Gauge, _) => "gauge",
                 Metric::Histogram(_) => "histogram",
             };
             if entry.name != last_name {
@@ -230,6 +256,9 @@ impl Registry {
                     let _ = writeln!(out, "{}{} {}", entry.name, braces(""), g.get());
                 }
                 Metric::GaugeFn(read) | Metric::CounterFn(read) => {
+                    let _ = writeln!(out, "{}{} {}", entry.name, braces(""), read());
+                }
+                Metric::FloatFn(_, read) => {
                     let _ = writeln!(out, "{}{} {}", entry.name, braces(""), read());
                 }
                 Metric::Histogram(h) => {

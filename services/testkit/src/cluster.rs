@@ -16,6 +16,9 @@ use crate::process::{process_alive, signal, signal_group};
 use crate::quic::QuicTarget;
 use crate::wait::{deadline, wait_until};
 
+/// The cluster name `meridian up` (and every other command) uses unless told otherwise.
+pub const DEFAULT_CLUSTER: &str = "meridian";
+
 /// The lease TTL `meridian up` uses unless told otherwise.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
 
@@ -99,6 +102,10 @@ pub struct ClusterOptions {
     /// The cluster's name (its etcd prefix); a fresh unique one if not given. A test that
     /// starts the same cluster again (same `--data-dir`) gives the same name both times.
     pub name: Option<String>,
+    /// Start `meridian up` without `--cluster`, so it names the cluster its default (which
+    /// is then [`Cluster::cluster_name`]). Each `up` has its own etcd, so tests that do this
+    /// side by side do not meet.
+    pub default_name: bool,
 }
 
 impl ClusterOptions {
@@ -113,7 +120,14 @@ impl ClusterOptions {
             extra_args: Vec::new(),
             env: Vec::new(),
             name: None,
+            default_name: false,
         }
+    }
+
+    /// No `--cluster`: the cluster gets `meridian up`'s default name.
+    pub fn default_name(mut self) -> Self {
+        self.default_name = true;
+        self
     }
 
     pub fn name(mut self, name: impl Into<String>) -> Self {
@@ -190,6 +204,14 @@ struct ReadyFile {
     tls_dir: Option<PathBuf>,
 }
 
+/// How a command exited and what it printed.
+#[derive(Debug)]
+pub struct CommandRun {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
 /// A running `meridian up`.
 ///
 /// Dropping it stops the cluster: SIGTERM to `up`, a bounded wait, then SIGKILL to its whole
@@ -216,8 +238,12 @@ impl Cluster {
         let n = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let name = opts.name.clone().unwrap_or_else(|| format!("test-{pid}-{n}"));
-        let dir = std::env::temp_dir().join(format!("meridian-{name}-{nanos:09}"));
+        let name = match (&opts.name, opts.default_name) {
+            (_, true) => DEFAULT_CLUSTER.to_string(),
+            (Some(name), false) => name.clone(),
+            (None, false) => format!("test-{pid}-{n}"),
+        };
+        let dir = std::env::temp_dir().join(format!("meridian-{name}-{pid}-{n}-{nanos:09}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let log_path = dir.join("up.log");
         let ready_path = dir.join("ready.json");
@@ -229,10 +255,10 @@ impl Cluster {
             .args(["--shards", &opts.shards.to_string()])
             .args(["--gateways", &opts.gateways.to_string()])
             .args(["--io", opts.io.as_arg()])
-            .args(["--port", "0", "--quic-port", "0", "--ws-port", "0"])
+            .args(["--port", "0", "--quic-port", "0", "--ws-port", "0", "--etcd-port", "0"])
             .arg("--ready-file")
             .arg(&ready_path)
-            .args(["--cluster", &name])
+            .args((!opts.default_name).then_some(["--cluster", &name]).into_iter().flatten())
             .args(&opts.extra_args)
             .envs(opts.env.iter().map(|(key, value)| (key, value)))
             // The log is a file: plain text is easier to read in a failure report.
@@ -480,21 +506,41 @@ impl Cluster {
 
     /// Runs `meridian status --etcd URL --cluster NAME --json` and parses what it prints.
     pub fn status_json(&self) -> anyhow::Result<serde_json::Value> {
+        let run = self.run_meridian(&[
+            "status",
+            "--etcd",
+            self.etcd_url(),
+            "--cluster",
+            &self.name,
+            "--json",
+        ])?;
+        let CommandRun { status, stdout, stderr } = run;
+        if !status.success() {
+            bail!(
+                "`meridian status --json` exited with {status}; stderr: {stderr}; stdout: {stdout}"
+            );
+        }
+        serde_json::from_str(&stdout)
+            .with_context(|| format!("`meridian status --json` printed no JSON: {stdout:?}"))
+    }
+
+    /// Runs this cluster's `meridian` binary with `args` (an operator command: `status`,
+    /// `drain`, ...) and returns how it exited and what it printed; an error if it does not
+    /// exit within 10 s.
+    pub fn run_meridian(&self, args: &[&str]) -> anyhow::Result<CommandRun> {
         let run = self.status_runs.fetch_add(1, Ordering::Relaxed);
-        let out_path = self.dir.join(format!("status-{run}.out"));
-        let err_path = self.dir.join(format!("status-{run}.err"));
+        let out_path = self.dir.join(format!("command-{run}.out"));
+        let err_path = self.dir.join(format!("command-{run}.err"));
         let mut child = Command::new(&self.bin)
-            .arg("status")
-            .args(["--etcd", self.etcd_url()])
-            .args(["--cluster", &self.name])
-            .arg("--json")
+            .args(args)
             .stdin(Stdio::null())
             .stdout(File::create(&out_path)?)
             .stderr(File::create(&err_path)?)
             .spawn()
-            .context("starting `meridian status`")?;
+            .with_context(|| format!("starting `meridian {}`", args.join(" ")))?;
         let mut status = None;
-        let waited = wait_until(deadline(STATUS_WITHIN), "`meridian status` to exit", || {
+        let what = format!("`meridian {}` to exit", args.join(" "));
+        let waited = wait_until(deadline(STATUS_WITHIN), &what, || {
             status = child.try_wait().ok().flatten();
             status.is_some()
         });
@@ -503,16 +549,10 @@ impl Cluster {
             let _ = child.wait();
         }
         let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-        waited.with_context(|| format!("`meridian status` hung; its stderr: {stderr}"))?;
+        waited.with_context(|| format!("it hung; its stderr: {stderr}"))?;
         let stdout = std::fs::read_to_string(&out_path)?;
         let status = status.expect("invariant: set when the wait succeeded");
-        if !status.success() {
-            bail!(
-                "`meridian status --json` exited with {status}; stderr: {stderr}; stdout: {stdout}"
-            );
-        }
-        serde_json::from_str(&stdout)
-            .with_context(|| format!("`meridian status --json` printed no JSON: {stdout:?}"))
+        Ok(CommandRun { status, stdout, stderr })
     }
 
     /// Stops the cluster as an operator would (SIGTERM to `up`) and checks that it went well:

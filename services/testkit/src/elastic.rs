@@ -85,7 +85,7 @@ impl ExtraShard {
             .args(["shard", "--id", &id.to_string()])
             .args(["--etcd", cluster.etcd_url(), "--cluster", cluster.cluster_name(), "--dev"])
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(["--lease-ttl", &lease_ttl.as_secs().max(1).to_string()])
+            .args(["--lease-ttl", &format!("{}s", lease_ttl.as_secs().max(1))])
             .args(cluster.tls_args(&format!("shard-{id}"))?)
             .arg("--ready-file")
             .arg(&ready_path)
@@ -199,7 +199,7 @@ pub fn drain_shard(cluster: &Cluster, id: u32, timeout: Duration) -> anyhow::Res
     let mut command = Command::new(cluster.bin());
     command
         .args(["drain", &id.to_string(), "--wait"])
-        .args(["--timeout", &timeout.as_secs().max(1).to_string()])
+        .args(["--timeout", &format!("{}ms", timeout.as_millis())])
         .args(["--etcd", cluster.etcd_url(), "--cluster", cluster.cluster_name()])
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)

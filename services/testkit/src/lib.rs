@@ -63,7 +63,8 @@ pub mod ws;
 pub use bot::{Answer, Bot, GameAddr, LoggedIn, MoveAnswer};
 pub use bystander::Bystander;
 pub use cluster::{
-    Cluster, ClusterOptions, Front, GatewayInfo, Io, ShardInfo, Transport, DEFAULT_LEASE_TTL,
+    Cluster, ClusterOptions, CommandRun, Front, GatewayInfo, Io, ShardInfo, Transport,
+    DEFAULT_CLUSTER, DEFAULT_LEASE_TTL,
 };
 pub use conservation::{
     owners_at_rest, owners_at_rest_on, Conservation, ConservationStats, PlayersReport, Sample,

@@ -12,6 +12,8 @@
 //!   the DevTools protocol follows a scale-out (shard 3 joins) and a drain live: new epoch,
 //!   borders moved on the canvas, and the epoch history of the same page lists each change.
 //!
+//! - `process`: every node's `/metrics` has the process metrics (CPU, memory, descriptors)
+//!   and `meridian_build_info`; info-style gauges are named `_info`.
 //! - `token`: `meridian token` mints a dev-key token that dev mode's key set accepts.
 //! - `private`: with `--admin-token`, pages that name players need the token.
 //!
@@ -22,6 +24,7 @@ mod metrics;
 mod play;
 mod player;
 mod private;
+mod process;
 mod readyz;
 mod token;
 
@@ -45,7 +48,7 @@ fn two_shards() -> ClusterOptions {
         .arg("--resume-key")
         .arg(RESUME_KEY_HEX)
         .arg("--lease-ttl")
-        .arg(DEFAULT_LEASE_TTL.as_secs().to_string())
+        .arg(format!("{}s", DEFAULT_LEASE_TTL.as_secs()))
 }
 
 /// Every node's name and admin address.
@@ -74,6 +77,11 @@ fn with_cluster<T>(
 #[test]
 fn private_pages_need_the_admin_token() {
     private::private_pages_need_the_admin_token();
+}
+
+#[test]
+fn process_and_build_metrics_on_every_node() {
+    process::process_and_build_metrics_on_every_node();
 }
 
 #[test]

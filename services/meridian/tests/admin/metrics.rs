@@ -32,7 +32,7 @@ const GATEWAY_FAMILIES: &[&str] = &[
     "meridian_gateway_move_delay_seconds",
     "meridian_gateway_partition_epoch",
     "meridian_gateway_etcd_registered",
-    "meridian_gateway_io_backend",
+    "meridian_gateway_io_backend_info",
 ];
 
 /// Families every shard must serve.
@@ -161,7 +161,7 @@ pub fn metrics_are_strict_prometheus_and_move_under_load() {
         for (shard, metrics) in cluster.shards().iter().zip(&shards) {
             check_families(&format!("shard {}", shard.id), metrics, SHARD_FAMILIES)?;
         }
-        let io = gateway.family("meridian_gateway_io_backend").context("io backend")?;
+        let io = gateway.family("meridian_gateway_io_backend_info").context("io backend")?;
         ensure!(
             io.samples
                 .iter()

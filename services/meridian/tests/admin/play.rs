@@ -89,7 +89,7 @@ pub fn two_pages_and_a_python_bot_play_in_one_world() {
     if !browser::chromium_installed() {
         panic!("{} is missing: run deploy/install-deps.sh", browser::CHROMIUM);
     }
-    let opts = ClusterOptions::new(Io::Uring).shards(4).arg("--lease-ttl").arg("2");
+    let opts = ClusterOptions::new(Io::Uring).shards(4).arg("--lease-ttl").arg("2s");
     with_cluster("play in Chromium", opts, |cluster| {
         let admin = cluster.gateway(0).admin;
         let ws = cluster.ws_addr(0);

@@ -9,7 +9,7 @@ use meridian_gateway::accounts::{Account, Keys, TokenError};
 #[test]
 fn a_dev_token_names_its_account_and_only_dev_mode_takes_it() {
     let output = Command::new(crate::meridian_bin())
-        .args(["token", "--sub", "alice", "--name", "Alice", "--ttl", "600"])
+        .args(["token", "--sub", "alice", "--name", "Alice", "--ttl", "10m"])
         .output()
         .expect("meridian token runs");
     assert!(output.status.success(), "meridian token: {output:?}");

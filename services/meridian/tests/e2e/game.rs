@@ -223,7 +223,7 @@ fn a_player_kills_a_wolf_standing_across_a_border() {
 /// the dead shard's region, mirrored nowhere, is gone (the game's population repopulates).
 #[test]
 fn npcs_near_a_border_come_back_after_their_shard_is_killed() {
-    let opts = wolves_on_four_shards().arg("--lease-ttl").arg("2");
+    let opts = wolves_on_four_shards().arg("--lease-ttl").arg("2s");
     with_cluster(opts, |cluster| {
         let west = shard_id_owning(cluster, 100, 100)?;
         let index = cluster.shards().iter().position(|s| s.id == west).context("shard 1")?;

@@ -176,7 +176,7 @@ fn a_shard_killed_with_its_gateway_loses_at_most_the_moves_since_the_last_save()
         .arg("--data-dir")
         .arg(data.path().display().to_string())
         .arg("--save-interval")
-        .arg("1");
+        .arg("1s");
     crate::with_cluster(options, |cluster| {
         let path = data.path().join("players.sqlite");
         let store = tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(
@@ -244,7 +244,7 @@ fn the_store_stopped_for_10_s_under_load_costs_the_players_nothing() {
         .arg("--store")
         .arg(pg.url())
         .arg("--save-interval")
-        .arg("1");
+        .arg("1s");
     crate::with_cluster(options, |cluster| {
         let addr = cluster.client_addr(0);
         let mut bots = Vec::new();
@@ -326,7 +326,7 @@ fn a_paused_shards_late_save_does_not_roll_a_player_back() {
         .arg("--store")
         .arg(pg.url())
         .arg("--save-interval")
-        .arg("1");
+        .arg("1s");
     crate::with_cluster(options, |cluster| {
         let store = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -28,8 +28,8 @@ fn still_open(bot: &mut Bot) -> anyhow::Result<()> {
 }
 
 pub fn shard_kill(io: Front) {
-    let ttl = DEFAULT_LEASE_TTL.as_secs();
-    let opts = ClusterOptions::new(io).gateways(2).arg("--lease-ttl").arg(ttl.to_string());
+    let ttl = format!("{}s", DEFAULT_LEASE_TTL.as_secs());
+    let opts = ClusterOptions::new(io).gateways(2).arg("--lease-ttl").arg(ttl);
     with_cluster(opts, |cluster| {
         let shard = cluster.shard(0).clone();
         let status = cluster.status_json()?;

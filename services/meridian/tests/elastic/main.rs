@@ -62,7 +62,7 @@ fn options(io: Io, shards: usize) -> ClusterOptions {
         .arg("--resume-key")
         .arg(RESUME_KEY_HEX)
         .arg("--lease-ttl")
-        .arg(DEFAULT_LEASE_TTL.as_secs().to_string())
+        .arg(format!("{}s", DEFAULT_LEASE_TTL.as_secs()))
 }
 
 /// Starts a cluster, runs `scenario` against it and stops it gracefully (SIGTERM, exit 0,

@@ -14,7 +14,7 @@ const IDLE: Duration = Duration::from_millis(2000);
 
 #[test]
 fn quiet_clients_stay_and_vanished_ones_leave() {
-    let opts = ClusterOptions::new(Io::Uring).arg("--quic-idle-timeout-ms").arg("2000");
+    let opts = ClusterOptions::new(Io::Uring).arg("--quic-idle-timeout").arg("2s");
     with_cluster(opts, |cluster| {
         let quic = cluster.quic_target(0);
         let mut observer = Bot::connect(cluster.game_addr(0))?;
