@@ -753,7 +753,8 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
     /// Serve the live map (`/map`, `/map.json`) on this address instead of printing, until
-    /// Ctrl-C; port 0 picks a free port (the URL is printed).
+    /// Ctrl-C; port 0 picks a free port (the URL is printed). Open on a loopback address;
+    /// on any other, only with --admin-token, which it then asks for.
     #[arg(long, value_name = "ADDR", conflicts_with = "json")]
     pub web: Option<SocketAddr>,
     /// Check the cluster instead of printing it, for scripts and probes: print one line per

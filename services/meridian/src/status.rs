@@ -233,7 +233,20 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
 
 /// `meridian status --web ADDR`: the gateways' live map, served from this process's own view
 /// of etcd (it routes nothing, so shard health comes from their `/readyz` alone).
+/// On a loopback address the map is open (the operator's own machine); on any other it
+/// names players to whoever can reach it, so it asks for the admin token.
 fn serve_map(args: &StatusArgs, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let private = match (addr.ip().is_loopback(), args.cluster.admin_token.as_deref()) {
+        (true, _) => meridian_observe::Private::Open,
+        (false, Some(token)) if !token.is_empty() => {
+            meridian_observe::Private::Token(std::sync::Arc::from(token))
+        }
+        (false, _) => anyhow::bail!(
+            "--web {addr} is not a loopback address: the live map names players, so it needs \
+             --admin-token (MERIDIAN_ADMIN_TOKEN) to serve them there; or serve it on \
+             127.0.0.1"
+        ),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let client = meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
@@ -255,13 +268,8 @@ fn serve_map(args: &StatusArgs, addr: std::net::SocketAddr) -> anyhow::Result<()
         let ready: meridian_observe::Readiness = std::sync::Arc::new(|| Ok(()));
         let registry = meridian_observe::Registry::default();
         tokio::select! {
-            // Served on the operator's own machine: open to whoever can reach it there.
             _ = {
-                let access = meridian_observe::Access::new(
-                    meridian_observe::Private::Open,
-                    &[],
-                    &registry,
-                );
+                let access = meridian_observe::Access::new(private, &[], &registry);
                 meridian_observe::serve_admin_with(listener, registry, ready, map.routes(), access)
             } => {}
             _ = tokio::signal::ctrl_c() => {}

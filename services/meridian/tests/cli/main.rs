@@ -9,11 +9,13 @@
 //!   the `meridian status` command it prints shows that cluster without `--cluster`.
 //! - `check`: `meridian status --check` exits 0 on a healthy cluster, 1 with a line per
 //!   problem when a shard or the gateway is killed, and 3 when etcd cannot be reached.
+//! - `web`: `meridian status --web` serves the live map off loopback only with the token.
 
 mod check;
 mod defaults;
 mod durations;
 mod help;
+mod web;
 
 use std::path::Path;
 
