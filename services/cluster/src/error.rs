@@ -33,11 +33,15 @@ impl ClusterError {
     pub(crate) fn from_etcd(error: etcd_client::Error) -> Self {
         match error {
             // `Unknown` is how tonic reports a connection that broke under a request (an
-            // HTTP/2 keep-alive that timed out on a stalled etcd): etcd did not answer.
+            // HTTP/2 keep-alive that timed out on a stalled etcd), and `Cancelled` a request
+            // that ran past the client's timeout ("Timeout expired"): etcd did not answer.
             etcd_client::Error::GRpcStatus(ref status)
                 if !matches!(
                     status.code(),
-                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Unknown
+                        | tonic::Code::Cancelled
                 ) =>
             {
                 ClusterError::Refused(error)

@@ -8,6 +8,7 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 
 use crate::{ClusterError, ClusterKeys};
 
+#[derive(Clone)]
 pub struct IdAllocator {
     client: Client,
     key: String,

@@ -18,6 +18,7 @@ mod error;
 mod ids;
 mod keys;
 mod model;
+mod patience;
 mod registration;
 mod watch;
 
@@ -32,6 +33,7 @@ pub use model::{
     ClusterView, DensityReport, GatewayId, GatewayRecord, LoadProfile, OrderKind, PartitionMap,
     PlayerOrder, Region, ShardId, ShardRecord, ShardState, DENSITY_CELL, LOAD_BAND,
 };
+pub use patience::{until_etcd_answers, START_PATIENCE};
 pub use registration::{Registration, RegistrationStatus};
 pub use watch::ClusterWatch;
 

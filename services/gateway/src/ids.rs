@@ -31,7 +31,13 @@ impl IdPool {
         let mut allocator = IdAllocator::new(client, keys, BLOCK);
         let mut blocks = VecDeque::new();
         for _ in 0..blocks_ahead {
-            blocks.push_back(allocator.claim_block().await?);
+            let patience = meridian_cluster::START_PATIENCE;
+            let claim =
+                meridian_cluster::until_etcd_answers("claiming player ids", patience, || {
+                    let mut allocator = allocator.clone();
+                    async move { allocator.claim_block().await }
+                });
+            blocks.push_back(claim.await?);
         }
         let pool = Arc::new(IdPool { blocks: Mutex::new(blocks), refill: Notify::new() });
         let background = Arc::clone(&pool);

@@ -36,7 +36,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meridian_cluster::{
-    ClusterError, ClusterKeys, ClusterWatch, EtcdContact, GatewayId, GatewayRecord, Registration,
+    until_etcd_answers, ClusterError, ClusterKeys, ClusterWatch, EtcdContact, GatewayId,
+    GatewayRecord, Registration, START_PATIENCE,
 };
 use meridian_observe::{serve_admin_with, Readiness, Registry};
 use tokio::net::TcpListener;
@@ -174,7 +175,10 @@ pub async fn run(
     // kept for a grace period instead of being taken for deaths (which would close the
     // relay streams to every shard).
     let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
-    let watch = ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone()).await?;
+    let watch = until_etcd_answers("reading the cluster", START_PATIENCE, || {
+        ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone())
+    })
+    .await?;
 
     let registry = Registry::default();
     let io = select_backend(config.io);
@@ -256,13 +260,16 @@ pub async fn run(
         quic: quic_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
         ws: ws_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
     };
-    let registration = Registration::start(
-        client,
-        keys.gateway(config.id),
-        record.to_json(),
-        config.lease_ttl,
-        contact,
-    )
+    let registration = until_etcd_answers("registering", START_PATIENCE, || {
+        let key = keys.gateway(config.id);
+        Registration::start(
+            client.clone(),
+            key,
+            record.to_json(),
+            config.lease_ttl,
+            contact.clone(),
+        )
+    })
     .await?;
     let status = registration.status();
     metrics.watch_cluster(&registry, config.id, status.clone(), watch.view());

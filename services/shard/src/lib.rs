@@ -182,7 +182,12 @@ pub async fn run(
     // Shared by the watch and the registration: records that lapse while etcd stalls are
     // kept for a grace period instead of being taken for deaths.
     let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
-    let watch = ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone()).await?;
+    let watch = meridian_cluster::until_etcd_answers(
+        "reading the cluster",
+        meridian_cluster::START_PATIENCE,
+        || ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone()),
+    )
+    .await?;
     // This process's life: a restart under the same id is a later one (see
     // `ShardRecord::incarnation`).
     let incarnation = std::time::SystemTime::now()
@@ -198,12 +203,13 @@ pub async fn run(
         load: Default::default(),
         incarnation,
     };
-    let registration = Registration::start(
-        client.clone(),
-        keys.shard(config.id),
-        record.to_json(),
-        config.lease_ttl,
-        contact,
+    let registration = meridian_cluster::until_etcd_answers(
+        "registering",
+        meridian_cluster::START_PATIENCE,
+        || {
+            let (key, value) = (keys.shard(config.id), record.to_json());
+            Registration::start(client.clone(), key, value, config.lease_ttl, contact.clone())
+        },
     )
     .await?;
     info!(shard = %config.id, %grpc_addr, %admin_addr, "shard registered");

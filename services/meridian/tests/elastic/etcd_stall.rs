@@ -235,3 +235,32 @@ pub fn etcd_stall_is_invisible(io: Io) {
         Ok(())
     });
 }
+
+/// A shard started while etcd is stalled waits for it instead of exiting on its first
+/// request that times out (a CI run saw a gateway give up that way at start while a slow
+/// disk held etcd's fsyncs for seconds), and joins once etcd runs again.
+pub fn a_node_started_while_etcd_stalls_waits_for_it(io: Io) {
+    with_cluster("a shard started while etcd stalls", options(io, 1), |cluster| {
+        let etcd = cluster.etcd_pid().context("meridian up's etcd")?;
+        let stalled = StoppedProcess::stop(etcd)?;
+        // etcd runs again after 8 s, past the 5 s an etcd request waits before it times
+        // out: the stall's length is the scenario, nothing is waited for.
+        let resumer = std::thread::spawn(move || {
+            std::thread::sleep(START_STALL);
+            stalled.resume()
+        });
+        let started = meridian_testkit::ExtraShard::start(
+            cluster,
+            2,
+            crate::RESUME_KEY_HEX,
+            DEFAULT_LEASE_TTL,
+        );
+        resumer.join().expect("the resuming thread does not panic")?;
+        let shard = started.context("the shard started while etcd was stalled")?;
+        meridian_testkit::wait_ready(&[("shard-2".to_string(), shard.admin())], RECOVER_WITHIN)?;
+        Ok(())
+    });
+}
+
+/// How long etcd stalls under a starting shard.
+const START_STALL: Duration = Duration::from_secs(8);

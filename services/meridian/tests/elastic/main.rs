@@ -10,7 +10,8 @@
 //! - `etcd_outage`: etcd killed for 10 s under 60 bots and started again: nobody notices,
 //!   every member comes back in `meridian status` and ready.
 //! - `etcd_stall`: etcd frozen (SIGSTOP) for 30 s under 48 bots and continued: nobody
-//!   notices, no move is refused, every node stays ready, every member is back on a lease.
+//!   notices, no move is refused, every node stays ready, every member is back on a lease;
+//!   and a shard started while etcd is frozen waits for it and joins.
 //! - `hotspot`: 120 bots crowd one quadrant of a 2x2 cluster: the borders move until the
 //!   busiest shard carries at most 1.3x the mean, and stay there.
 //!
@@ -151,6 +152,11 @@ fn etcd_outage_is_invisible() {
 #[test]
 fn etcd_stall_is_invisible() {
     etcd_stall::etcd_stall_is_invisible(Io::Uring);
+}
+
+#[test]
+fn a_node_started_while_etcd_stalls_waits_for_it() {
+    etcd_stall::a_node_started_while_etcd_stalls_waits_for_it(Io::Uring);
 }
 
 #[test]
