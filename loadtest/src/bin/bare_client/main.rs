@@ -15,8 +15,11 @@
 //! bot; one `read` of up to 64 KiB per readiness event instead of reads of 4 KiB until
 //! `EAGAIN`; a hand-written protobuf reader that looks only at a message's kind and the
 //! fields it matches answers by, instead of decoding every notification; exact delays
-//! instead of a histogram. It also reports its own system calls and context switches
-//! (`client_io`, `client_usage`), which is what the relay comparison's explanation needs.
+//! instead of a histogram; and each move goes out the first time the loop sees it due
+//! (the loop runs whenever a socket has something), where tokio's timer wheel releases
+//! moves on 1 ms ticks (`--send-tick 1ms` does that too). It also reports its own system
+//! calls and context switches (`client_io`, `client_usage`), which is what the relay
+//! comparison's explanation needs.
 //!
 //! Modules: `wire` (the bytes of the protocol), `tally` (answers, counts, the summary's
 //! figures), `net` (epoll, non-blocking connect, rlimit, rusage), `run` (the loop).
@@ -83,6 +86,11 @@ struct Cli {
     /// Bot names are PREFIX-<index>.
     #[arg(long, default_value = "bare")]
     name_prefix: String,
+    /// Hold each move until the next multiple of this since the start and send every move
+    /// due by then together (`1ms`: as a timer wheel of 1 ms resolution, such as tokio's,
+    /// would). 0: send each move the first time the loop sees it due.
+    #[arg(long, default_value = "0us", value_parser = parse_duration)]
+    send_tick: Duration,
 }
 
 /// `250us`, `250ms`, `15s`, `2m`: a whole number and a unit.
@@ -122,6 +130,7 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
         ("--move-interval", cli.move_interval, false),
         ("--connect-interval", cli.connect_interval, true),
         ("--drain", cli.drain, true),
+        ("--send-tick", cli.send_tick, true),
     ] {
         if (value.is_zero() && !may_be_zero) || value > MAX_DURATION {
             problems.push(format!("{flag} must be between 1us and 24h, got {value:?}"));
@@ -161,6 +170,7 @@ struct Summary {
     view_resets: u64,
     elapsed_s: f64,
     seed: u64,
+    send_tick_ms: f64,
     read_buffer_bytes: usize,
     client_io: IoCounts,
     client_usage: net::Usage,
@@ -205,6 +215,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         spawn_area: cli.spawn_area,
         name_prefix: cli.name_prefix.clone(),
         seed: cli.seed,
+        send_tick: cli.send_tick,
     };
     let (tally, io) = Client::new(plan).context("creating the epoll set")?.run()?;
     let elapsed = started.elapsed();
@@ -230,6 +241,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         view_resets: tally.view_resets,
         elapsed_s: (elapsed.as_secs_f64() * 1e3).round() / 1e3,
         seed: cli.seed,
+        send_tick_ms: cli.send_tick.as_secs_f64() * 1e3,
         read_buffer_bytes: run::READ_BUFFER,
         client_io: io,
         client_usage: net::usage(),

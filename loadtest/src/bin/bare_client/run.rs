@@ -9,6 +9,11 @@
 //! the next one. After sending ends it waits for the last acks (at most `drain`), sends
 //! every bot `Logout`, waits briefly for the server to close, and stops.
 //!
+//! With `send_tick` a move due at `t` waits for the first tick boundary (multiples of the
+//! tick since the start) at or after `t`, and every move due by then goes out together, as
+//! a timer wheel of that resolution would send them; without it each move goes out the
+//! first time the loop sees it due, and the loop runs whenever anything arrives.
+//!
 //! The system calls are counted here (`IoCounts`) so the report can say how many reads,
 //! writes and wake-ups a relayed message cost this client.
 
@@ -50,6 +55,22 @@ pub struct Plan {
     pub spawn_area: (u32, u32, u32, u32),
     pub name_prefix: String,
     pub seed: u64,
+    /// Moves wait for the next multiple of this since `started`; zero: no waiting.
+    pub send_tick: Duration,
+}
+
+impl Plan {
+    /// When a move due at `due` is sent: at `due`, or at the first tick boundary at or
+    /// after it.
+    pub fn release_at(&self, due: Instant) -> Instant {
+        let tick = self.send_tick.as_nanos();
+        if tick == 0 {
+            return due;
+        }
+        let since = due.saturating_duration_since(self.started).as_nanos();
+        let ticks = since.div_ceil(tick);
+        self.started + Duration::from_nanos((ticks * tick).min(u64::MAX as u128) as u64)
+    }
 }
 
 /// The system calls of the run, as this client made them.
@@ -146,7 +167,8 @@ impl Client {
             }
             let next_connect = (self.bots.len() < self.plan.bots as usize)
                 .then(|| self.connect_due_at(self.bots.len() as u32));
-            let next_move = self.schedule.peek().map(|Reverse((due, _))| *due);
+            let next_move =
+                self.schedule.peek().map(|Reverse((due, _))| self.plan.release_at(*due));
             let phase_end = if sending { self.plan.sending_ends } else { self.plan.drain_ends };
             let wake_at = [next_connect, next_move, Some(phase_end)].into_iter().flatten().min();
             let timeout = wake_at.map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
@@ -212,7 +234,8 @@ impl Client {
     /// Sends every move that has fallen due.
     fn send_due(&mut self, now: Instant) {
         while let Some(&Reverse((due, index))) = self.schedule.peek() {
-            if due > now {
+            // Release times grow with due times, so the heap's order holds for both.
+            if self.plan.release_at(due) > now {
                 return;
             }
             self.schedule.pop();
@@ -518,5 +541,45 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(send_tick: Duration) -> Plan {
+        let started = Instant::now();
+        Plan {
+            target: "127.0.0.1:1".parse().unwrap(),
+            bots: 1,
+            started,
+            connect_interval: Duration::from_millis(1),
+            move_interval: Duration::from_millis(250),
+            sending_ends: started + Duration::from_secs(1),
+            drain_ends: started + Duration::from_secs(2),
+            spawn_area: (0, 0, 0, 0),
+            name_prefix: "t".to_owned(),
+            seed: 1,
+            send_tick,
+        }
+    }
+
+    #[test]
+    fn moves_wait_for_the_next_tick_boundary_only_when_asked() {
+        let exact = plan(Duration::ZERO);
+        let due = exact.started + Duration::from_micros(1_234);
+        assert_eq!(exact.release_at(due), due);
+
+        let ticked = plan(Duration::from_millis(1));
+        let at = |micros| ticked.started + Duration::from_micros(micros);
+        assert_eq!(ticked.release_at(at(1_234)), at(2_000));
+        assert_eq!(ticked.release_at(at(2_000)), at(2_000), "on a boundary: no wait");
+        assert_eq!(ticked.release_at(at(2_001)), at(3_000));
+        assert_eq!(ticked.release_at(ticked.started), ticked.started);
+        // Monotonic, so the schedule's heap order is the release order.
+        let releases: Vec<Instant> =
+            (0..5_000).step_by(7).map(|us| ticked.release_at(at(us))).collect();
+        assert!(releases.windows(2).all(|w| w[0] <= w[1]));
     }
 }
