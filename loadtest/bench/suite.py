@@ -631,8 +631,10 @@ class Suite:
         relay = self.results.setdefault("relay_clients", {})
         try:
             watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
-            for bots in s["relay_bots"]:
-                for name, binary in RELAY_CLIENTS:
+            for i, bots in enumerate(s["relay_bots"]):
+                # The clients take turns going first, so a drift of the shared machine
+                # over the runs weighs on both.
+                for name, binary in RELAY_CLIENTS[::1 if i % 2 == 0 else -1]:
                     runs = relay.setdefault(name, {}).setdefault(str(bots), {})
                     section = f"Relay hop, client {name}"
                     for key, path in RELAY_PATHS:
@@ -977,6 +979,7 @@ def relay_figures(x):
         "gateway_wakeups": gateway.get("sched:sched_waking", {}).get("all_per_msg"),
         "gateway_wakeups_io": gateway.get("sched:sched_waking", {}).get("workers_per_msg"),
         "gateway_switches": gateway.get("sched:sched_switch", {}).get("all_per_msg"),
+        "gateway_switches_io": gateway.get("sched:sched_switch", {}).get("workers_per_msg"),
         "nginx_wakeups": nginx.get("sched:sched_waking"),
         "nginx_syscalls": nginx.get("raw_syscalls:sys_enter"),
         "client_syscalls": client.get("raw_syscalls:sys_enter"),
@@ -995,7 +998,8 @@ def relay_direct_mean(runs, key):
 def relay_client_tables(r, s):
     """The relay hop with two clients: a table per client (every run), one that sets the
     clients side by side on what they change (the direct runs' means), and the ratio of
-    the gateway's CPU per message to nginx's."""
+    the gateway's CPU per message to nginx's. loadtest/scripts/wakeups.py breaks the
+    wake-ups down by who wakes whom."""
     relay = r.get("relay_clients")
     if not relay:
         return []
@@ -1041,6 +1045,7 @@ def relay_client_tables(r, s):
              "gateway_wakeups", 3),
             ("... of them by the I/O threads", "gateway_wakeups_io", 3),
             ("gateway context switches / message (its own sleeps)", "gateway_switches", 3),
+            ("... of them by the I/O threads", "gateway_switches_io", 3),
             ("client CPU µs / message", "client_cpu", 2),
             ("client syscalls / message", "client_syscalls", 3),
             ("client reads / message", "client_reads", 3),
