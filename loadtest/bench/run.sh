@@ -2,14 +2,21 @@
 # Meridian's benchmark suite, one command:
 #
 #   loadtest/bench/run.sh [--quick] [--update-docs] [--out DIR] [--no-proxies] [--no-micro]
-#                         [--no-game | --only-game | --only-tls | --only-ws [--ws-baseline BIN]]
+#                         [--no-game | --only-game | --only-tls | --only-relay
+#                          | --only-ws [--ws-baseline BIN]]
 #
 # Builds the release binaries, installs what the comparisons need if it is missing
 # (etcd, nginx with its stream module, HAProxy, strace), then runs loadtest/bench/suite.py:
 # io_uring vs epoll, the gateway's relay hop vs nginx stream and HAProxy, 1 vs 4 shards,
 # the capacity and density targets, the divan micro-benchmarks, and the game section
 # (loadtest/bench/game.py: 4 shards running the wolves example with 0 and 1,000 NPCs, and
-# actions aimed across a border; --only-game runs it alone, about 2.5 minutes with --quick). Output in
+# actions aimed across a border; --only-game runs it alone, about 2.5 minutes with --quick),
+# and the relay hop with two load clients (issue 17): bots -> gateway against bots -> nginx
+# stream -> gateway, driven by `loadtest` and by `bare-client` (one thread, one epoll set,
+# one read per readiness), 1,000 and 2,000 bots (300 and 600 with --quick), with perf
+# counting system calls, wake-ups and context switches on the gateway (whole process and
+# I/O threads), nginx and the client; --only-relay runs it alone (about 5 minutes, 2 with
+# --quick; it is skipped with --no-proxies). Output in
 # target/bench/ (report.html, bench.json, tables.md); --update-docs also rewrites the
 # generated part of BENCHMARKS.md and docs/bench/. About 2 minutes with --quick, under 15
 # without (plus the release build). Everything runs on loopback.
@@ -36,9 +43,9 @@ fi
 # the suite reports strace's counts only.
 mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing || true
 
-echo "[bench] building release binaries (meridian, loadtest, loadtest-report) and benches"
+echo "[bench] building release binaries (meridian, loadtest, loadtest-report, bare-client) and benches"
 cargo build --release -q -p meridian -p loadtest
-if [[ " $* " != *" --no-micro "* ]]; then
+if [[ " $* " != *" --no-micro "* && " $* " != *" --only-"* ]]; then
     # Built exactly as suite.py runs them, so the suite's timing holds no compile.
     cargo bench -q --no-run -p meridian-protocol --bench codec
     cargo bench -q --no-run -p meridian-world --bench view_diff

@@ -47,6 +47,7 @@ SETTINGS = {
         "capacity_bots": 5000, "capacity_window_seconds": 4,
         "dense_bots": 300, "dense_seconds": 5, "dense_interval": "250ms", "dense_side": 20,
         "ws_bots": 1000, "ws_seconds": 6, "ws_interval": "250ms",
+        "relay_bots": [300, 600], "relay_seconds": 5, "relay_interval": "250ms",
         "bench_args": ["--sample-count", "100"],
     },
     "full": {
@@ -56,6 +57,7 @@ SETTINGS = {
         "capacity_bots": 5000, "capacity_window_seconds": 15,
         "dense_bots": 400, "dense_seconds": 12, "dense_interval": "250ms", "dense_side": 20,
         "ws_bots": 1000, "ws_seconds": 15, "ws_interval": "250ms",
+        "relay_bots": [1000, 2000], "relay_seconds": 15, "relay_interval": "250ms",
         "bench_args": ["--sample-count", "500"],
     },
 }
@@ -69,6 +71,19 @@ WS_RUNS = (("ws_tcp_1", "tcp", "tcp spread 1"), ("ws_ws_1", "ws", "ws spread 1")
 # With `--ws-baseline BIN`: WebSocket runs through another build's gateway (its own cluster,
 # same workload), between the two halves of WS_RUNS: a before/after of the front.
 WS_BASELINE_RUNS = (("ws_base_1", "base", "ws baseline 1"), ("ws_base_2", "base", "ws baseline 2"))
+# The relay hop measured with two load clients (issue 17): `loadtest` (tokio, a task per
+# bot) and `bare-client` (one thread, one epoll set, one read per readiness), each at every
+# `relay_bots`, each time direct, through nginx `stream`, and direct again.
+RELAY_CLIENTS = (("loadtest", "loadtest"), ("bare-client", "bare-client"))
+RELAY_PATHS = (("direct", "direct"), ("nginx", "via nginx"), ("direct_again", "direct again"))
+# What perf counts on the gateway's threads (per thread) and on nginx (all its processes):
+# system calls, the wake-ups each one performs (`sched_waking` fires in the waker), and
+# the times it is switched out (`sched_switch` fires in the task leaving the CPU).
+SERVER_EVENTS = ("raw_syscalls:sys_enter", "sched:sched_waking", "sched:sched_switch")
+# ... and on the load client (all its threads): the same, plus its reads and its waits.
+CLIENT_EVENTS = SERVER_EVENTS + ("syscalls:sys_enter_recvfrom", "syscalls:sys_enter_read",
+                                 "syscalls:sys_enter_epoll_wait",
+                                 "syscalls:sys_enter_epoll_pwait")
 TLS_SECTION = "Mutual TLS on the gRPC links: on vs off (same workload)"
 # Its runs, A B B A as above, each on a cluster of its own (1 shard, 1 io_uring gateway):
 # mutual TLS on every gRPC link (the default), or `meridian up --insecure-grpc`.
@@ -302,16 +317,34 @@ class Suite:
         self.builds_seen = max(self.builds_seen, int(running or 0))
 
     def loadtest(self, label, addr, bots, seconds, interval, extra=(), section=None,
-                 watch=(), strace_pid=None):
-        """One loadtest run; returns its summary plus the CPU seconds of `watch` PIDs."""
+                 watch=(), strace_pid=None, client="loadtest", count_events=False):
+        """One run of a load client (`loadtest`, or `bare-client` with the same flags);
+        returns its summary plus the CPU seconds of `watch` PIDs.
+
+        With `count_events`, perf also counts SERVER_EVENTS on the gateway and on a watched
+        nginx, and CLIENT_EVENTS on the client (perf starts the client, so nothing of it is
+        missed; the client's CPU from wait4 then includes perf's own, a few milliseconds)."""
         self.step_number += 1
         self.note_builds()
         log(f"run {self.step_number}: {label}: {bots} bots, {seconds}s, move every {interval}")
         slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
         json_path = self.runs_dir / f"{slug}.json"
-        command = [str(RELEASE / "loadtest"), "--addr", addr, "--bots", str(bots),
+        command = [str(RELEASE / client), "--addr", addr, "--bots", str(bots),
                    "--duration", f"{seconds}s", "--move-interval", interval,
                    "--drain", "3s", "--json", str(json_path), "--label", label, *extra]
+        have_perf = shutil.which("perf") is not None
+        client_perf_path = self.runs_dir / f"{slug}.client-perf.csv"
+        if count_events and have_perf:
+            command = ["perf", "stat", "-x,", *event_flags(CLIENT_EVENTS),
+                       "-o", str(client_perf_path), "--", *command]
+        nginx_perf = None
+        nginx_perf_path = self.runs_dir / f"{slug}.nginx-perf.csv"
+        nginx_pids = dict(watch).get("nginx")
+        if count_events and have_perf and nginx_pids:
+            nginx_perf = subprocess.Popen(["perf", "stat", "-x,", *event_flags(SERVER_EVENTS),
+                                           "-o", str(nginx_perf_path),
+                                           "-p", ",".join(map(str, nginx_pids))],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         tracer = None
         trace_path = self.runs_dir / f"{slug}.strace"
         names = {}
@@ -324,13 +357,15 @@ class Suite:
         gateway_pid = dict(watch).get("gateway", [None])[0]
         perf = None
         perf_path = self.runs_dir / f"{slug}.perf.csv"
-        if gateway_pid and shutil.which("perf"):
+        if gateway_pid and have_perf:
             # Counting syscalls with a tracepoint costs the traced process almost nothing,
             # unlike strace, so this count comes from the very run that measures CPU.
-            perf = subprocess.Popen(["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter",
+            events = SERVER_EVENTS if count_events else SERVER_EVENTS[:1]
+            perf = subprocess.Popen(["perf", "stat", "-x,", *event_flags(events),
                                      "--per-thread", "-o", str(perf_path),
                                      "-p", str(gateway_pid)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if perf or nginx_perf:
             time.sleep(0.3)
         cpu_before = {name: cpu_seconds(pids) for name, pids in watch}
         threads_before = cpu_by_thread_name(gateway_pid) if gateway_pid else {}
@@ -354,13 +389,16 @@ class Suite:
         perf_counts = None
         if perf is not None:
             stop(perf, "perf", signal.SIGINT)
-            perf_counts = read_perf_syscalls(perf_path)
+            perf_counts = read_perf_counts(perf_path)
+        if nginx_perf is not None:
+            stop(nginx_perf, "perf", signal.SIGINT)
         if bots_process.returncode != 0:
-            raise RuntimeError(f"loadtest {label} failed; see {self.runs_dir / (slug + '.log')}")
+            raise RuntimeError(f"{client} {label} failed; see {self.runs_dir / (slug + '.log')}")
         summary = json.loads(json_path.read_text())
         messages = summary["moves_sent"] + summary["moves_acked"] + summary["notifications"]
         result = {
-            "label": label, "summary_file": str(json_path.relative_to(self.out)),
+            "label": label, "client": client,
+            "summary_file": str(json_path.relative_to(self.out)),
             "bots": summary["bots_connected"], "moves_sent": summary["moves_sent"],
             "moves_acked": summary["moves_acked"], "moves_lost": summary["moves_lost"],
             "moves_errored": summary["moves_errored"], "disconnects": summary["disconnects"],
@@ -382,8 +420,21 @@ class Suite:
         if tracer is not None:
             result["syscalls"] = count_syscalls(trace_path, names, messages)
             trace_path.unlink(missing_ok=True)
-        if perf_counts:
-            result["syscalls_perf"] = per_message(perf_counts, messages)
+        if perf_counts and perf_counts.get(SERVER_EVENTS[0]):
+            result["syscalls_perf"] = per_message(perf_counts[SERVER_EVENTS[0]], messages)
+        if count_events and perf_counts:
+            result["gateway_events"] = {event: per_message(perf_counts.get(event, {}), messages)
+                                        for event in SERVER_EVENTS}
+        if nginx_perf is not None:
+            result["nginx_events"] = totals_per_message(read_perf_counts(nginx_perf_path),
+                                                        messages)
+        if count_events and have_perf:
+            result["client_events"] = totals_per_message(read_perf_counts(client_perf_path),
+                                                         messages)
+        # The client's sleeps (voluntary context switches, all its threads), from wait4.
+        result["client_voluntary_switches_per_msg"] = round(usage.ru_nvcsw / max(messages, 1), 4)
+        if summary.get("client_io"):
+            result["client_io"] = summary["client_io"]
         if section:
             self.manifest_sections.setdefault(section, []).append(
                 {"label": label, "summary": str(json_path.relative_to(self.out))})
@@ -423,6 +474,9 @@ class Suite:
             return
         if self.args.only_tls:
             self.tls(work)
+            return
+        if self.args.only_relay:
+            self.relay_clients(work)
             return
         if self.args.only_ws:
             log("cluster: 1 gateway (--io=uring) + 1 shard")
@@ -509,6 +563,9 @@ class Suite:
         finally:
             cluster.stop()
 
+        if not self.args.no_proxies:
+            self.relay_clients(work)
+
         log("clusters: 1 gateway + 1 shard, mutual TLS on and off")
         self.tls(work)
 
@@ -561,6 +618,42 @@ class Suite:
                 self.results[key] = self.loadtest(label, cluster.ws, **load, watch=watch,
                                                   extra=["--transport", "ws"],
                                                   section=WS_SECTION)
+
+    def relay_clients(self, work):
+        """The relay hop with two load clients (issue 17): one cluster (1 shard, 1 io_uring
+        gateway); for every number of bots in `relay_bots` and each client of
+        RELAY_CLIENTS, the spread workload direct, through nginx `stream` (a fresh nginx per
+        run) and direct again, with perf counting system calls, wake-ups and context
+        switches on the gateway, nginx and the client."""
+        s = self.s
+        log("cluster: 1 gateway (--io=uring) + 1 shard, the relay hop with two clients")
+        cluster = Cluster(work, "bench-relay", 1, "uring")
+        relay = self.results.setdefault("relay_clients", {})
+        try:
+            watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
+            for i, bots in enumerate(s["relay_bots"]):
+                # The clients take turns going first, so a drift of the shared machine
+                # over the runs weighs on both.
+                for name, binary in RELAY_CLIENTS[::1 if i % 2 == 0 else -1]:
+                    runs = relay.setdefault(name, {}).setdefault(str(bots), {})
+                    section = f"Relay hop, client {name}"
+                    for key, path in RELAY_PATHS:
+                        label = f"{name} {bots} {path}"
+                        load = dict(bots=bots, seconds=s["relay_seconds"],
+                                    interval=s["relay_interval"], section=section,
+                                    client=binary, count_events=True)
+                        if key != "nginx":
+                            runs[key] = self.loadtest(label, cluster.game, watch=watch, **load)
+                            continue
+                        proxy = Proxy(work, "nginx", cluster.game_port)
+                        try:
+                            runs[key] = self.loadtest(label, f"127.0.0.1:{proxy.port}",
+                                                      watch=watch + [("nginx", proxy.pids())],
+                                                      **load)
+                        finally:
+                            proxy.stop()
+        finally:
+            cluster.stop()
 
     def dense(self, cluster, label, watch, section, seconds=None, strace_pid=None):
         """The densest workload: every bot in sight of every other, moving 4 times a second;
@@ -664,23 +757,49 @@ def per_message(by_kind, messages):
     }
 
 
-def read_perf_syscalls(path):
-    """`perf stat -x, --per-thread -e raw_syscalls:sys_enter` output -> {thread kind: n}."""
-    by_kind = {}
+def event_flags(events):
+    """perf's `-e EVENT` flags for `events`."""
+    return [flag for event in events for flag in ("-e", event)]
+
+
+def read_perf_counts(path):
+    """`perf stat -x, [--per-thread] -e EVENT ...` output -> {event: {thread kind: n}}.
+
+    With --per-thread every line starts with the thread ("gw-uring-0-1234": its name, then
+    its id; numbered threads of one kind are summed); without it the count comes first and
+    the whole is filed under the kind "all"."""
+    counts = {}
     try:
         lines = Path(path).read_text().splitlines()
     except OSError:
         return {}
     for line in lines:
         fields = line.split(",")
-        if len(fields) < 4 or "raw_syscalls:sys_enter" not in fields[3]:
+        if len(fields) < 3 or line.startswith("#"):
             continue
-        if not fields[1].isdigit():
+        if fields[0].isdigit() or fields[0].startswith("<"):
+            kind, value, event = "all", fields[0], fields[2]
+        elif len(fields) >= 4:
+            kind = re.sub(r"(-\d+)?-\d+$", "", fields[0])
+            value, event = fields[1], fields[3]
+        else:
+            continue
+        if not value.isdigit():
             continue  # "<not counted>" or "<not supported>"
-        # "gw-uring-0-1234": the thread's name, then its id.
-        kind = re.sub(r"(-\d+)?-\d+$", "", fields[0])
-        by_kind[kind] = by_kind.get(kind, 0) + int(fields[1])
-    return by_kind
+        by_kind = counts.setdefault(event, {})
+        by_kind[kind] = by_kind.get(kind, 0) + int(value)
+    return counts
+
+
+def read_perf_syscalls(path):
+    """`perf stat -x, --per-thread -e raw_syscalls:sys_enter` output -> {thread kind: n}."""
+    return read_perf_counts(path).get("raw_syscalls:sys_enter", {})
+
+
+def totals_per_message(counts, messages):
+    """{event: {kind: n}} -> {event: n per message}, every kind summed."""
+    return {event: round(sum(by_kind.values()) / max(messages, 1), 4)
+            for event, by_kind in counts.items()}
 
 
 def count_syscalls(path, names, messages):
@@ -836,6 +955,147 @@ def websocket_table(r, s):
             "header": header, "rows": rows}
 
 
+def relay_figures(x):
+    """The figures of one relay run that the two-client tables show (None when missing)."""
+    if not x:
+        return {}
+    cpu = x.get("cpu_us_per_msg", {})
+    perf = x.get("syscalls_perf") or {}
+    gateway = x.get("gateway_events") or {}
+    client = x.get("client_events") or {}
+    nginx = x.get("nginx_events") or {}
+
+    def total(counts, *events):
+        values = [counts[e] for e in events if e in counts]
+        return round(sum(values), 4) if values else None
+
+    return {
+        "gateway_cpu": cpu.get("gateway"), "nginx_cpu": cpu.get("nginx"),
+        "client_cpu": cpu.get("loadtest"),
+        "p50": x.get("p50_ms"), "p99": x.get("p99_ms"), "lost": x.get("moves_lost"),
+        "messages_per_s": x["messages"] / x["wall_s"] if x.get("wall_s") else None,
+        "gateway_syscalls": perf.get("all_per_msg"),
+        "gateway_syscalls_io": perf.get("workers_per_msg"),
+        "gateway_wakeups": gateway.get("sched:sched_waking", {}).get("all_per_msg"),
+        "gateway_wakeups_io": gateway.get("sched:sched_waking", {}).get("workers_per_msg"),
+        "gateway_switches": gateway.get("sched:sched_switch", {}).get("all_per_msg"),
+        "gateway_switches_io": gateway.get("sched:sched_switch", {}).get("workers_per_msg"),
+        "nginx_wakeups": nginx.get("sched:sched_waking"),
+        "nginx_syscalls": nginx.get("raw_syscalls:sys_enter"),
+        "client_syscalls": client.get("raw_syscalls:sys_enter"),
+        "client_reads": total(client, "syscalls:sys_enter_recvfrom", "syscalls:sys_enter_read"),
+        "client_waits": total(client, "syscalls:sys_enter_epoll_wait",
+                              "syscalls:sys_enter_epoll_pwait"),
+        "client_sleeps": x.get("client_voluntary_switches_per_msg"),
+    }
+
+
+def relay_direct_mean(runs, key):
+    """The mean of a figure over a client's direct runs (before and after nginx)."""
+    return mean([relay_figures(runs.get(k)).get(key) for k in ("direct", "direct_again")])
+
+
+def relay_client_tables(r, s):
+    """The relay hop with two clients: a table per client (every run), one that sets the
+    clients side by side on what they change (the direct runs' means), and the ratio of
+    the gateway's CPU per message to nginx's. loadtest/scripts/wakeups.py breaks the
+    wake-ups down by who wakes whom."""
+    relay = r.get("relay_clients")
+    if not relay:
+        return []
+    load = (f"1 shard, 1 io_uring gateway, nginx stream with 2 workers; bots spread over the "
+            f"map, a move per {s['relay_interval']}, {s['relay_seconds']} s per run")
+    tables = []
+    for name, _ in RELAY_CLIENTS:
+        by_bots = relay.get(name)
+        if not by_bots:
+            continue
+        rows = []
+        for bots, runs in sorted(by_bots.items(), key=lambda item: int(item[0])):
+            direct_gateway = relay_direct_mean(runs, "gateway_cpu")
+            for key, path in RELAY_PATHS:
+                f = relay_figures(runs.get(key))
+                if not f:
+                    continue
+                versus = ratio(direct_gateway, f["nginx_cpu"]) if key == "nginx" else None
+                rows.append([fmt(int(bots)), path, fmt(f["gateway_cpu"]), fmt(f["nginx_cpu"]),
+                             f"{fmt(versus)}x" if versus else "-",
+                             fmt(f["p50"], 3), fmt(f["p99"], 3),
+                             fmt(f["gateway_syscalls"], 3), fmt(f["gateway_syscalls_io"], 3),
+                             fmt(f["gateway_wakeups"], 3), fmt(f["client_reads"], 3),
+                             fmt(f["client_sleeps"], 3), fmt(f["client_cpu"]), fmt(f["lost"])])
+        tables.append({
+            "title": f"Relay hop, client {name}: bots -> gateway vs bots -> nginx -> gateway; "
+                     f"{load}",
+            "header": ["bots", "path", "gateway CPU µs/msg", "nginx CPU µs/msg",
+                       "gateway (direct, mean) / nginx", "p50 ms", "p99 ms",
+                       "gateway syscalls/msg, whole process", "gateway syscalls/msg, I/O threads",
+                       "gateway wake-ups/msg", "client reads/msg", "client sleeps/msg",
+                       "client CPU µs/msg", "lost"],
+            "rows": rows})
+    names = [name for name, _ in RELAY_CLIENTS]
+    sizes = sorted({int(b) for name in names for b in relay.get(name, {})})
+    if all(relay.get(name) for name in names) and sizes:
+        a, b = names
+        measures = [
+            ("gateway CPU µs / message", "gateway_cpu", 2),
+            ("gateway syscalls / message, whole process", "gateway_syscalls", 3),
+            ("gateway syscalls / message, I/O threads", "gateway_syscalls_io", 3),
+            ("gateway wake-ups of other threads / message (sched_waking in the gateway)",
+             "gateway_wakeups", 3),
+            ("... of them by the I/O threads", "gateway_wakeups_io", 3),
+            ("gateway context switches / message (its own sleeps)", "gateway_switches", 3),
+            ("... of them by the I/O threads", "gateway_switches_io", 3),
+            ("client CPU µs / message", "client_cpu", 2),
+            ("client syscalls / message", "client_syscalls", 3),
+            ("client reads / message", "client_reads", 3),
+            ("client epoll waits / message", "client_waits", 3),
+            ("client sleeps / message (voluntary context switches)", "client_sleeps", 3),
+            ("messages relayed / s", "messages_per_s", 0),
+            ("delay p50 (ms)", "p50", 3),
+            ("delay p99 (ms)", "p99", 3),
+        ]
+        nginx_measures = [
+            ("through nginx: nginx CPU µs / message", "nginx_cpu", 2),
+            ("through nginx: nginx wake-ups of other threads / message", "nginx_wakeups", 3),
+            ("through nginx: gateway CPU µs / message behind it", "gateway_cpu", 2),
+        ]
+        rows = []
+        for label, key, digits in measures:
+            row = [f"direct: {label}"]
+            for bots in sizes:
+                va, vb = (relay_direct_mean(relay[n].get(str(bots), {}), key) for n in names)
+                row += [fmt(round_to(va, digits), digits), fmt(round_to(vb, digits), digits),
+                        f"{fmt(ratio(vb, va))}x" if ratio(vb, va) else "-"]
+            rows.append(row)
+        for label, key, digits in nginx_measures:
+            row = [label]
+            for bots in sizes:
+                va, vb = (relay_figures(relay[n].get(str(bots), {}).get("nginx")).get(key)
+                          for n in names)
+                row += [fmt(round_to(va, digits), digits), fmt(round_to(vb, digits), digits),
+                        f"{fmt(ratio(vb, va))}x" if ratio(vb, va) else "-"]
+            rows.append(row)
+        row = ["gateway (direct, mean) / nginx, CPU per message"]
+        for bots in sizes:
+            values = [relay_gateway_vs_nginx(relay[n].get(str(bots), {})) for n in names]
+            row += [f"{fmt(v)}x" if v else "-" for v in values] + [""]
+        rows.append(row)
+        header = ["measure"]
+        for bots in sizes:
+            header += [f"{a}, {bots:,} bots", f"{b}, {bots:,} bots", f"{b} / {a}"]
+        tables.append({"title": f"Relay hop: what the client changes ({a} vs {b}); {load}",
+                       "header": header, "rows": rows})
+    return tables
+
+
+def relay_gateway_vs_nginx(runs):
+    """The gateway's CPU per message direct (mean of the runs before and after) over
+    nginx's own in front of it, for one client and number of bots."""
+    nginx = relay_figures(runs.get("nginx")).get("nginx_cpu")
+    return ratio(relay_direct_mean(runs, "gateway_cpu"), nginx)
+
+
 def tls_table(r, s):
     """Mutual TLS on the gRPC links against gRPC in the clear: the mean of each's runs,
     their ratio, and every run apart."""
@@ -956,6 +1216,7 @@ def build_tables(r, s):
                        "header": ["path", "proxy CPU µs/msg", "gateway CPU µs/msg",
                                   "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "lost"],
                        "rows": rows})
+    tables.extend(relay_client_tables(r, s))
     tcp, quic = r.get("uring_direct"), r.get("quic_direct")
     if tcp and quic:
         rows = []
@@ -1012,8 +1273,8 @@ def build_tables(r, s):
     if r.get("game"):
         tables.extend(game.game_tables(r["game"], fmt, ratio))
     if any(key != "game" for key in r):
-        tables.append({"title": "Targets of issue 5", "header": ["target", "measured", "met"],
-                       "rows": target_rows(r, s)})
+        tables.append({"title": "Targets of issues 5 and 17",
+                       "header": ["target", "measured", "met"], "rows": target_rows(r, s)})
     micro = r.get("micro")
     if micro:
         rows = []
@@ -1078,7 +1339,24 @@ def target_rows(r, s):
                      outcome])
     d = r.get("uring_direct")
     n, h = r.get("nginx_relay"), r.get("haproxy_relay")
-    if d and n:
+    relay = r.get("relay_clients")
+    if relay:
+        texts, ratios = [], []
+        for name, _ in RELAY_CLIENTS:
+            for bots, runs in sorted(relay.get(name, {}).items(), key=lambda i: int(i[0])):
+                versus = relay_gateway_vs_nginx(runs)
+                ratios.append(versus)
+                texts.append(f"{name}, {int(bots):,} bots: gateway "
+                             f"{fmt(relay_direct_mean(runs, 'gateway_cpu'))} vs nginx "
+                             f"{fmt(relay_figures(runs.get('nginx')).get('nginx_cpu'))} µs/msg "
+                             f"({fmt(versus)}x)")
+        met = [v is not None and v <= 0.5 for v in ratios]
+        rows.append(["relay hop: gateway CPU per relayed message <= half of nginx stream's, "
+                     "with both clients, at every number of bots",
+                     "; ".join(texts),
+                     verdict(bool(met) and all(met)) if all(v is not None for v in ratios)
+                     else verdict(None)])
+    elif d and n:
         gw = d["cpu_us_per_msg"]["gateway"]
         ng = n["cpu_us_per_msg"]["nginx"]
         rows.append(["relay hop: gateway CPU per relayed message <= half of nginx stream's",
@@ -1184,6 +1462,10 @@ def main():
     parser.add_argument("--only-ws", action="store_true",
                         help="run the TCP vs WebSocket comparison alone (with --quick about "
                              "1 minute)")
+    parser.add_argument("--only-relay", action="store_true",
+                        help="run the relay hop with two clients alone (gateway direct vs "
+                             "nginx stream in front, loadtest and bare-client; about 5 "
+                             "minutes, with --quick about 2)")
     parser.add_argument("--ws-baseline", metavar="BIN",
                         help="also run the WebSocket runs through this other build of "
                              "`meridian` (a before/after of the WebSocket front)")
@@ -1191,9 +1473,14 @@ def main():
                         help="run nothing: redraw the report, tables (and docs) from the "
                              "bench.json and manifest.json already in --out")
     args = parser.parse_args()
-    if (args.only_game or args.only_tls or args.only_ws) and args.update_docs:
+    only = [flag for flag, on in (("--only-game", args.only_game), ("--only-tls", args.only_tls),
+                                  ("--only-ws", args.only_ws), ("--only-relay", args.only_relay))
+            if on]
+    if len(only) > 1:
+        parser.error(f"{' and '.join(only)}: pick one")
+    if only and args.update_docs:
         parser.error("--update-docs rewrites the whole generated block of BENCHMARKS.md: "
-                     "run it with the whole suite, not --only-game or --only-tls")
+                     f"run it with the whole suite, not {only[0]}")
     suite = Suite(args)
     if args.rerender:
         return suite.rerender()

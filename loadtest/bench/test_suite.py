@@ -194,6 +194,119 @@ class WebSocketTransport(unittest.TestCase):
         self.assertFalse(any("WebSocket" in t["title"] for t in tables))
 
 
+def relay_run(label, gateway_cpu, nginx_cpu=None, client_reads=1.0, client_sleeps=0.5,
+              messages=1000):
+    """A relay run as `Suite.loadtest(count_events=True)` records it."""
+    cpu = {"gateway": gateway_cpu, "shards": 1.0, "loadtest": 3.0}
+    extra = {}
+    if nginx_cpu is not None:
+        cpu["nginx"] = nginx_cpu
+        extra["nginx_events"] = {"sched:sched_waking": 0.8, "raw_syscalls:sys_enter": 2.0}
+    return run(label, 4.0, gateway_cpu, messages=messages, cpu_us_per_msg=cpu,
+               syscalls_perf={"all_per_msg": 0.6, "workers_per_msg": 0.2},
+               gateway_events={"sched:sched_waking": {"all_per_msg": 0.9,
+                                                      "workers_per_msg": 0.4},
+                               "sched:sched_switch": {"all_per_msg": 0.3,
+                                                      "workers_per_msg": 0.1}},
+               client_events={"raw_syscalls:sys_enter": 2.5,
+                              "syscalls:sys_enter_recvfrom": client_reads,
+                              "syscalls:sys_enter_epoll_wait": 0.25},
+               client_voluntary_switches_per_msg=client_sleeps, **extra)
+
+
+class RelayClients(unittest.TestCase):
+    def results(self, nginx_bare_2000=10.0):
+        return {"relay_clients": {
+            "loadtest": {
+                "1000": {"direct": relay_run("lt 1000 direct", 6.0),
+                         "nginx": relay_run("lt 1000 via nginx", 7.0, nginx_cpu=12.0),
+                         "direct_again": relay_run("lt 1000 direct again", 4.0)},
+                "2000": {"direct": relay_run("lt 2000 direct", 3.0),
+                         "nginx": relay_run("lt 2000 via nginx", 3.5, nginx_cpu=8.0),
+                         "direct_again": relay_run("lt 2000 direct again", 3.0)},
+            },
+            "bare-client": {
+                "1000": {"direct": relay_run("bare 1000 direct", 12.0, client_reads=0.5),
+                         "nginx": relay_run("bare 1000 via nginx", 9.0, nginx_cpu=11.0),
+                         "direct_again": relay_run("bare 1000 direct again", 14.0,
+                                                   client_reads=0.7)},
+                "2000": {"direct": relay_run("bare 2000 direct", 4.0),
+                         "nginx": relay_run("bare 2000 via nginx", 4.0,
+                                            nginx_cpu=nginx_bare_2000),
+                         "direct_again": relay_run("bare 2000 direct again", 4.0)},
+            },
+        }}
+
+    def test_a_table_per_client_with_every_run_and_the_ratio_on_the_nginx_row(self):
+        tables = suite.build_tables(self.results(), suite.SETTINGS["full"])
+        per_client = [t for t in tables if t["title"].startswith("Relay hop, client ")]
+        self.assertEqual([t["title"].split(":")[0] for t in per_client],
+                         ["Relay hop, client loadtest", "Relay hop, client bare-client"])
+        header = per_client[0]["header"]
+        for column in ("gateway syscalls/msg, whole process",
+                       "gateway syscalls/msg, I/O threads", "nginx CPU µs/msg", "p99 ms"):
+            self.assertIn(column, header)
+        rows = [dict(zip(header, row)) for row in per_client[1]["rows"]]
+        self.assertEqual([(row["bots"], row["path"]) for row in rows],
+                         [("1,000", "direct"), ("1,000", "via nginx"), ("1,000", "direct again"),
+                          ("2,000", "direct"), ("2,000", "via nginx"), ("2,000", "direct again")])
+        # bare-client, 1,000 bots: the direct runs' mean 13.0 against nginx's 11.0.
+        self.assertEqual(rows[1]["gateway (direct, mean) / nginx"], "1.18x")
+        self.assertEqual(rows[1]["nginx CPU µs/msg"], "11.00")
+        self.assertEqual(rows[0]["gateway (direct, mean) / nginx"], "-")
+        self.assertEqual(rows[0]["gateway syscalls/msg, whole process"], "0.600")
+        self.assertEqual(rows[0]["gateway syscalls/msg, I/O threads"], "0.200")
+        self.assertEqual(rows[0]["client reads/msg"], "0.500")
+        self.assertIn("a move per 250ms, 15 s per run", per_client[0]["title"])
+
+    def test_the_side_by_side_table_compares_the_direct_means(self):
+        tables = suite.build_tables(self.results(), suite.SETTINGS["full"])
+        table = next(t for t in tables if t["title"].startswith("Relay hop: what the client"))
+        self.assertEqual(table["header"][1:4],
+                         ["loadtest, 1,000 bots", "bare-client, 1,000 bots",
+                          "bare-client / loadtest"])
+        rows = {row[0]: row[1:] for row in table["rows"]}
+        self.assertEqual(rows["direct: gateway CPU µs / message"][:3], ["5.00", "13.00", "2.60x"])
+        self.assertEqual(rows["direct: client reads / message"][:3], ["1.000", "0.600", "0.60x"])
+        self.assertEqual(rows["through nginx: nginx CPU µs / message"][3:5], ["8.00", "10.00"])
+        self.assertEqual(rows["gateway (direct, mean) / nginx, CPU per message"],
+                         ["0.42x", "1.18x", "", "0.38x", "0.40x", ""])
+
+    def test_the_target_needs_both_clients_at_every_size(self):
+        def verdict(results):
+            rows = suite.target_rows(results, suite.SETTINGS["full"])
+            return next(row for row in rows if row[0].startswith("relay hop: gateway CPU"))
+
+        row = verdict(self.results())
+        self.assertEqual(row[2], "**no**", "bare-client at 1,000 bots is 1.18x")
+        self.assertIn("bare-client, 1,000 bots: gateway 13.00 vs nginx 11.00 µs/msg (1.18x)",
+                      row[1])
+        results = self.results()
+        results["relay_clients"]["bare-client"]["1000"]["direct"]["cpu_us_per_msg"]["gateway"] = 4
+        results["relay_clients"]["bare-client"]["1000"]["direct_again"]["cpu_us_per_msg"][
+            "gateway"] = 1
+        self.assertEqual(verdict(results)[2], "yes")
+        del results["relay_clients"]["bare-client"]["2000"]["nginx"]
+        self.assertEqual(verdict(results)[2], "n/a", "a missing nginx run decides nothing")
+
+
+class ReadPerfTotals(unittest.TestCase):
+    def test_counts_without_per_thread_are_filed_under_all(self):
+        text = ("# started on Wed Dec  2 08:56:14 2026\n\n"
+                "48,,raw_syscalls:sys_enter,705849,100.00,,\n"
+                "7,,sched:sched_waking,705849,100.00,,\n"
+                "<not counted>,,syscalls:sys_enter_read,0,100.00,,\n")
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as csv:
+            csv.write(text)
+        counts = suite.read_perf_counts(csv.name)
+        Path(csv.name).unlink()
+        self.assertEqual(counts, {"raw_syscalls:sys_enter": {"all": 48},
+                                  "sched:sched_waking": {"all": 7}})
+        self.assertEqual(suite.totals_per_message(counts, 16),
+                         {"raw_syscalls:sys_enter": 3.0, "sched:sched_waking": 0.4375})
+        self.assertEqual(suite.event_flags(["a", "b"]), ["-e", "a", "-e", "b"])
+
+
 class Docs(unittest.TestCase):
     def test_markdown_tables_escape_pipes(self):
         table = {"title": "t", "header": ["a", "b"], "rows": [["x|y", "1"]]}
