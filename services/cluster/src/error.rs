@@ -30,7 +30,8 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
-    pub(crate) fn from_etcd(error: etcd_client::Error) -> Self {
+    /// Classifies an etcd client error: not answered (retry) or refused.
+    pub fn from_etcd(error: etcd_client::Error) -> Self {
         match error {
             // `Unknown` is how tonic reports a connection that broke under a request (an
             // HTTP/2 keep-alive that timed out on a stalled etcd), and `Cancelled` a request

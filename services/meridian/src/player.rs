@@ -21,6 +21,9 @@ const ORDER_LEASE_SECS: i64 = 60;
 /// How many times an order is written before giving up (each a 5 s request).
 const ORDER_WRITE_ATTEMPTS: u32 = 3;
 const WAIT_FOR_ORDER: Duration = Duration::from_secs(10);
+/// How long the command waits for a slow etcd (a busy disk can hold a request past its
+/// 5 s timeout) before it gives up.
+const ETCD_PATIENCE: Duration = Duration::from_secs(30);
 
 #[derive(Deserialize)]
 struct ShardPlayers {
@@ -59,7 +62,10 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
         let mut client = meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
             .await
             .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
-        let watch = ClusterWatch::start(client.clone(), keys.clone()).await?;
+        let watch = meridian_cluster::until_etcd_answers("reading the cluster", ETCD_PATIENCE, || {
+            ClusterWatch::start(client.clone(), keys.clone())
+        })
+        .await?;
         let view = watch.current();
         let online = where_online(&view, id, token).await;
         let kind = match args.action {
@@ -96,7 +102,17 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
         // connection is not, and the shard parking it carries the order out too.
         let order_id = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
         let order = PlayerOrder { id: order_id, kind: kind.clone() };
-        let lease = client.lease_grant(ORDER_LEASE_SECS, None).await?.id();
+        let lease = meridian_cluster::until_etcd_answers("granting the order's lease", ETCD_PATIENCE, || {
+            let mut client = client.clone();
+            async move {
+                client
+                    .lease_grant(ORDER_LEASE_SECS, None)
+                    .await
+                    .map_err(meridian_cluster::ClusterError::from_etcd)
+            }
+        })
+        .await?
+        .id();
         // A slow etcd (a busy disk) can outlast one request's timeout. Writing the same
         // order again is harmless: shards carry out each order id once.
         let body = serde_json::to_string(&order)?;
