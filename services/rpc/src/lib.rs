@@ -10,6 +10,8 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/meridian.cluster.v1.rs"));
 }
 
+pub mod link;
+
 /// Encoded size of any batch (`GatewayBatch`, `ShardBatch`, `PeerBatch`) at most. Far
 /// under [`MAX_GRPC_MESSAGE_BYTES`]: however much a round produces, it goes as several
 /// batches, never as one message the other end refuses (which would end the stream, and
@@ -119,7 +121,7 @@ mod tests {
     fn entry_len_is_what_the_entry_adds_to_the_batch() {
         for text_len in [0, 1, 100, 200, 5000, 70_000] {
             let one = input(7, text_len);
-            let batch = GatewayBatch { gateway_id: 0, inputs: vec![one.clone(), one.clone()] };
+            let batch = GatewayBatch { gateway_id: 0, lane: 0, inputs: vec![one.clone(), one.clone()] };
             assert_eq!(batch.encoded_len(), 2 * entry_len(GATEWAY_BATCH.tag, &one));
         }
         let message = PeerMessage {
@@ -142,7 +144,7 @@ mod tests {
             incarnation: u64::MAX,
         };
         assert!(header.encoded_len() <= BATCH_HEADER_BYTES);
-        let hello = GatewayBatch { gateway_id: u32::MAX, inputs: Vec::new() };
+        let hello = GatewayBatch { gateway_id: u32::MAX, lane: u32::MAX, inputs: Vec::new() };
         assert!(hello.encoded_len() <= BATCH_HEADER_BYTES);
     }
 
@@ -184,7 +186,7 @@ mod tests {
         let mut next = 1;
         for run in runs {
             assert!(run.len() <= MAX_INPUTS_PER_BATCH);
-            let batch = GatewayBatch { gateway_id: u32::MAX, inputs: run };
+            let batch = GatewayBatch { gateway_id: u32::MAX, lane: u32::MAX, inputs: run };
             assert!(batch.encoded_len() <= MAX_BATCH_BYTES);
             for input in &batch.inputs {
                 assert_eq!(input.seq, next);

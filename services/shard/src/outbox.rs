@@ -137,7 +137,7 @@ impl Outbox {
             let (deliveries, bytes) = out.take();
             let batches = split_entries(deliveries, SHARD_BATCH)
                 .into_iter()
-                .map(|deliveries| ShardBatch { deliveries })
+                .map(|deliveries| ShardBatch { deliveries, refused: String::new() })
                 .collect();
             (*link, batches, bytes)
         })
