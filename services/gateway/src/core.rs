@@ -21,13 +21,15 @@ use meridian_protocol::{
 use meridian_rpc::pb::{
     player_input::Kind as Input, Delivery, Join, Leave, MoveRefused, PlayerInput, ResumeRequest,
 };
-use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, trace, warn};
 
 use crate::accounts::{Account, TokenError};
 use crate::limits::{Bucket, Refusal};
-use crate::routing::ShardLink;
-use crate::shared::{session_id, session_parts, AccountAnswer, Inbox, Mail, Shared};
+use crate::routing::{RoutingTable, ShardLink};
+use crate::shared::{
+    session_id, session_parts, session_worker, AccountAnswer, Inbox, Mail, Shared,
+};
+use crate::uplink::{Connected, LinkFailure, LinkUp, Uplink, Uplinks};
 use crate::websocket::{self, WsState};
 use crate::Placement;
 
@@ -243,7 +245,9 @@ struct PendingLogin {
 /// account: only if etcd's id allocator was reset under an old store).
 const ID_TRIES: u8 = 3;
 
-pub struct Core<T> {
+/// `T` is the event loop's hold on a client connection, `L` on a relay link (the same
+/// for the io_uring and epoll loops; the QUIC front's links are tokio sockets).
+pub struct Core<T, L = T> {
     slots: Vec<Option<Conn<T>>>,
     generations: Vec<u32>,
     free: Vec<u32>,
@@ -254,6 +258,10 @@ pub struct Core<T> {
     refused_upgrades: usize,
     /// The frames a WebSocket read brought, reused from read to read.
     ws_frames: Vec<u8>,
+    /// This worker's relay links to the shards.
+    uplinks: Uplinks<L>,
+    /// Links connected for this worker, waiting for the event loop to take their sockets.
+    link_ups: Vec<LinkUp>,
 }
 
 impl<T> Conn<T> {
@@ -264,7 +272,7 @@ impl<T> Conn<T> {
     }
 }
 
-impl<T> Core<T> {
+impl<T, L> Core<T, L> {
     pub fn new(worker: usize, shared: Arc<Shared>, mail: Inbox) -> Self {
         Core {
             slots: Vec::new(),
@@ -283,6 +291,8 @@ impl<T> Core<T> {
             open: 0,
             refused_upgrades: 0,
             ws_frames: Vec::new(),
+            uplinks: Uplinks::default(),
+            link_ups: Vec::new(),
         }
     }
 
@@ -515,21 +525,21 @@ impl<T> Core<T> {
         }
     }
 
-    /// Applies the shards' deliveries that arrived since the last call.
+    /// Applies what the link manager and the player store sent since the last call.
     pub fn process_mail(&mut self, now: Instant) {
         self.ctx.now = now;
         self.mail.drain_start();
+        self.reconcile_uplinks();
         while let Some(mail) = self.mail.try_recv() {
-            let (from, deliveries) = match mail {
-                Mail::Deliveries { from, deliveries } => (from, deliveries),
-                Mail::LinkDown { link, done } => {
-                    self.link_down(&link);
-                    let _ = done.send(());
-                    continue;
-                }
+            match mail {
+                Mail::LinkUp(up) => self.link_ups.push(up),
+                #[cfg(any(test, feature = "fuzzing"))]
+                Mail::Deliveries { from, deliveries } => self.apply_deliveries(from, deliveries),
                 Mail::Restore { dead } => {
+                    // Links the routing table no longer has are let go first, so no player
+                    // is restored onto one.
+                    self.reconcile_uplinks();
                     self.restore(dead);
-                    continue;
                 }
                 Mail::Account { session, answer } => {
                     let (_, slot, generation) = session_parts(session);
@@ -539,10 +549,180 @@ impl<T> Core<T> {
                     {
                         self.ctx.account_answer(conn, slot, answer);
                     }
+                }
+            }
+        }
+    }
+
+    /// Links connected since the last call, for the event loop to take their sockets and
+    /// hand them back with [`Core::open_uplink`].
+    pub fn take_link_ups(&mut self) -> Vec<LinkUp> {
+        std::mem::take(&mut self.link_ups)
+    }
+
+    /// Starts driving a connected link; `io` is the event loop's hold on its socket. A link
+    /// the routing table no longer has (or one this worker already drives) comes back: the
+    /// event loop closes it, and its connecting task learns so.
+    pub fn open_uplink(&mut self, up: Connected, io: L, now: Instant) -> Result<u32, L> {
+        self.ctx.now = now;
+        let routed = self.ctx.routing().read(|t| t.links.iter().any(|l| Arc::ptr_eq(l, &up.link)));
+        if !routed || self.uplinks.find(&up.link).is_some() {
+            return Err(io);
+        }
+        let link = Arc::clone(&up.link);
+        link.set_up(true);
+        tracing::info!(worker = self.ctx.worker, shard = %link.id, "relay link open");
+        self.ctx.shared.metrics.relay_links_opened.inc();
+        Ok(self.uplinks.insert(Uplink::new(up, io, now)))
+    }
+
+    /// Sets what a link may hold unsent (the simulator's harness makes it small).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn set_uplink_room(&mut self, index: u32, bytes: usize) {
+        if let Some(uplink) = self.uplinks.get_mut(index) {
+            uplink.room = bytes;
+        }
+    }
+
+    /// Bytes a link's socket received.
+    pub fn on_link_data(&mut self, index: u32, data: &[u8], now: Instant) {
+        self.ctx.now = now;
+        let Some(uplink) = self.uplinks.get_mut(index).filter(|u| !u.failed) else { return };
+        let from = uplink.link.id;
+        let mut batches = Vec::new();
+        let received = uplink.received(data, now, |deliveries| batches.push(deliveries));
+        for deliveries in batches {
+            self.ctx.shared.metrics.batches_from_shards.inc();
+            self.apply_deliveries(from, deliveries);
+        }
+        if let Err(failure) = received {
+            self.fail_uplink(index, failure);
+        }
+    }
+
+    /// A link's socket reached its end or failed.
+    pub fn on_link_lost(&mut self, index: u32, failure: LinkFailure) {
+        self.fail_uplink(index, failure);
+    }
+
+    /// Lets a link go: every move in flight on it is answered, its players are let go (and
+    /// restored when its shard is back, or gone), and its connecting task may connect again.
+    /// The event loop closes the socket once nothing is in flight on it.
+    fn fail_uplink(&mut self, index: u32, failure: LinkFailure) {
+        let Some(uplink) = self.uplinks.get_mut(index).filter(|u| !u.failed) else { return };
+        let link = Arc::clone(&uplink.link);
+        uplink.let_go();
+        uplink.dirty = true;
+        link.set_up(false);
+        match failure {
+            LinkFailure::Unrouted => {
+                tracing::info!(worker = self.ctx.worker, shard = %link.id, "relay link closed")
+            }
+            failure => {
+                warn!(worker = self.ctx.worker, shard = %link.id, %failure, "relay link failed")
+            }
+        }
+        self.ctx.shared.metrics.relay_links_failed.inc();
+        self.link_down(&link);
+    }
+
+    /// Lets go the links the routing table no longer has (their shard left, or came back
+    /// as a new incarnation).
+    fn reconcile_uplinks(&mut self) {
+        let version = self.ctx.routing().read(|t| t.version);
+        if version == self.uplinks.version {
+            return;
+        }
+        self.uplinks.version = version;
+        let routing = self.ctx.routing();
+        let mut gone: Vec<u32> = self.uplinks.indices().collect();
+        gone.retain(|&index| {
+            self.uplinks.get_mut(index).is_some_and(|uplink| {
+                !uplink.failed
+                    && !routing.read(|t| t.links.iter().any(|l| Arc::ptr_eq(l, &uplink.link)))
+            })
+        });
+        for index in gone {
+            self.fail_uplink(index, LinkFailure::Unrouted);
+        }
+        let routing = self.ctx.routing();
+        self.link_ups
+            .retain(|up| routing.read(|t| t.links.iter().any(|l| Arc::ptr_eq(l, &up.link))));
+    }
+
+    /// The link in `index`, for its event loop.
+    pub fn uplink_mut(&mut self, index: u32) -> Option<&mut Uplink<L>> {
+        self.uplinks.get_mut(index)
+    }
+
+    pub fn uplink_generation(&self, index: u32) -> u32 {
+        self.uplinks.generation(index)
+    }
+
+    /// Something of every link's `io` (its descriptor, when the event loop stops).
+    pub fn uplink_fds<R>(&mut self, mut f: impl FnMut(&L) -> R) -> Vec<R> {
+        let indices: Vec<u32> = self.uplinks.indices().collect();
+        indices.into_iter().filter_map(|i| self.uplinks.get_mut(i).map(|u| f(&u.io))).collect()
+    }
+
+    /// Forgets a failed link once its event loop has nothing in flight on it.
+    pub fn remove_uplink(&mut self, index: u32) -> Option<L> {
+        self.uplinks.remove(index).map(|uplink| uplink.io)
+    }
+
+    /// Links with bytes to send or a socket to close, sealed and ready for the event loop
+    /// to take their `out`.
+    pub fn take_dirty_uplinks(&mut self, into: &mut Vec<u32>) {
+        into.clear();
+        let now = self.ctx.now;
+        let mut failures = Vec::new();
+        for index in self.uplinks.indices().collect::<Vec<_>>() {
+            let uplink = self.uplinks.get_mut(index).expect("invariant: listed");
+            if !uplink.dirty {
+                continue;
+            }
+            uplink.dirty = false;
+            if !uplink.failed {
+                if let Err(failure) = uplink.seal(now) {
+                    failures.push((index, failure));
+                }
+            }
+            into.push(index);
+        }
+        for (index, failure) in failures {
+            self.fail_uplink(index, failure);
+        }
+    }
+
+    /// The links' periodic work: heartbeats where nothing was sent for a while, and links
+    /// silent too long let go.
+    fn tick_uplinks(&mut self, now: Instant) {
+        let mut silent = Vec::new();
+        for index in self.uplinks.indices().collect::<Vec<_>>() {
+            let uplink = self.uplinks.get_mut(index).expect("invariant: listed");
+            if uplink.failed {
+                continue;
+            }
+            if uplink.silent(now) {
+                silent.push(index);
+            } else {
+                // Sealing queues the heartbeat if one is due.
+                uplink.dirty = true;
+            }
+        }
+        for index in silent {
+            self.fail_uplink(index, LinkFailure::Silent(meridian_rpc::link::SILENCE));
+        }
+    }
+
+    /// A batch of a shard's output for this worker's connections, in link order.
+    fn apply_deliveries(&mut self, from: ShardId, deliveries: Vec<Delivery>) {
+        {
+            for delivery in deliveries {
+                if session_worker(delivery.session) != self.ctx.worker {
+                    // Not this lane's: the shard routes by the session's lane, so never.
                     continue;
                 }
-            };
-            for delivery in deliveries {
                 let (_, slot, generation) = session_parts(delivery.session);
                 let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
                     continue;
@@ -595,7 +775,7 @@ impl<T> Core<T> {
                         continue;
                     }
                     // The shard that held the player took it back: it owns the player now.
-                    let Some(link) = self.ctx.shared.routing.read(|t| t.link(from).cloned()) else {
+                    let Some(link) = self.ctx.routing().read(|t| t.link(from).cloned()) else {
                         continue;
                     };
                     if let Some(login) = login.take() {
@@ -720,23 +900,35 @@ impl<T> Core<T> {
         }
     }
 
-    /// Hands this iteration's inputs to the relay: one batch per shard, after whatever
-    /// waited for that shard's queue to have room.
+    /// Hands this iteration's inputs to the links: one batch per shard (more if over the
+    /// batch limits), after whatever waited for that link to have room or to open.
     pub fn flush_inputs(&mut self) {
-        let ctx = &mut self.ctx;
+        let (ctx, uplinks) = (&mut self.ctx, &mut self.uplinks);
+        let metrics = Arc::clone(&ctx.shared.metrics);
+        let mut send =
+            |link: &Arc<ShardLink>, inputs: Vec<PlayerInput>| -> Result<(), Vec<PlayerInput>> {
+                match uplinks.find(link).and_then(|index| uplinks.get_mut(index)) {
+                    Some(uplink) if uplink.has_room() => {
+                        metrics.inputs_relayed.add(inputs.len() as u64);
+                        metrics.batches_to_shards.add(uplink.queue(inputs) as u64);
+                        Ok(())
+                    }
+                    // Full, or not open yet (a shard that just joined): wait in turn.
+                    Some(_) => Err(inputs),
+                    None if link.accepts_inputs() => Err(inputs),
+                    // Failed: its moves in flight were answered when it failed; nothing new is
+                    // queued for it (see `accepts_inputs`).
+                    None => Ok(()),
+                }
+            };
         for (link, batches, queued) in ctx.stalled.iter_mut() {
             while let Some(batch) = batches.pop_front() {
                 let n = batch.len();
-                match link.inputs.try_send(batch) {
+                match send(link, batch) {
                     Ok(()) => *queued -= n,
-                    Err(TrySendError::Full(batch)) => {
+                    Err(batch) => {
                         batches.push_front(batch);
                         break;
-                    }
-                    Err(TrySendError::Closed(_)) => {
-                        // The relay is gone; the link-down mail on its way answers the
-                        // moves in flight.
-                        *queued -= n;
                     }
                 }
             }
@@ -753,15 +945,13 @@ impl<T> Core<T> {
                 batches.push_back(inputs);
                 continue;
             }
-            match link.inputs.try_send(inputs) {
-                Ok(()) => {}
-                Err(TrySendError::Full(inputs)) => {
-                    ctx.shared.metrics.relay_queue_full.add(inputs.len() as u64);
-                    tracing::debug!(shard = %link.id, "relay queue full; inputs wait");
-                    let n = inputs.len();
-                    ctx.stalled.push((link, VecDeque::from([inputs]), n));
+            if let Err(inputs) = send(&link, inputs) {
+                if link.is_up() {
+                    metrics.relay_queue_full.add(inputs.len() as u64);
+                    tracing::debug!(shard = %link.id, "relay link full; inputs wait");
                 }
-                Err(TrySendError::Closed(_)) => {}
+                let n = inputs.len();
+                ctx.stalled.push((link, VecDeque::from([inputs]), n));
             }
         }
     }
@@ -798,6 +988,8 @@ impl<T> Core<T> {
     /// gateway-wide output budget are enforced.
     pub fn tick(&mut self, now: Instant) {
         self.ctx.now = now;
+        self.reconcile_uplinks();
+        self.tick_uplinks(now);
         let limits = self.ctx.shared.admission.limits();
         let (login_timeout, idle_timeout) = (limits.login_timeout, limits.idle_timeout);
         for slot in 0..self.slots.len() as u32 {
@@ -810,7 +1002,7 @@ impl<T> Core<T> {
                 (conn.pending_owner, &conn.session)
             {
                 let player = *player;
-                match self.ctx.shared.routing.read(|t| t.link(pending.to).cloned()) {
+                match self.ctx.routing().read(|t| t.link(pending.to).cloned()) {
                     Some(link) if link.replaced(pending.incarnation) => {
                         self.ctx.handed_to_lost(conn, slot, player, link, pending.generation)
                     }
@@ -990,6 +1182,11 @@ fn message_at(frames: &[u8], tag: u8) -> Option<usize> {
 }
 
 impl Ctx {
+    /// This worker's routing table.
+    fn routing(&self) -> &meridian_cluster::EpochCell<RoutingTable> {
+        &self.shared.routing[self.worker]
+    }
+
     /// Length-delimited frames read from a connection (from TCP as they came, or made of
     /// WebSocket messages): handled now, or kept while the input budget is spent.
     fn on_frames<T>(
@@ -1115,7 +1312,7 @@ impl Ctx {
             return;
         };
         let pending = PendingOwner { to, incarnation, generation, since: self.now };
-        match self.shared.routing.read(|table| table.link(to).cloned()) {
+        match self.routing().read(|table| table.link(to).cloned()) {
             Some(link) if link.replaced(incarnation) => {
                 self.handed_to_lost(conn, slot, player, link, generation)
             }
@@ -1167,7 +1364,7 @@ impl Ctx {
         let Session::Playing { player, .. } = conn.session else { return false };
         let Some((x, y)) = conn.last_position else { return false };
         let claimed = conn.claim.and_then(|(shard, generation)| {
-            let link = self.shared.routing.read(|t| t.link(shard).cloned());
+            let link = self.routing().read(|t| t.link(shard).cloned());
             link.map(|link| (link, generation))
         });
         let (target, generation) = match claimed {
@@ -1175,7 +1372,7 @@ impl Ctx {
             // the stream is back: the restore waits for that stream.
             Some((link, _)) if !link.is_up() => return false,
             Some((link, generation)) => (Some(link), generation.max(conn.generation)),
-            None => (self.shared.routing.read(|t| t.owner_link(x, y).cloned()), conn.generation),
+            None => (self.routing().read(|t| t.owner_link(x, y).cloned()), conn.generation),
         };
         let Some(target) = target.filter(|l| l.accepts_inputs()) else {
             debug!(player, x, y, "no shard to restore a player on yet");
@@ -1188,7 +1385,7 @@ impl Ctx {
             restore: true,
             generation,
             gateway_id: 0,
-            epoch: self.shared.routing.read(|t| t.epoch()),
+            epoch: self.routing().read(|t| t.epoch()),
             state: conn.state.clone(),
         };
         conn.held.clear();
@@ -1242,7 +1439,7 @@ impl Ctx {
     /// Sends a Leave for `player` to every linked shard, behind a Resume that went to all.
     fn leave_everywhere<T>(&mut self, conn: &mut Conn<T>, session: u64, player: u64) {
         let links: Vec<Arc<ShardLink>> =
-            self.shared.routing.read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
+            self.routing().read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
         let seq = conn.take_seq();
         for link in &links {
             let leave = Input::Leave(Leave { logout: false });
@@ -1513,7 +1710,7 @@ impl Ctx {
             }
         };
         let links: Vec<Arc<ShardLink>> =
-            self.shared.routing.read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
+            self.routing().read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
         if links.is_empty() {
             return self.refuse(conn, slot, ErrorCode::Unavailable, "no shard available", 0);
         }
@@ -1538,7 +1735,7 @@ impl Ctx {
         login: Takeover,
     ) {
         let links: Vec<Arc<ShardLink>> =
-            self.shared.routing.read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
+            self.routing().read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
         if links.is_empty() {
             return self.refuse(conn, slot, ErrorCode::Unavailable, "no shard available", 0);
         }
@@ -1646,7 +1843,7 @@ impl Ctx {
         match answer {
             AccountAnswer::Player(player) => {
                 metrics.inc("ok");
-                let size = self.shared.routing.read(|t| t.map_size());
+                let size = self.routing().read(|t| t.map_size());
                 let saved =
                     player.saved.as_ref().map(|s| s.at).filter(|&(x, y)| {
                         size.is_some_and(|(width, height)| x < width && y < height)
@@ -1689,7 +1886,7 @@ impl Ctx {
         spawn: Option<meridian_protocol::pb::Position>,
         generation: u64,
     ) {
-        let placed = self.shared.routing.read(|table| {
+        let placed = self.routing().read(|table| {
             if let Some(spawn) = spawn {
                 let (width, height) = table.map_size()?;
                 if spawn.x >= width || spawn.y >= height {
@@ -1745,7 +1942,7 @@ impl Ctx {
                 restore: false,
                 generation,
                 gateway_id: 0,
-                epoch: self.shared.routing.read(|t| t.epoch()),
+                epoch: self.routing().read(|t| t.epoch()),
                 state: conn.state.clone(),
             }),
         );
@@ -1947,10 +2144,45 @@ mod tests {
     use meridian_protocol::{encode_frame, TokenKey};
     use std::sync::atomic::{AtomicBool, AtomicUsize};
     use std::sync::mpsc::sync_channel;
-    use tokio::sync::mpsc;
 
-    type Relay = mpsc::Receiver<Vec<PlayerInput>>;
+    /// A link's index in the core: what the core queued on it is read back from its `out`.
+    type Relay = u32;
     type Links = Vec<(Arc<ShardLink>, Relay)>;
+
+    /// Connects `link` for the core, as its connecting task and event loop would.
+    fn connect_link(core: &mut Core<()>, link: &Arc<ShardLink>) -> Relay {
+        let (gone, _) = tokio::sync::oneshot::channel();
+        let connected = Connected { link: Arc::clone(link), tls: None, gone };
+        match core.open_uplink(connected, (), Instant::now()) {
+            Ok(relay) => relay,
+            Err(()) => panic!("a routed link"),
+        }
+    }
+
+    /// The core's tick at `now`, every link having heard its shard's heartbeat (as from a
+    /// live shard; tests that jump ahead would otherwise find the links silent).
+    fn tick(core: &mut Core<()>, now: Instant) {
+        let live: Vec<u32> = core.uplinks.indices().collect();
+        for index in live {
+            core.on_link_data(index, &[0; 4], now);
+        }
+        core.tick(now);
+    }
+
+    /// The first batch the core queued on a link and nobody took yet.
+    fn take_batch(core: &mut Core<()>, relay: &Relay) -> Option<Vec<PlayerInput>> {
+        use prost::Message as _;
+        let uplink = core.uplink_mut(*relay)?;
+        loop {
+            let (len, body) = meridian_rpc::link::next_frame(&uplink.out).expect("own frames")?;
+            let batch = (!body.is_empty())
+                .then(|| meridian_rpc::pb::GatewayBatch::decode(body).expect("own batches"));
+            uplink.out.drain(..len);
+            if let Some(batch) = batch {
+                return Some(batch.inputs);
+            }
+        }
+    }
 
     /// A core on worker 0 whose only shard link has room for `room` batches.
     fn core_with_link(room: usize) -> (Core<()>, Arc<ShardLink>, Relay) {
@@ -1996,22 +2228,18 @@ mod tests {
         limits: Limits,
         dev_mode: bool,
     ) -> (Core<()>, Links, std::sync::mpsc::SyncSender<Mail>) {
-        let links: Links = (1..=n)
+        let links: Vec<Arc<ShardLink>> = (1..=n)
             .map(|id| {
-                let (inputs, relay) = mpsc::channel(room);
                 // Shard N's registration is 10 N.
-                let link = Arc::new(ShardLink::registered(ShardId(id), u64::from(id) * 10, inputs));
-                link.set_up(true);
+                let status = Default::default();
+                let link = Arc::new(ShardLink::registered(ShardId(id), u64::from(id) * 10, status));
                 link.set_healthy(true);
-                (link, relay)
+                link
             })
             .collect();
         let region = Region { shard: ShardId(1), x0: 0, x1: 400, y0: 0, y1: 400 };
         let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![region] };
-        let table = RoutingTable {
-            links: links.iter().map(|(link, _)| Arc::clone(link)).collect(),
-            partition: Some(partition),
-        };
+        let table = RoutingTable { links: links.clone(), partition: Some(partition), version: 1 };
         let config = GatewayConfig {
             placement: Placement::RoundRobin,
             id: GatewayId(1),
@@ -2035,7 +2263,7 @@ mod tests {
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {
             config,
-            routing: Arc::new(EpochCell::new(table)),
+            routing: Arc::new(vec![EpochCell::new(table)]),
             ids: crate::ids::IdPool::fixed(vec![1..100, 100..200]),
             metrics: Arc::new(GatewayMetrics::new(&registry, GatewayId(1), IoBackend::Epoll)),
             stopping: Arc::new(AtomicBool::new(false)),
@@ -2049,7 +2277,17 @@ mod tests {
         });
         let (mail, receiver) = sync_channel(16);
         let inbox = Inbox::for_tests(receiver);
-        (Core::new(0, shared, inbox), links, mail)
+        let mut core = Core::new(0, shared, inbox);
+        let links = links
+            .into_iter()
+            .map(|link| {
+                let relay = connect_link(&mut core, &link);
+                // Room for one batch is one byte: the first goes, the next waits.
+                core.set_uplink_room(relay, if room == 1 { 1 } else { room << 10 });
+                (link, relay)
+            })
+            .collect();
+        (core, links, mail)
     }
 
     fn send(core: &mut Core<()>, slot: u32, kind: C) {
@@ -2065,7 +2303,7 @@ mod tests {
 
     #[test]
     fn inputs_wait_in_order_while_the_relay_queue_is_full() {
-        let (mut core, _link, mut relay) = core_with_link(1);
+        let (mut core, _link, relay) = core_with_link(1);
         let slot = core.insert((), None, Instant::now()).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "ann".into(), ..Default::default() }));
         // The queue holds the Join; these three batches have to wait.
@@ -2074,17 +2312,18 @@ mod tests {
         }
         let mut seqs = Vec::new();
         while seqs.len() < 4 {
-            let batch = relay.try_recv().expect("every input reaches the relay in the end");
+            let batch =
+                take_batch(&mut core, &relay).expect("every input reaches the relay in the end");
             seqs.extend(batch.iter().map(|input| input.seq));
             core.flush_inputs();
         }
         assert_eq!(seqs, vec![1, 2, 3, 4], "nothing lost, nothing reordered");
-        assert!(relay.try_recv().is_err());
+        assert!(take_batch(&mut core, &relay).is_none());
     }
 
     #[test]
     fn a_shard_that_never_drains_gets_its_players_refused_not_lost() {
-        let (mut core, link, mut relay) = core_with_link(1);
+        let (mut core, link, relay) = core_with_link(1);
         let slot = core.insert((), None, Instant::now()).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "bob".into(), ..Default::default() }));
         for _ in 0..STALLED_LIMIT {
@@ -2108,7 +2347,7 @@ mod tests {
         assert_eq!(refused, (first..first + 10).collect::<Vec<_>>());
         // Everything that was numbered is still delivered, in order.
         let mut next = 1;
-        while let Ok(batch) = relay.try_recv() {
+        while let Some(batch) = take_batch(&mut core, &relay) {
             for input in batch {
                 assert_eq!(input.seq, next);
                 next += 1;
@@ -2132,9 +2371,9 @@ mod tests {
     }
 
     /// Sequence numbers of everything the relay holds for one shard.
-    fn relayed(relay: &mut Relay) -> Vec<u64> {
+    fn relayed(core: &mut Core<()>, relay: &Relay) -> Vec<u64> {
         let mut seqs = Vec::new();
-        while let Ok(batch) = relay.try_recv() {
+        while let Some(batch) = take_batch(core, relay) {
             seqs.extend(batch.iter().map(|input| input.seq));
         }
         seqs
@@ -2142,7 +2381,7 @@ mod tests {
 
     #[test]
     fn inputs_the_old_owner_did_not_answer_are_sent_again_to_the_new_owner() {
-        let (mut core, mut links, mail) = core_with_links(64, 2);
+        let (mut core, links, mail) = core_with_links(64, 2);
         let slot = core.insert((), None, Instant::now()).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "cy".into(), ..Default::default() }));
         for t in 1..=3 {
@@ -2150,7 +2389,11 @@ mod tests {
         }
         send(&mut core, slot, C::Chat(Chat { text: "hi".into() }));
         let session = core.relayed_session(slot);
-        assert_eq!(relayed(&mut links[0].1), vec![1, 2, 3, 4, 5], "Join, 3 moves, chat to shard 1");
+        assert_eq!(
+            relayed(&mut core, &links[0].1),
+            vec![1, 2, 3, 4, 5],
+            "Join, 3 moves, chat to shard 1"
+        );
         // Shard 1 applied the Join and the first move, then handed the player to shard 2:
         // moves 2 and 3 and the chat may be lost on the way to shard 1 (it is draining), so
         // they go to shard 2 too (a shard drops inputs it has already applied, by seq).
@@ -2158,14 +2401,14 @@ mod tests {
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![handed] }).unwrap();
         core.process_mail(Instant::now());
         core.flush_inputs();
-        assert_eq!(relayed(&mut links[1].1), vec![3, 4, 5]);
-        assert_eq!(relayed(&mut links[0].1), Vec::<u64>::new());
+        assert_eq!(relayed(&mut core, &links[1].1), vec![3, 4, 5]);
+        assert_eq!(relayed(&mut core, &links[0].1), Vec::<u64>::new());
         // Once shard 2 answers move 3, everything up to it is known to be applied.
         let answered = Delivery { session, move_answers: 2, ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(2), deliveries: vec![answered] }).unwrap();
         core.process_mail(Instant::now());
         send(&mut core, slot, step(4));
-        assert_eq!(relayed(&mut links[1].1), vec![6]);
+        assert_eq!(relayed(&mut core, &links[1].1), vec![6]);
         assert_eq!(core.unconfirmed_seqs(slot), vec![5, 6], "the chat and the new move");
     }
 
@@ -2179,11 +2422,11 @@ mod tests {
         incarnation: u64,
         t0: Instant,
     ) -> (Core<()>, Links, u32, meridian_protocol::pb::Position) {
-        let (mut core, mut links, mail) = core_with_links(64, 2);
+        let (mut core, links, mail) = core_with_links(64, 2);
         let slot = core.insert((), None, t0).expect("admitted");
         send(&mut core, slot, C::Login(Login { name: "ed".into(), ..Default::default() }));
         let session = core.relayed_session(slot);
-        relayed(&mut links[0].1);
+        relayed(&mut core, &links[0].1);
         let at = meridian_protocol::pb::Position { x: 5, y: 6 };
         let joined = Delivery { session, position: Some(at), generation: 1, ..Default::default() };
         let handed = Delivery {
@@ -2195,15 +2438,15 @@ mod tests {
         };
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![joined, handed] }).unwrap();
         core.process_mail(t0);
-        core.tick(t0);
+        tick(&mut core, t0);
         (core, links, slot, at)
     }
 
     #[test]
     fn a_player_handed_to_a_replaced_life_is_restored() {
-        let (mut core, mut links, _, at) = handed_to_life(5, Instant::now());
+        let (mut core, links, _, at) = handed_to_life(5, Instant::now());
         core.flush_inputs();
-        let inputs = relayed_inputs(&mut links[1].1);
+        let inputs = relayed_inputs(&mut core, &links[1].1);
         let restore = inputs.iter().find_map(|input| match &input.kind {
             Some(Input::Join(join)) => Some(join.clone()),
             _ => None,
@@ -2222,13 +2465,17 @@ mod tests {
     #[test]
     fn a_player_handed_to_a_later_life_waits_for_its_link() {
         let t0 = Instant::now();
-        let (mut core, mut links, slot, _) = handed_to_life(30, t0);
+        let (mut core, links, slot, _) = handed_to_life(30, t0);
         send(&mut core, slot, step(1));
-        assert_eq!(relayed(&mut links[1].1), Vec::<u64>::new(), "nothing to the earlier life");
-        assert_eq!(relayed(&mut links[0].1), vec![2], "the move goes to the old owner");
-        core.tick(t0 + PENDING_OWNER_WAIT + Duration::from_millis(1));
+        assert_eq!(
+            relayed(&mut core, &links[1].1),
+            Vec::<u64>::new(),
+            "nothing to the earlier life"
+        );
+        assert_eq!(relayed(&mut core, &links[0].1), vec![2], "the move goes to the old owner");
+        tick(&mut core, t0 + PENDING_OWNER_WAIT + Duration::from_millis(1));
         core.flush_inputs();
-        let restores = relayed_inputs(&mut links[0].1)
+        let restores = relayed_inputs(&mut core, &links[0].1)
             .into_iter()
             .filter(|i| matches!(&i.kind, Some(Input::Join(j)) if j.restore))
             .count();
@@ -2258,7 +2505,7 @@ mod tests {
 
     #[test]
     fn a_connection_closed_while_resuming_leaves_wherever_its_player_is_restored() {
-        let (mut core, mut links, _mail) = core_with_links(64, 2);
+        let (mut core, links, _mail) = core_with_links(64, 2);
         let slot = core.insert((), None, Instant::now()).expect("admitted");
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -2266,14 +2513,14 @@ mod tests {
             .unwrap_or(0);
         let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, now + 60);
         send(&mut core, slot, C::Resume(meridian_protocol::pb::Resume { token }));
-        for (_, relay) in links.iter_mut() {
-            assert_eq!(relayed(relay), vec![1], "the Resume goes to every shard");
+        for (_, relay) in &links {
+            assert_eq!(relayed(&mut core, relay), vec![1], "the Resume goes to every shard");
         }
         // Gone before any shard answered: whichever restores the player must let it go.
         core.on_peer_closed(slot);
         core.flush_inputs();
-        for (_, relay) in links.iter_mut() {
-            let batch = relay.try_recv().expect("a Leave for every shard");
+        for (_, relay) in &links {
+            let batch = take_batch(&mut core, relay).expect("a Leave for every shard");
             let leave = &batch[0];
             assert_eq!((leave.player_id, leave.seq), (42, 2));
             assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false })));
@@ -2323,9 +2570,9 @@ mod tests {
         slot
     }
 
-    fn relayed_inputs(relay: &mut Relay) -> Vec<PlayerInput> {
+    fn relayed_inputs(core: &mut Core<()>, relay: &Relay) -> Vec<PlayerInput> {
         let mut inputs = Vec::new();
-        while let Ok(batch) = relay.try_recv() {
+        while let Some(batch) = take_batch(core, relay) {
             inputs.extend(batch);
         }
         inputs
@@ -2333,12 +2580,12 @@ mod tests {
 
     #[test]
     fn a_chat_flood_is_refused_rate_limited_past_the_burst() {
-        let (mut core, mut links, _mail) = core_limited(64, 1, Limits::default());
+        let (mut core, links, _mail) = core_limited(64, 1, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
         let chats = (0..40).map(|i| C::Chat(Chat { text: format!("spam {i}") })).collect();
         write_all_at(&mut core, slot, chats, t0);
-        let relayed = relayed_inputs(&mut links[0].1);
+        let relayed = relayed_inputs(&mut core, &links[0].1);
         let n_chats = relayed.iter().filter(|i| matches!(i.kind, Some(Input::Chat(_)))).count();
         assert_eq!(n_chats, 5, "the burst of 5 goes through");
         let refused = errors(&replies(&mut core, slot));
@@ -2350,14 +2597,14 @@ mod tests {
             vec![C::Chat(Chat { text: "again".into() })],
             t0 + Duration::from_millis(500),
         );
-        assert_eq!(relayed_inputs(&mut links[0].1).len(), 1);
+        assert_eq!(relayed_inputs(&mut core, &links[0].1).len(), 1);
         // Nothing refused took a sequence number: no gap.
         assert_eq!(core.get_mut(slot).unwrap().next_seq, 1 + 5 + 1 + 1);
     }
 
     #[test]
     fn actions_past_their_burst_or_invalid_are_answered_in_order_with_moves() {
-        let (mut core, mut links, mail) = core_limited(64, 1, Limits::default());
+        let (mut core, links, mail) = core_limited(64, 1, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
         let session = core.relayed_session(slot);
@@ -2380,7 +2627,7 @@ mod tests {
         let burst: Vec<C> = (3..=23).map(|t| action(5, t, 8)).collect();
         write_all_at(&mut core, slot, burst, t0);
         write_all_at(&mut core, slot, vec![action(0, 24, 0)], t0);
-        let relayed = relayed_inputs(&mut links[0].1);
+        let relayed = relayed_inputs(&mut core, &links[0].1);
         let kinds: Vec<(&str, u64)> = relayed
             .iter()
             .filter_map(|i| match &i.kind {
@@ -2403,7 +2650,7 @@ mod tests {
 
     #[test]
     fn the_move_budget_holds_across_a_change_of_owner() {
-        let (mut core, mut links, mail) = core_limited(64, 2, Limits::default());
+        let (mut core, links, mail) = core_limited(64, 2, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
         let session = core.relayed_session(slot);
@@ -2416,8 +2663,8 @@ mod tests {
         let moves = |inputs: &[PlayerInput]| {
             inputs.iter().filter(|i| matches!(i.kind, Some(Input::Move(_)))).count()
         };
-        assert_eq!(moves(&relayed_inputs(&mut links[0].1)), 12);
-        let to_new_owner = relayed_inputs(&mut links[1].1);
+        assert_eq!(moves(&relayed_inputs(&mut core, &links[0].1)), 12);
+        let to_new_owner = relayed_inputs(&mut core, &links[1].1);
         assert_eq!(moves(&to_new_owner), 8, "20 in all, whoever owns the player");
         // Moves 13..20 are in flight: the refusals go behind them, through the shard, so
         // the client's answers stay in order.
@@ -2446,16 +2693,16 @@ mod tests {
         let t0 = Instant::now();
         let slot = core.insert((), None, t0).expect("admitted");
         core.on_data(slot, &[0x80], t0); // Half a length prefix, then silence.
-        core.tick(t0 + Duration::from_millis(9_900));
+        tick(&mut core, t0 + Duration::from_millis(9_900));
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::No));
-        core.tick(t0 + Duration::from_secs(10));
+        tick(&mut core, t0 + Duration::from_secs(10));
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::NotLoggedIn, 0)]);
     }
 
     #[test]
     fn a_quiet_player_is_closed_at_the_idle_deadline_unless_it_pings() {
-        let (mut core, mut links, _mail) = core_limited(64, 1, Limits::default());
+        let (mut core, links, _mail) = core_limited(64, 1, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
         let at = |s: u64| t0 + Duration::from_secs(s);
@@ -2465,13 +2712,13 @@ mod tests {
             vec![C::Ping(meridian_protocol::pb::Ping { client_time: 1 })],
             at(100),
         );
-        core.tick(at(219));
+        tick(&mut core, at(219));
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::No), "pinged 119 s ago");
-        core.tick(at(220));
+        tick(&mut core, at(220));
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 0)]);
         core.flush_inputs();
-        let last = relayed_inputs(&mut links[0].1).pop().expect("inputs");
+        let last = relayed_inputs(&mut core, &links[0].1).pop().expect("inputs");
         assert_eq!(last.kind, Some(Input::Leave(Leave { logout: false })), "the player leaves");
     }
 
@@ -2486,7 +2733,7 @@ mod tests {
         assert_eq!(pongs, 200, "the frame burst, then reading pauses");
         assert!(core.get_mut(slot).unwrap().read_paused);
         // A second later the budget has 100 more frames.
-        core.tick(t0 + Duration::from_secs(1));
+        tick(&mut core, t0 + Duration::from_secs(1));
         assert_eq!(replies(&mut core, slot).len(), 100);
         assert!(core.get_mut(slot).unwrap().read_paused, "still 700 waiting");
         // Input that keeps arriving while paused is bounded: past the bound, the client is cut.
@@ -2501,7 +2748,7 @@ mod tests {
 
     #[test]
     fn a_ping_never_queues_behind_a_stalled_shard() {
-        let (mut core, link, mut relay) = core_with_link(1);
+        let (mut core, link, relay) = core_with_link(1);
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
         for _ in 0..STALLED_LIMIT {
@@ -2513,12 +2760,12 @@ mod tests {
         assert_eq!(core.ctx.stalled_for(&link), STALLED_LIMIT, "not queued for the shard");
         let answered = replies(&mut core, slot);
         assert_eq!(answered, vec![server::pong(9)], "answered at once by the gateway");
-        drop(relay.try_recv());
+        drop(take_batch(&mut core, &relay));
     }
 
     #[test]
     fn players_whose_link_broke_are_restored_when_a_shard_can_take_them() {
-        let (mut core, mut links, mail) = core_limited(64, 1, Limits::default());
+        let (mut core, links, mail) = core_limited(64, 1, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
         let session = core.relayed_session(slot);
@@ -2531,15 +2778,15 @@ mod tests {
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![placed] }).unwrap();
         core.process_mail(Instant::now());
         write_all_at(&mut core, slot, vec![step(1)], t0);
-        let _ = relayed_inputs(&mut links[0].1);
-        let (done, _confirmed) = tokio::sync::oneshot::channel();
-        mail.send(Mail::LinkDown { link: Arc::clone(&links[0].0), done }).unwrap();
-        core.process_mail(Instant::now());
+        let _ = relayed_inputs(&mut core, &links[0].1);
+        core.on_link_lost(links[0].1, LinkFailure::Closed);
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 1)]);
-        // The link is back (the stream reconnected): the next tick re-joins the player.
-        core.tick(t0 + Duration::from_millis(250));
+        core.remove_uplink(links[0].1);
+        // The link is back (it connected again): the next tick re-joins the player.
+        let relay = connect_link(&mut core, &links[0].0);
+        tick(&mut core, t0 + Duration::from_millis(250));
         core.flush_inputs();
-        let inputs = relayed_inputs(&mut links[0].1);
+        let inputs = relayed_inputs(&mut core, &relay);
         let Some(Input::Join(join)) = &inputs[0].kind else { panic!("a Join, got {inputs:?}") };
         assert!(join.restore);
         assert_eq!(join.generation, 3);
@@ -2549,33 +2796,30 @@ mod tests {
 
     #[test]
     fn a_player_whose_link_broke_before_it_was_placed_is_told_and_closed() {
-        let (mut core, _links, mail) = core_limited(64, 1, Limits::default());
+        let (mut core, _links, _mail) = core_limited(64, 1, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
-        let link = Arc::clone(&_links[0].0);
-        let (done, _confirmed) = tokio::sync::oneshot::channel();
-        mail.send(Mail::LinkDown { link, done }).unwrap();
-        core.process_mail(Instant::now());
-        core.tick(t0 + Duration::from_millis(250));
+        core.on_link_lost(_links[0].1, LinkFailure::Closed);
+        tick(&mut core, t0 + Duration::from_millis(250));
         assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 0)]);
     }
 
     #[test]
     fn a_resume_answered_after_the_wait_is_undone() {
-        let (mut core, mut links, mail) = core_limited(64, 2, Limits::default());
+        let (mut core, links, mail) = core_limited(64, 2, Limits::default());
         let t0 = Instant::now();
         let slot = core.insert((), None, t0).expect("admitted");
         let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
         write_all_at(&mut core, slot, vec![C::Resume(meridian_protocol::pb::Resume { token })], t0);
-        for (_, relay) in links.iter_mut() {
-            assert_eq!(relayed(relay), vec![1]);
+        for (_, relay) in &links {
+            assert_eq!(relayed(&mut core, relay), vec![1]);
         }
-        core.tick(t0 + RESUME_WAIT + Duration::from_millis(1));
+        tick(&mut core, t0 + RESUME_WAIT + Duration::from_millis(1));
         core.flush_inputs();
         assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::InvalidToken, 0)]);
-        for (_, relay) in links.iter_mut() {
-            let leave = relayed_inputs(relay).pop().expect("a Leave behind the Resume");
+        for (_, relay) in &links {
+            let leave = relayed_inputs(&mut core, relay).pop().expect("a Leave behind the Resume");
             assert_eq!((leave.player_id, leave.seq), (42, 2));
             assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false })));
         }
@@ -2597,13 +2841,13 @@ mod tests {
     #[test]
     fn a_new_owners_output_overtaking_a_resumes_answer_waits_for_it() {
         use meridian_protocol::pb::server_message::Kind as S;
-        let (mut core, mut links, mail) = core_limited(64, 2, Limits::default());
+        let (mut core, links, mail) = core_limited(64, 2, Limits::default());
         let t0 = Instant::now();
         let slot = core.insert((), None, t0).expect("admitted");
         let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
         write_all_at(&mut core, slot, vec![C::Resume(meridian_protocol::pb::Resume { token })], t0);
-        for (_, relay) in links.iter_mut() {
-            assert_eq!(relayed(relay), vec![1]);
+        for (_, relay) in &links {
+            assert_eq!(relayed(&mut core, relay), vec![1]);
         }
         let session = core.relayed_session(slot);
         let mut entered = Vec::new();
@@ -2628,7 +2872,7 @@ mod tests {
         assert_eq!(kinds, vec!["view reset", "entered"]);
         // And it plays on 2.
         write_all_at(&mut core, slot, vec![step(1)], t0);
-        assert_eq!(relayed(&mut links[1].1).len(), 1, "the move goes to shard 2");
+        assert_eq!(relayed(&mut core, &links[1].1).len(), 1, "the move goes to shard 2");
     }
 
     /// Outside dev mode a Login needs a token: without one, or with one no key verifies,
@@ -2636,7 +2880,7 @@ mod tests {
     /// Login with a good token then goes through: here, none can, as no keys are set).
     #[test]
     fn outside_dev_mode_a_login_without_a_good_token_is_refused_and_stays_open() {
-        let (mut core, mut links, _mail) = core_configured(64, 1, Limits::default(), false);
+        let (mut core, links, _mail) = core_configured(64, 1, Limits::default(), false);
         let t0 = Instant::now();
         let slot = core.insert((), None, t0).expect("admitted");
         let login = |token: &str| {
@@ -2646,7 +2890,7 @@ mod tests {
         write_all_at(&mut core, slot, vec![login(""), login("not.a.token"), login(&dev)], t0);
         let codes = errors(&replies(&mut core, slot));
         assert_eq!(codes, vec![(ErrorCode::InvalidToken, 0); 3]);
-        assert!(relayed(&mut links[0].1).is_empty(), "nothing reached a shard");
+        assert!(relayed(&mut core, &links[0].1).is_empty(), "nothing reached a shard");
         assert!(core.get_mut(slot).is_some_and(|c| c.closing == Closing::No));
     }
 
@@ -2660,13 +2904,13 @@ mod tests {
         core.get_mut(small).unwrap().out = vec![0; 40_000];
         core.get_mut(large).unwrap().out = vec![0; 30_000];
         core.get_mut(large).unwrap().sending = 40_000; // Taken by the kernel, not yet sent.
-        core.tick(t0);
+        tick(&mut core, t0);
         assert_eq!(core.get_mut(large).map(|c| c.closing), Some(Closing::Abort));
         assert_eq!(core.get_mut(small).map(|c| c.closing), Some(Closing::No));
         assert!(core.shared().admission.overloaded(), "no new connection until it drains");
         assert_eq!(core.insert((), None, t0).err().map(|(_, r)| r), Some(Refusal::Overloaded));
         core.get_mut(small).unwrap().out.clear();
-        core.tick(t0);
+        tick(&mut core, t0);
         assert!(!core.shared().admission.overloaded());
     }
 
@@ -2686,12 +2930,12 @@ mod tests {
 
     #[test]
     fn a_failed_event_loop_takes_its_players_out_of_the_world() {
-        let (mut core, mut links, _mail) = core_limited(64, 1, Limits::default());
+        let (mut core, links, _mail) = core_limited(64, 1, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
-        let _ = relayed_inputs(&mut links[0].1);
+        let _ = relayed_inputs(&mut core, &links[0].1);
         core.abandon_all();
-        let inputs = relayed_inputs(&mut links[0].1);
+        let inputs = relayed_inputs(&mut core, &links[0].1);
         assert_eq!(inputs.len(), 1);
         assert_eq!(
             inputs[0].kind,
@@ -2703,13 +2947,13 @@ mod tests {
 
     #[test]
     fn a_move_after_a_logout_is_refused_behind_the_answers_before_it() {
-        let (mut core, mut links, mail) = core_limited(64, 1, Limits::default());
+        let (mut core, links, mail) = core_limited(64, 1, Limits::default());
         let t0 = Instant::now();
         let slot = login_at(&mut core, t0);
         let session = core.relayed_session(slot);
         let logout = C::Logout(meridian_protocol::pb::Logout {});
         write_all_at(&mut core, slot, vec![step(1), logout, step(2)], t0);
-        let relayed = relayed_inputs(&mut links[0].1);
+        let relayed = relayed_inputs(&mut core, &links[0].1);
         assert_eq!(
             relayed.last().map(|i| &i.kind),
             Some(&Some(Input::Leave(Leave { logout: true })))

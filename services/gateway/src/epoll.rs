@@ -1,6 +1,7 @@
 //! The epoll event loop (through mio): the fallback where io_uring is unavailable, and the
 //! baseline the io_uring loop is measured against. Readiness-based: one `read` per
-//! readable socket until it would block, one `write` per connection with output.
+//! readable socket until it would block, one `write` per connection with output. The
+//! worker's relay links to the shards are sockets of the same epoll set.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, IntoRawFd};
@@ -16,6 +17,7 @@ use tracing::{debug, info, warn};
 use crate::core::{Closing, Core, LINGER};
 use crate::shared::{report_exit, WorkerStart};
 use crate::sockets::{configure_client_socket, is_resource_exhaustion, refuse_raw};
+use crate::uplink::LinkFailure;
 
 const LISTENER: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -54,6 +56,19 @@ fn token(slot: u32, generation: u32) -> Token {
     Token(2 + ((generation as usize) << 32 | slot as usize))
 }
 
+/// Relay links' tokens: bit 62 set (a connection's never has it; the WebSocket listener's
+/// is matched first).
+const LINK_BIT: usize = 1 << 62;
+
+fn link_token(index: u32, generation: u32) -> Token {
+    Token(LINK_BIT | ((generation as usize & 0x00ff_ffff) << 32) | index as usize)
+}
+
+fn unlink_token(token: Token) -> Option<(u32, u32)> {
+    (token.0 & LINK_BIT != 0 && token != WS_LISTENER)
+        .then_some(((token.0 & 0xffff_ffff) as u32, ((token.0 >> 32) & 0x00ff_ffff) as u32))
+}
+
 fn untoken(token: Token) -> (u32, u32) {
     let raw = token.0 - 2;
     ((raw & 0xffff_ffff) as u32, (raw >> 32) as u32)
@@ -71,6 +86,7 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
     let mut events = Events::with_capacity(1024);
     let mut buf = vec![0u8; READ_CHUNK];
     let mut dirty = Vec::new();
+    let mut links = Vec::new();
     let mut stopping_since: Option<Instant> = None;
     let mut last_tick = Instant::now();
     // Connections with bytes left unread (edge-triggered readiness will not report them
@@ -103,6 +119,16 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
                     }
                 }
                 LISTENER | WS_LISTENER | WAKE => {}
+                token if unlink_token(token).is_some() => {
+                    let (index, generation) = unlink_token(token).expect("a link's token");
+                    if core.uplink_generation(index) & 0x00ff_ffff != generation {
+                        continue;
+                    }
+                    if event.is_readable() || event.is_read_closed() || event.is_error() {
+                        read_link(&mut core, index, &mut buf, now);
+                    }
+                    write_link(&mut poll, &mut core, index);
+                }
                 token => {
                     let (slot, generation) = untoken(token);
                     if core.generation(slot) != generation {
@@ -125,6 +151,26 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
             }
         }
         core.process_mail(Instant::now());
+        for up in core.take_link_ups() {
+            let (stream, connected) = up.split();
+            let io = EpollConn {
+                stream: TcpStream::from_std(stream),
+                written: 0,
+                wants_write: false,
+                write_shut: false,
+                read_stopped: false,
+            };
+            if let Ok(index) = core.open_uplink(connected, io, Instant::now()) {
+                let token = link_token(index, core.uplink_generation(index));
+                let uplink = core.uplink_mut(index).expect("invariant: just opened");
+                let interest = Interest::READABLE | Interest::WRITABLE;
+                if let Err(error) = poll.registry().register(&mut uplink.io.stream, token, interest)
+                {
+                    core.on_link_lost(index, LinkFailure::Socket(error));
+                    write_link(&mut poll, &mut core, index);
+                }
+            }
+        }
         core.flush_inputs();
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
             stopping_since = Some(Instant::now());
@@ -158,6 +204,10 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
                 unread.push((slot, core.generation(slot)));
             }
             write_out(&mut poll, &mut core, slot);
+        }
+        core.take_dirty_uplinks(&mut links);
+        for &index in &links {
+            write_link(&mut poll, &mut core, index);
         }
         if let Some(since) = stopping_since {
             if core.open_connections() == 0 || since.elapsed() > LINGER {
@@ -320,6 +370,53 @@ fn write_out(poll: &mut Poll, core: &mut Core<EpollConn>, slot: u32) {
         conn.io.write_shut = true;
         let _ = conn.io.stream.shutdown(std::net::Shutdown::Write);
     }
+}
+
+/// Reads everything a relay link has for the worker (the shard's output is never left
+/// in the kernel: edge-triggered readiness would not report it again).
+fn read_link(core: &mut Core<EpollConn>, index: u32, buf: &mut [u8], now: Instant) {
+    loop {
+        let Some(uplink) = core.uplink_mut(index).filter(|u| !u.failed) else { return };
+        match uplink.io.stream.read(buf) {
+            Ok(0) => return core.on_link_lost(index, LinkFailure::Closed),
+            Ok(n) => core.on_link_data(index, &buf[..n], now),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return core.on_link_lost(index, LinkFailure::Socket(error)),
+        }
+    }
+}
+
+/// Writes what a relay link has queued until the socket takes no more; closes a link the
+/// core let go.
+fn write_link(poll: &mut Poll, core: &mut Core<EpollConn>, index: u32) {
+    let Some(uplink) = core.uplink_mut(index) else { return };
+    if !uplink.failed {
+        while uplink.io.written < uplink.out.len() {
+            match uplink.io.stream.write(&uplink.out[uplink.io.written..]) {
+                Ok(n) => uplink.io.written += n,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => {
+                    core.on_link_lost(index, LinkFailure::Socket(error));
+                    break;
+                }
+            }
+        }
+    }
+    let Some(uplink) = core.uplink_mut(index) else { return };
+    if uplink.failed {
+        let _ = poll.registry().deregister(&mut uplink.io.stream);
+        // Dropping the stream closes the socket.
+        core.remove_uplink(index);
+        return;
+    }
+    if uplink.io.written == uplink.out.len() {
+        uplink.out.clear();
+        uplink.io.written = 0;
+    }
+    // What is written from `out` in place is not in flight elsewhere.
+    uplink.sending = 0;
 }
 
 fn finish(poll: &mut Poll, core: &mut Core<EpollConn>, slot: u32) {

@@ -1,11 +1,12 @@
 //! A gateway core with no network, for the `gateway_core` fuzz target and its regression
 //! tests (feature `fuzzing`; always built for this crate's own tests).
 //!
-//! [`Harness`] owns a `Core<()>`, fake shard links whose relay queues the caller drains,
-//! and the core's mailbox, and plays the event loop's part: it feeds client bytes in,
-//! reports closed sockets, posts shard mail and, on [`Harness::flush`], runs the tail of a
-//! loop iteration (mail, relay batches, writing out dirty connections). Every call into
-//! `Core` is in this file, so a change to the core's API is adapted here alone.
+//! [`Harness`] owns a `Core<()>` with relay links to fake shards (no sockets: the caller
+//! takes what each link would send), and the core's mailbox, and plays the event loop's
+//! part: it feeds client bytes in, reports closed sockets, posts shard output and, on
+//! [`Harness::flush`], runs the tail of a loop iteration (mail, relay batches, writing out
+//! dirty connections). Every call into `Core` is in this file, so a change to the core's
+//! API is adapted here alone.
 //!
 //! The generated `cluster.proto` types stay in this crate: shard output and relayed inputs
 //! cross the boundary as [`ShardOutput`] and [`RelayedInput`].
@@ -16,17 +17,16 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::core::Core;
+use crate::limits::{Admission, Limits, Rate};
+use crate::routing::{RoutingTable, ShardLink, ShardStatus};
+use crate::shared::{session_id, Inbox, Mail, Shared};
+use crate::uplink::{Connected, LinkFailure};
+use crate::{GatewayConfig, GatewayMetrics, IoBackend, Placement};
 use meridian_cluster::{EpochCell, GatewayId, PartitionMap, Region, ShardId};
 use meridian_protocol::pb::Position;
 use meridian_protocol::TokenKey;
 use meridian_rpc::pb::{player_input::Kind as Input, Delivery, PlayerInput};
-use tokio::sync::mpsc;
-
-use crate::core::Core;
-use crate::limits::{Admission, Limits, Rate};
-use crate::routing::{RoutingTable, ShardLink};
-use crate::shared::{session_id, Inbox, Mail, Shared};
-use crate::{GatewayConfig, GatewayMetrics, IoBackend, Placement};
 
 pub use crate::core::Closing;
 pub use crate::websocket::{
@@ -50,7 +50,8 @@ pub struct HarnessConfig {
     pub max_output_bytes: usize,
     /// Shards 1..=shards, each with a link that is up and a strip of the map.
     pub shards: u32,
-    /// Batches each relay queue holds before the core's inputs wait (stall).
+    /// What each link may hold unsent before the core's inputs wait (stall), in units of
+    /// 64 bytes (about one small batch).
     pub relay_room: usize,
     pub dev_mode: bool,
     /// The gateway's limits. By default as shipped, but for the input budget, which is
@@ -146,8 +147,10 @@ pub enum RelayedKind {
 
 struct FakeLink {
     link: Arc<ShardLink>,
-    /// `None` once the shard is gone: its relay task ended and dropped the queue.
-    relay: Option<mpsc::Receiver<Vec<PlayerInput>>>,
+    /// False once the shard is gone: the link manager dropped its link.
+    present: bool,
+    /// The core's index of the link while it is connected.
+    index: Option<u32>,
 }
 
 /// A `Core<()>` and the event loop around it, without sockets, threads or etcd.
@@ -161,17 +164,18 @@ pub struct Harness {
     dirty: Vec<u32>,
     /// The harness's clock; passed to the core once its API takes the time.
     now: Instant,
+    /// Routing tables stored so far (each worker reconciles its links with a new one).
+    version: u64,
+    relay_room: usize,
 }
 
 impl Harness {
     pub fn new(config: HarnessConfig) -> Harness {
         let links: Vec<FakeLink> = (1..=config.shards.max(1))
             .map(|id| {
-                let (inputs, relay) = mpsc::channel(config.relay_room.max(1));
-                let link = Arc::new(ShardLink::registered(ShardId(id), 0, inputs));
-                link.set_up(true);
+                let link = Arc::new(ShardLink::registered(ShardId(id), 0, Default::default()));
                 link.set_healthy(true);
-                FakeLink { link, relay: Some(relay) }
+                FakeLink { link, present: true, index: None }
             })
             .collect();
         let gateway = GatewayConfig {
@@ -197,7 +201,7 @@ impl Harness {
         let registry = meridian_observe::Registry::default();
         let shared = Arc::new(Shared {
             config: gateway,
-            routing: Arc::new(EpochCell::new(routing_table(&links))),
+            routing: Arc::new(vec![EpochCell::new(routing_table(&links, 1))]),
             ids: crate::ids::IdPool::fixed(vec![config.player_ids.clone()]),
             metrics: Arc::new(GatewayMetrics::new(&registry, GatewayId(1), IoBackend::Epoll)),
             stopping: Arc::new(AtomicBool::new(false)),
@@ -211,7 +215,7 @@ impl Harness {
         });
         let (mail, receiver) = sync_channel(MAILBOX);
         let core = Core::new(0, Arc::clone(&shared), Inbox::for_tests(receiver));
-        Harness {
+        let mut harness = Harness {
             core,
             shared,
             mail,
@@ -219,7 +223,13 @@ impl Harness {
             written: HashMap::new(),
             dirty: Vec::new(),
             now: Instant::now(),
+            version: 1,
+            relay_room: config.relay_room.max(1) * 64,
+        };
+        for shard in harness.shard_ids() {
+            harness.link_up(shard);
         }
+        harness
     }
 
     /// Shard ids the harness started with, gone or not.
@@ -286,31 +296,54 @@ impl Harness {
         self.post(Mail::Deliveries { from: ShardId(from), deliveries });
     }
 
-    /// The stream to a shard failed: the relay marks the link down, the worker answers
-    /// what was in flight on it, then everything still queued for it is dropped.
+    /// The link to a shard failed: the worker answers what was in flight on it, and
+    /// everything still queued for it is dropped.
     pub fn link_down(&mut self, shard: u32) {
-        let Some(fake) = self.links.iter().find(|l| l.link.id.0 == shard) else { return };
-        let link = Arc::clone(&fake.link);
-        if !link.is_up() {
-            return;
-        }
-        link.set_up(false);
-        let (done, _confirmed) = tokio::sync::oneshot::channel();
-        self.post(Mail::LinkDown { link, done });
-        self.core.process_mail(self.now);
-        if let Some(relay) = self.links.iter_mut().find(|l| l.link.id.0 == shard) {
-            if let Some(queue) = relay.relay.as_mut() {
-                while queue.try_recv().is_ok() {}
-            }
-        }
+        let Some(fake) = self.links.iter_mut().find(|l| l.link.id.0 == shard) else { return };
+        let Some(index) = fake.index.take() else { return };
+        self.core.on_link_lost(index, LinkFailure::Closed);
+        self.core.remove_uplink(index);
     }
 
-    /// A new stream to a shard whose link failed is open.
+    /// A new link to a shard whose link failed is connected.
     pub fn link_up(&mut self, shard: u32) {
-        if let Some(fake) = self.links.iter().find(|l| l.link.id.0 == shard) {
-            if fake.relay.is_some() {
-                fake.link.set_healthy(true);
-                fake.link.set_up(true);
+        let Some(fake) = self.links.iter_mut().find(|l| l.link.id.0 == shard) else { return };
+        if !fake.present || fake.index.is_some() {
+            return;
+        }
+        fake.link.set_healthy(true);
+        let (gone, _) = tokio::sync::oneshot::channel();
+        let connected = Connected { link: Arc::clone(&fake.link), tls: None, gone };
+        let index = self.core.open_uplink(connected, (), self.now).ok();
+        if let Some(index) = index {
+            self.core.set_uplink_room(index, self.relay_room);
+        }
+        fake.index = index;
+    }
+
+    /// Stores a routing table for the links present; the worker lets the others go when it
+    /// next takes its mail, and the harness forgets them.
+    fn store_routing(&mut self, partition: Option<PartitionMap>) {
+        self.version += 1;
+        let mut table = routing_table(&self.links, self.version);
+        if let Some(partition) = partition {
+            table.partition = Some(partition);
+        }
+        self.shared.routing[0].store(table);
+    }
+
+    /// Forgets the links the core let go.
+    fn drop_failed_links(&mut self) {
+        let mut dirty = Vec::new();
+        self.core.take_dirty_uplinks(&mut dirty);
+        for index in dirty {
+            if self.core.uplink_mut(index).is_some_and(|u| u.failed) {
+                self.core.remove_uplink(index);
+                for fake in &mut self.links {
+                    if fake.index == Some(index) {
+                        fake.index = None;
+                    }
+                }
             }
         }
     }
@@ -323,16 +356,16 @@ impl Harness {
         let Some(index) = self.links.iter().position(|l| l.link.id.0 == shard) else {
             return false;
         };
-        let left = self.links.iter().filter(|l| l.relay.is_some()).count();
-        if self.links[index].relay.is_none() || left < 2 {
+        let left = self.links.iter().filter(|l| l.present).count();
+        if !self.links[index].present || left < 2 {
             return false;
         }
-        self.links[index].link.set_up(false);
-        self.links[index].relay = None;
-        self.shared.routing.store(routing_table(&self.links));
+        self.links[index].present = false;
+        self.store_routing(None);
         self.post(Mail::Restore { dead: ShardId(shard) });
         // The worker takes the mail at once, before any other link can change.
         self.core.process_mail(self.now);
+        self.drop_failed_links();
         true
     }
 
@@ -341,6 +374,7 @@ impl Harness {
     pub fn flush(&mut self) {
         self.core.process_mail(self.now);
         self.core.flush_inputs();
+        self.drop_failed_links();
         let mut dirty = std::mem::take(&mut self.dirty);
         self.core.take_dirty(&mut dirty);
         for &slot in &dirty {
@@ -351,7 +385,13 @@ impl Harness {
 
     /// The periodic work of an event loop: the core's tick, then closes that lingered too long.
     pub fn tick(&mut self) {
+        // Every shard's link heartbeats, as a live shard's does.
+        let connected: Vec<u32> = self.links.iter().filter_map(|l| l.index).collect();
+        for index in connected {
+            self.core.on_link_data(index, &[0; 4], self.now);
+        }
         self.core.tick(self.now);
+        self.drop_failed_links();
         for slot in self.core.lingering_too_long() {
             self.finish(slot);
         }
@@ -378,36 +418,39 @@ impl Harness {
         shards: &[(u32, u64)],
     ) -> Vec<u32> {
         let mut closed = Vec::new();
-        let mut replaced = Vec::new();
         for fake in self.links.iter_mut() {
             let wanted = shards.iter().find(|(id, _)| *id == fake.link.id.0);
-            if fake.relay.is_none() || wanted.is_some_and(|(_, i)| *i == fake.link.incarnation) {
+            if !fake.present || wanted.is_some_and(|(_, i)| *i == fake.link.incarnation) {
                 continue;
             }
-            if wanted.is_some() && fake.link.is_up() {
-                replaced.push(Arc::clone(&fake.link));
-            }
-            fake.link.set_up(false);
-            fake.relay = None;
+            fake.present = false;
             closed.push(fake.link.id.0);
         }
-        for link in replaced {
-            let (done, _confirmed) = tokio::sync::oneshot::channel();
-            self.post(Mail::LinkDown { link, done });
-            self.core.process_mail(self.now);
-        }
-        self.links.retain(|fake| fake.relay.is_some());
         for &(id, incarnation) in shards {
-            if self.links.iter().any(|fake| fake.link.id.0 == id) {
+            if self.links.iter().any(|fake| fake.present && fake.link.id.0 == id) {
                 continue;
             }
-            let (inputs, relay) = mpsc::channel(4096);
-            let link = Arc::new(ShardLink::registered(ShardId(id), incarnation, inputs));
-            self.links.push(FakeLink { link, relay: Some(relay) });
+            let link = Arc::new(ShardLink::registered(
+                ShardId(id),
+                incarnation,
+                Arc::new(ShardStatus::default()),
+            ));
+            self.links.push(FakeLink { link, present: true, index: None });
         }
         self.links.sort_by_key(|fake| fake.link.id);
-        let links = self.links.iter().map(|fake| Arc::clone(&fake.link)).collect();
-        self.shared.routing.store(RoutingTable { links, partition });
+        self.version += 1;
+        let links = self
+            .links
+            .iter()
+            .filter(|fake| fake.present)
+            .map(|fake| Arc::clone(&fake.link))
+            .collect();
+        let table = RoutingTable { links, partition, version: self.version };
+        self.shared.routing[0].store(table);
+        // The worker lets the closed links go (what was in flight on them is answered).
+        self.core.process_mail(self.now);
+        self.drop_failed_links();
+        self.links.retain(|fake| fake.present || fake.index.is_some());
         closed
     }
 
@@ -423,14 +466,24 @@ impl Harness {
         self.post(Mail::Deliveries { from: ShardId(from), deliveries });
     }
 
-    /// The inputs the core queued for one shard since the last call, as the relay task
-    /// would send them (`None` if there is no link to it).
+    /// The inputs the core queued for one shard since the last call, as its link would
+    /// send them (`None` if there is no link to it).
     pub fn relayed_inputs(&mut self, shard: u32) -> Option<Vec<PlayerInput>> {
-        let queue =
-            self.links.iter_mut().find(|l| l.link.id.0 == shard).and_then(|l| l.relay.as_mut())?;
+        let fake = self.links.iter().find(|l| l.present && l.link.id.0 == shard)?;
         let mut inputs = Vec::new();
-        while let Ok(batch) = queue.try_recv() {
-            inputs.extend(batch);
+        let Some(index) = fake.index else { return Some(inputs) };
+        let Some(uplink) = self.core.uplink_mut(index) else { return Some(inputs) };
+        let out = std::mem::take(&mut uplink.out);
+        let mut rest = &out[..];
+        while let Some((len, body)) =
+            meridian_rpc::link::next_frame(rest).expect("invariant: the core's own frames")
+        {
+            rest = &rest[len..];
+            if !body.is_empty() {
+                let batch = <meridian_rpc::pb::GatewayBatch as prost::Message>::decode(body)
+                    .expect("invariant: the core's own batches");
+                inputs.extend(batch.inputs);
+            }
         }
         Some(inputs)
     }
@@ -461,16 +514,8 @@ impl Harness {
 
     /// Everything the core has handed to one shard's relay queue since the last call.
     pub fn relayed(&mut self, shard: u32) -> Vec<RelayedInput> {
-        let mut inputs = Vec::new();
-        let Some(queue) =
-            self.links.iter_mut().find(|l| l.link.id.0 == shard).and_then(|l| l.relay.as_mut())
-        else {
-            return inputs;
-        };
-        while let Ok(batch) = queue.try_recv() {
-            inputs.extend(batch.into_iter().map(relayed_input));
-        }
-        inputs
+        let inputs = self.relayed_inputs(shard).unwrap_or_default();
+        inputs.into_iter().map(relayed_input).collect()
     }
 
     fn write_out(&mut self, slot: u32) {
@@ -504,24 +549,24 @@ impl Harness {
 
 /// A routing table with a link to every shard still there: shard `i` of `n` owns the
 /// `i`-th vertical strip of the map, and a gone shard's strip goes to the lowest one left.
-fn routing_table(links: &[FakeLink]) -> RoutingTable {
+fn routing_table(links: &[FakeLink], version: u64) -> RoutingTable {
     let live: Vec<Arc<ShardLink>> =
-        links.iter().filter(|l| l.relay.is_some()).map(|l| Arc::clone(&l.link)).collect();
+        links.iter().filter(|l| l.present).map(|l| Arc::clone(&l.link)).collect();
     let heir = live.first().map(|l| l.id);
     let strip = MAP_SIDE / links.len() as u32;
     let regions = links
         .iter()
         .enumerate()
         .filter_map(|(i, fake)| {
-            let owner = if fake.relay.is_some() { fake.link.id } else { heir? };
+            let owner = if fake.present { fake.link.id } else { heir? };
             let x0 = i as u32 * strip;
             let x1 = if i + 1 == links.len() { MAP_SIDE } else { x0 + strip };
             Some(Region { shard: owner, x0, x1, y0: 0, y1: MAP_SIDE })
         })
         .collect();
-    let epoch = 1 + links.iter().filter(|l| l.relay.is_none()).count() as u64;
+    let epoch = 1 + links.iter().filter(|l| !l.present).count() as u64;
     let partition = PartitionMap { epoch, width: MAP_SIDE, height: MAP_SIDE, regions };
-    RoutingTable { links: live, partition: Some(partition) }
+    RoutingTable { links: live, partition: Some(partition), version }
 }
 
 fn delivery(output: ShardOutput) -> Delivery {

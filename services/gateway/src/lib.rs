@@ -26,6 +26,7 @@ mod relay;
 mod routing;
 mod shared;
 mod sockets;
+mod uplink;
 mod uring;
 mod websocket;
 mod worker;
@@ -189,7 +190,7 @@ pub async fn run(
     // Every event loop takes id blocks: the TCP workers and the QUIC front.
     let loops = config.workers.max(1) + usize::from(quic.is_some());
     let ids = ids::IdPool::start(client.clone(), &keys, loops).await?;
-    let routing = routing::Routing::new();
+    let routing = routing::routing(loops);
     let listeners = worker::reuseport_listeners(game, config.workers)
         .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
     let ws_addr = match &ws {
@@ -215,7 +216,7 @@ pub async fn run(
     let (accounts, account_requests) = tokio::sync::mpsc::channel(ACCOUNT_QUEUE);
     let shared = Arc::new(shared::Shared {
         config: config.clone(),
-        routing: Arc::clone(&routing.table),
+        routing: Arc::clone(&routing),
         ids,
         metrics: Arc::clone(&metrics),
         stopping: Arc::clone(&stopping),
@@ -244,14 +245,12 @@ pub async fn run(
         info!(store = store.0.kind(), "accounts keep their players in the player store");
         tokio::spawn(answer_logins(store, account_requests, Arc::clone(&mailboxes)));
     }
-    tokio::spawn(relay::maintain_links(
-        config.id,
-        watch.changes(),
-        routing,
-        Arc::clone(&mailboxes),
-        Arc::clone(&metrics),
-        config.tls.clone(),
-    ));
+    let dialer = relay::Dialer {
+        gateway: config.id,
+        metrics: Arc::clone(&metrics),
+        tls: config.tls.clone(),
+    };
+    tokio::spawn(relay::maintain_links(watch.changes(), routing, Arc::clone(&mailboxes), dialer));
 
     let record = GatewayRecord {
         id: config.id,
@@ -273,22 +272,25 @@ pub async fn run(
     .await?;
     let status = registration.status();
     metrics.watch_cluster(&registry, config.id, status.clone(), watch.view());
-    let table = Arc::clone(&shared.routing);
+    let tables = Arc::clone(&shared.routing);
     // Ready means able to serve players: able to route them. Not whether etcd answered
     // lately: the gateway relays from its last view while etcd is away or stalled, and a
     // 503 then would take every gateway out of its Service at once. Whether it is
     // registered is the `etcd_registered` gauge.
     let readiness: Readiness = Arc::new(move || {
-        // Able to route: a partition is known and every shard owning a region is linked.
-        table.read(|t| {
-            let owners = t.partition.as_ref().map(|p| p.owners()).unwrap_or_default();
-            if owners.is_empty() {
-                return Err("no partition map yet".to_string());
-            }
-            match owners.iter().find(|id| !t.link(**id).is_some_and(|l| l.is_up())) {
-                Some(id) => Err(format!("{id} not reachable")),
-                None => Ok(()),
-            }
+        // Able to route: a partition is known and every worker has a link up to every
+        // shard owning a region.
+        tables.iter().try_for_each(|table| {
+            table.read(|t| {
+                let owners = t.partition.as_ref().map(|p| p.owners()).unwrap_or_default();
+                if owners.is_empty() {
+                    return Err("no partition map yet".to_string());
+                }
+                match owners.iter().find(|id| !t.link(**id).is_some_and(|l| l.is_up())) {
+                    Some(id) => Err(format!("{id} not reachable")),
+                    None => Ok(()),
+                }
+            })
         })
     });
     let links = Arc::clone(&shared.routing);
@@ -296,7 +298,9 @@ pub async fn run(
         config.cluster.clone(),
         Some(config.id),
         watch.view(),
-        Arc::new(move |id| Some(links.read(|t| t.link(id).is_some_and(|l| l.is_up())))),
+        Arc::new(move |id| {
+            Some(links.iter().all(|table| table.read(|t| t.link(id).is_some_and(|l| l.is_up()))))
+        }),
         config.admin.token().map(str::to_string),
     );
     let map_routes = live_map.routes();

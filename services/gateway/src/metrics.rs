@@ -24,6 +24,9 @@ pub struct GatewayMetrics {
     pub batches_from_shards: Arc<Counter>,
     pub slow_clients_cut: Arc<Counter>,
     pub relay_queue_full: Arc<Counter>,
+    pub relay_links_opened: Arc<Counter>,
+    pub relay_links_failed: Arc<Counter>,
+    pub relay_connect_failures: Arc<Counter>,
     /// From reading a Move to queueing its answer (ack or refusal from the shard) for the
     /// client: the gateway-shard-gateway round trip as the gateway sees it.
     pub move_delay: Arc<Histogram>,
@@ -191,12 +194,12 @@ impl GatewayMetrics {
             ),
             batches_to_shards: registry.counter(
                 "meridian_gateway_batches_to_shards_total",
-                "gRPC messages sent to shards.",
+                "Batches sent to shards on the relay links.",
                 l,
             ),
             batches_from_shards: registry.counter(
                 "meridian_gateway_batches_from_shards_total",
-                "gRPC messages received from shards.",
+                "Batches received from shards on the relay links.",
                 l,
             ),
             slow_clients_cut: registry.counter(
@@ -206,7 +209,26 @@ impl GatewayMetrics {
             ),
             relay_queue_full: registry.counter(
                 "meridian_gateway_relay_queue_full_total",
-                "Inputs that found a shard's relay queue full and waited in the worker for room.",
+                "Inputs that found a shard's relay link full (4 MiB unsent) and waited in the \
+                 worker for room.",
+                l,
+            ),
+            relay_links_opened: registry.counter(
+                "meridian_gateway_relay_links_opened_total",
+                "Relay links to shards connected and taken over by a worker (one per worker \
+                 and shard).",
+                l,
+            ),
+            relay_links_failed: registry.counter(
+                "meridian_gateway_relay_links_failed_total",
+                "Relay links let go: closed or refused by the shard, silent for 3 s, a socket \
+                 or TLS error, a bad frame, or the shard left the cluster.",
+                l,
+            ),
+            relay_connect_failures: registry.counter(
+                "meridian_gateway_relay_connect_failures_total",
+                "Attempts to connect a relay link that failed (connect, TLS handshake, or \
+                 its hello); retried with backoff from 50 ms to 1 s.",
                 l,
             ),
             move_delay: registry.histogram(

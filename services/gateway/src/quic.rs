@@ -1,7 +1,7 @@
 //! The QUIC front: the public protocol over one bidirectional QUIC stream per session.
 //!
 //! It is one more worker, driven like the io_uring and epoll loops: a thread owns a
-//! `Core<QuicConn>` and feeds it the bytes each session's stream delivers, so framing,
+//! `Core<QuicConn, QuicLink>` and feeds it the bytes each session's stream delivers, so framing,
 //! limits, error codes, routing, placement and the relay are the very same code, and TCP
 //! and QUIC players share one world. The thread runs a single-threaded tokio runtime for
 //! quinn: an accept task and one handshake task per incoming connection, one reader task
@@ -28,6 +28,7 @@ use tracing::{debug, info};
 use crate::core::{Closing, Core, LINGER};
 use crate::quic_tls::{server_config, PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 use crate::shared::{report_exit, Inbox, Shared};
+use crate::uplink::LinkFailure;
 use crate::GatewayMetrics;
 
 /// Events from the accept and reader tasks waiting for the core task. When it is full,
@@ -99,7 +100,35 @@ pub struct QuicConn {
     blocked: bool,
 }
 
+/// A relay link's I/O state in the core: the QUIC front is a tokio task, so its links are
+/// tokio sockets, read by a task each and written from the core task.
+pub struct QuicLink {
+    write: tokio::net::tcp::OwnedWriteHalf,
+    /// Bytes of the link's `out` already written.
+    written: usize,
+    reader: Option<tokio::task::JoinHandle<()>>,
+    blocked: bool,
+}
+
+impl Drop for QuicLink {
+    fn drop(&mut self) {
+        if let Some(reader) = &self.reader {
+            reader.abort();
+        }
+    }
+}
+
 enum Event {
+    LinkData {
+        index: u32,
+        generation: u32,
+        bytes: Vec<u8>,
+    },
+    LinkEnded {
+        index: u32,
+        generation: u32,
+        error: Option<io::Error>,
+    },
     Opened {
         connection: quinn::Connection,
         send: quinn::SendStream,
@@ -158,7 +187,9 @@ async fn serve(
     let metrics = Arc::clone(&shared.metrics);
     let accepting =
         tokio::spawn(accept_loop(endpoint.clone(), events_in.clone(), Arc::clone(&metrics)));
-    let mut core: Core<QuicConn> = Core::new(index, Arc::clone(&shared), mail);
+    let mut core: Core<QuicConn, QuicLink> = Core::new(index, Arc::clone(&shared), mail);
+    let mut links = Vec::new();
+    let mut blocked_links: Vec<u32> = Vec::new();
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut dirty = Vec::new();
@@ -182,7 +213,11 @@ async fn serve(
                 }
             }
             () = notify.notified() => {}
-            () = poll_fn(|cx| poll_blocked(cx, &mut core, &mut blocked)) => {}
+            () = poll_fn(|cx| {
+                let sessions = poll_blocked(cx, &mut core, &mut blocked);
+                let links = poll_blocked_links(cx, &mut core, &mut blocked_links);
+                if sessions.is_ready() || links.is_ready() { Poll::Ready(()) } else { Poll::Pending }
+            }) => {}
             _ = ticker.tick() => {
                 core.tick(Instant::now());
                 for slot in core.lingering_too_long() {
@@ -191,6 +226,7 @@ async fn serve(
             }
         }
         core.process_mail(Instant::now());
+        open_links(&mut core, &events_in);
         core.flush_inputs();
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
             stopping_since = Some(Instant::now());
@@ -208,6 +244,16 @@ async fn serve(
             })
             .await;
         }
+        core.take_dirty_uplinks(&mut links);
+        if !links.is_empty() {
+            poll_fn(|cx| {
+                for &index in &links {
+                    write_link(cx, &mut core, index, &mut blocked_links);
+                }
+                Poll::Ready(())
+            })
+            .await;
+        }
         if let Some(since) = stopping_since {
             if core.open_connections() == 0 || since.elapsed() > LINGER {
                 break;
@@ -220,13 +266,125 @@ async fn serve(
     Ok(())
 }
 
+/// Takes the sockets of links connected for this worker: a reader task each.
+fn open_links(core: &mut Core<QuicConn, QuicLink>, events: &mpsc::Sender<Event>) {
+    for up in core.take_link_ups() {
+        let (stream, connected) = up.split();
+        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else { continue };
+        let (read, write) = stream.into_split();
+        let io = QuicLink { write, written: 0, reader: None, blocked: false };
+        let Ok(index) = core.open_uplink(connected, io, Instant::now()) else { continue };
+        let generation = core.uplink_generation(index);
+        let reader = tokio::spawn(read_link(read, index, generation, events.clone()));
+        if let Some(uplink) = core.uplink_mut(index) {
+            uplink.io.reader = Some(reader);
+        }
+    }
+}
+
+/// Hands a relay link's bytes to the core task.
+async fn read_link(
+    mut read: tokio::net::tcp::OwnedReadHalf,
+    index: u32,
+    generation: u32,
+    events: mpsc::Sender<Event>,
+) {
+    use tokio::io::AsyncReadExt;
+    loop {
+        let mut bytes = Vec::with_capacity(READ_CHUNK);
+        let event = match read.read_buf(&mut bytes).await {
+            Ok(0) => Event::LinkEnded { index, generation, error: None },
+            Ok(_) => Event::LinkData { index, generation, bytes },
+            Err(error) => Event::LinkEnded { index, generation, error: Some(error) },
+        };
+        let ended = matches!(event, Event::LinkEnded { .. });
+        if events.send(event).await.is_err() || ended {
+            return;
+        }
+    }
+}
+
+/// Writes what a relay link has queued as far as its socket takes it; a link that takes
+/// less waits in `blocked` and tokio wakes the core task when it has room. Closes a link
+/// the core let go.
+fn write_link(
+    cx: &mut Context<'_>,
+    core: &mut Core<QuicConn, QuicLink>,
+    index: u32,
+    blocked: &mut Vec<u32>,
+) {
+    use tokio::io::AsyncWrite;
+    let Some(uplink) = core.uplink_mut(index) else { return };
+    if uplink.failed {
+        core.remove_uplink(index);
+        return;
+    }
+    while uplink.io.written < uplink.out.len() {
+        match Pin::new(&mut uplink.io.write).poll_write(cx, &uplink.out[uplink.io.written..]) {
+            Poll::Ready(Ok(n)) => uplink.io.written += n,
+            Poll::Ready(Err(error)) => {
+                core.on_link_lost(index, LinkFailure::Socket(error));
+                core.remove_uplink(index);
+                return;
+            }
+            Poll::Pending => break,
+        }
+    }
+    if uplink.io.written == uplink.out.len() {
+        uplink.out.clear();
+        uplink.io.written = 0;
+    } else if !uplink.io.blocked {
+        uplink.io.blocked = true;
+        blocked.push(index);
+    }
+}
+
+/// Retries the links whose socket was full; ready when any of them moved.
+fn poll_blocked_links(
+    cx: &mut Context<'_>,
+    core: &mut Core<QuicConn, QuicLink>,
+    blocked: &mut Vec<u32>,
+) -> Poll<()> {
+    if blocked.is_empty() {
+        return Poll::Pending;
+    }
+    let mut moved = false;
+    for index in std::mem::take(blocked) {
+        let Some(uplink) = core.uplink_mut(index) else {
+            moved = true;
+            continue;
+        };
+        uplink.io.blocked = false;
+        let unsent = uplink.out.len() - uplink.io.written;
+        write_link(cx, core, index, blocked);
+        let still = core.uplink_mut(index).map(|u| u.out.len() - u.io.written);
+        moved |= still != Some(unsent);
+    }
+    if moved {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
+    }
+}
+
 fn on_event(
-    core: &mut Core<QuicConn>,
+    core: &mut Core<QuicConn, QuicLink>,
     event: Event,
     events: &mpsc::Sender<Event>,
     metrics: &Arc<GatewayMetrics>,
 ) {
     match event {
+        Event::LinkData { index, generation, bytes } => {
+            if core.uplink_generation(index) == generation {
+                core.on_link_data(index, &bytes, Instant::now());
+            }
+        }
+        Event::LinkEnded { index, generation, error } => {
+            if core.uplink_generation(index) == generation {
+                let failure = error.map_or(LinkFailure::Closed, LinkFailure::Socket);
+                core.on_link_lost(index, failure);
+            }
+        }
         Event::Opened { connection, send, recv } => {
             let reader = connection.clone();
             let peer = connection.remote_address().ip();
@@ -404,7 +562,7 @@ async fn read_stream(
 /// Retries the sessions whose stream was full; ready when any of them moved.
 fn poll_blocked(
     cx: &mut Context<'_>,
-    core: &mut Core<QuicConn>,
+    core: &mut Core<QuicConn, QuicLink>,
     blocked: &mut Vec<u32>,
 ) -> Poll<()> {
     if blocked.is_empty() {
@@ -435,7 +593,7 @@ fn poll_blocked(
 /// quinn wakes the core task when it has room again.
 fn write_out(
     cx: &mut Context<'_>,
-    core: &mut Core<QuicConn>,
+    core: &mut Core<QuicConn, QuicLink>,
     slot: u32,
     blocked: &mut Vec<u32>,
     metrics: &Arc<GatewayMetrics>,
@@ -473,7 +631,7 @@ fn write_out(
     }
 }
 
-fn finish(core: &mut Core<QuicConn>, slot: u32, metrics: &Arc<GatewayMetrics>) {
+fn finish(core: &mut Core<QuicConn, QuicLink>, slot: u32, metrics: &Arc<GatewayMetrics>) {
     if let Some(conn) = core.remove(slot) {
         metrics.quic_connections.add(-1);
         conn.io.connection.close(CLOSE_DONE.into(), b"closed");

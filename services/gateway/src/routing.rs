@@ -1,29 +1,18 @@
-//! The routing table every worker reads on every frame: which shards are reachable, and
-//! which one owns a cell. Read lock-free through an [`EpochCell`], replaced whole when the
-//! cluster view changes.
+//! The routing table each worker reads on every frame: which shards its links reach, and
+//! which shard owns a cell. Read lock-free through an [`EpochCell`], replaced whole when
+//! the cluster view changes. Every worker has its own table, with its own link to each
+//! shard ([`ShardLink`]); what is known of a shard itself ([`ShardStatus`]) is shared.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use meridian_cluster::{EpochCell, PartitionMap, ShardId};
-use meridian_rpc::pb::PlayerInput;
-use tokio::sync::mpsc;
 
-/// Batches of inputs a worker may queue for one shard before its inputs are refused.
-pub const RELAY_QUEUE: usize = 4096;
-
-/// The gateway's end of its stream to one shard.
-pub struct ShardLink {
-    pub id: ShardId,
-    /// The shard's incarnation this link was opened for (`ShardRecord::incarnation`, 0 if
-    /// unknown). A new incarnation gets a new link.
-    pub incarnation: u64,
-    /// Workers hand their per-iteration batches here; the relay task sends them on.
-    pub inputs: mpsc::Sender<Vec<PlayerInput>>,
-    up: AtomicBool,
-    /// The last stream failed and no new one is open yet.
-    failed: AtomicBool,
-    /// The last gRPC health check passed (checked every second on the relay's channel).
+/// What every worker's link to one shard shares: what the cluster and the health checks
+/// say of the shard.
+#[derive(Debug)]
+pub struct ShardStatus {
+    /// The last gRPC health check passed (checked every second).
     healthy: AtomicBool,
     /// Registered as serving (not draining) in etcd.
     serving: AtomicBool,
@@ -31,30 +20,17 @@ pub struct ShardLink {
     load: AtomicU64,
 }
 
-impl ShardLink {
-    /// A link to incarnation `incarnation` of shard `id`.
-    pub fn registered(
-        id: ShardId,
-        incarnation: u64,
-        inputs: mpsc::Sender<Vec<PlayerInput>>,
-    ) -> Self {
-        ShardLink {
-            id,
-            incarnation,
-            inputs,
-            up: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
+impl Default for ShardStatus {
+    fn default() -> Self {
+        ShardStatus {
             healthy: AtomicBool::new(false),
             serving: AtomicBool::new(true),
             load: AtomicU64::new(0),
         }
     }
+}
 
-    /// Whether new players may be placed here.
-    pub fn takes_players(&self) -> bool {
-        self.is_up() && self.healthy.load(Ordering::Acquire) && self.serving.load(Ordering::Acquire)
-    }
-
+impl ShardStatus {
     /// Records a health check; returns the previous state.
     pub fn set_healthy(&self, healthy: bool) -> bool {
         self.healthy.swap(healthy, Ordering::AcqRel)
@@ -64,16 +40,55 @@ impl ShardLink {
         self.serving.store(serving, Ordering::Release);
     }
 
-    pub fn load(&self) -> u64 {
-        self.load.load(Ordering::Relaxed)
-    }
-
     pub fn set_load(&self, players: u64) {
         self.load.store(players, Ordering::Relaxed);
     }
+}
+
+/// One worker's end of its relay link to one shard (the link itself, its socket and its
+/// buffers, is the worker's: see `uplink.rs`).
+pub struct ShardLink {
+    pub id: ShardId,
+    /// The shard's incarnation this link was opened for (`ShardRecord::incarnation`, 0 if
+    /// unknown). A new incarnation gets a new link.
+    pub incarnation: u64,
+    pub status: Arc<ShardStatus>,
+    up: AtomicBool,
+    /// The last connection failed and no new one is open yet.
+    failed: AtomicBool,
+}
+
+impl ShardLink {
+    /// A link to incarnation `incarnation` of shard `id`.
+    pub fn registered(id: ShardId, incarnation: u64, status: Arc<ShardStatus>) -> Self {
+        ShardLink {
+            id,
+            incarnation,
+            status,
+            up: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether new players may be placed here.
+    pub fn takes_players(&self) -> bool {
+        self.is_up()
+            && self.status.healthy.load(Ordering::Acquire)
+            && self.status.serving.load(Ordering::Acquire)
+    }
+
+    /// Records a health check; returns the previous state.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn set_healthy(&self, healthy: bool) -> bool {
+        self.status.set_healthy(healthy)
+    }
+
+    pub fn load(&self) -> u64 {
+        self.status.load.load(Ordering::Relaxed)
+    }
 
     pub fn add_load(&self) {
-        self.load.fetch_add(1, Ordering::Relaxed);
+        self.status.load.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether this link is to a later incarnation of its shard than `incarnation` (0:
@@ -90,7 +105,7 @@ impl ShardLink {
         self.incarnation != 0 && self.incarnation < incarnation
     }
 
-    /// Whether the stream is established (inputs sent now reach the shard).
+    /// Whether the link is connected (inputs sent now reach the shard).
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
     }
@@ -100,7 +115,7 @@ impl ShardLink {
         self.failed.store(!up, Ordering::Release);
     }
 
-    /// Whether inputs may be queued for this shard: the stream is open, or it is being
+    /// Whether inputs may be queued for this shard: the link is open, or it is being
     /// opened for the first time (a shard that just joined and already took players over);
     /// queued inputs go out as soon as it opens. After a failure, no: they are refused.
     pub fn accepts_inputs(&self) -> bool {
@@ -110,8 +125,10 @@ impl ShardLink {
 
 #[derive(Default)]
 pub struct RoutingTable {
-    /// Links to the shards that own a region, in shard id order.
+    /// This worker's links to the registered shards, in shard id order.
     pub links: Vec<Arc<ShardLink>>,
+    /// Counts the tables stored: a worker whose links are not this table's reconciles.
+    pub version: u64,
     pub partition: Option<PartitionMap>,
 }
 
@@ -137,12 +154,10 @@ impl RoutingTable {
     }
 }
 
-pub struct Routing {
-    pub table: Arc<EpochCell<RoutingTable>>,
-}
+/// Every worker's routing table, by worker index.
+pub type Routing = Arc<Vec<EpochCell<RoutingTable>>>;
 
-impl Routing {
-    pub fn new() -> Self {
-        Routing { table: Arc::new(EpochCell::new(RoutingTable::default())) }
-    }
+/// An empty table for each of `workers` workers.
+pub fn routing(workers: usize) -> Routing {
+    Arc::new((0..workers).map(|_| EpochCell::new(RoutingTable::default())).collect())
 }

@@ -1,27 +1,28 @@
-//! What the workers and the relay tasks share: the read-mostly state every worker reads
-//! ([`Shared`]), session ids, and the mail path from relay tasks to workers. Below the
-//! event loops and the core, which all use it; it uses none of them.
+//! What the workers and the tasks beside them share: the read-mostly state every worker
+//! reads ([`Shared`]), session ids, and the mail path from the link manager and the player
+//! store to workers. Below the event loops and the core, which all use it; it uses none of
+//! them.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_cluster::{EpochCell, ShardId};
-use meridian_rpc::pb::Delivery;
+use meridian_cluster::ShardId;
 use tracing::error;
 
 use crate::ids::IdPool;
-use crate::routing::{RoutingTable, ShardLink};
+use crate::routing::Routing;
 use crate::{GatewayConfig, GatewayMetrics};
 
-/// Delivery batches a worker may have waiting before relay tasks wait for it.
+/// Mail a worker may have waiting before its senders wait for it.
 const MAILBOX: usize = 1024;
 
 /// What every worker shares: read-mostly, nothing locked per message.
 pub struct Shared {
     pub config: GatewayConfig,
-    pub routing: Arc<EpochCell<RoutingTable>>,
+    /// Each worker's routing table, by worker index.
+    pub routing: Routing,
     pub ids: Arc<IdPool>,
     pub metrics: Arc<GatewayMetrics>,
     pub stopping: Arc<AtomicBool>,
@@ -78,15 +79,14 @@ pub fn session_worker(session: u64) -> usize {
     session_parts(session).0
 }
 
-/// What relay tasks tell a worker.
+/// What the link manager and the player store tell a worker.
 pub enum Mail {
-    /// Shard output for connections of this worker, in stream order.
-    Deliveries { from: ShardId, deliveries: Vec<Delivery> },
-    /// The stream to this shard failed: moves still in flight on it will never be answered
-    /// by the shard, so the worker answers them (UNAVAILABLE) and confirms on `done`; the
-    /// relay task reconnects only after every worker has confirmed, so no input queued
-    /// before the failure can reach the next stream.
-    LinkDown { link: Arc<ShardLink>, done: tokio::sync::oneshot::Sender<()> },
+    /// A relay link to a shard is connected for this worker.
+    LinkUp(crate::uplink::LinkUp),
+    /// Shard output handed over directly, as if read from the shard's link: for the core's
+    /// tests and the simulator's harness, which have no sockets.
+    #[cfg(any(test, feature = "fuzzing"))]
+    Deliveries { from: ShardId, deliveries: Vec<meridian_rpc::pb::Delivery> },
     /// This shard is gone and its region reassigned: restore its players elsewhere.
     Restore { dead: ShardId },
     /// The player store's answer to a login's [`AccountRequest`].
@@ -134,11 +134,9 @@ impl Mailbox {
         }
     }
 
-    /// Hands deliveries to the worker. If its mailbox is full the relay task waits (and
-    /// with it the gRPC stream: backpressure reaches the shard, which cuts a link that
-    /// stays stuck) rather than dropping output that was already acknowledged.
-    pub async fn deliver(&self, from: ShardId, deliveries: Vec<Delivery>) {
-        self.send(Mail::Deliveries { from, deliveries }).await;
+    /// Hands the worker a connected relay link.
+    pub async fn link_up(&self, up: crate::uplink::LinkUp) {
+        self.send(Mail::LinkUp(up)).await;
     }
 
     /// Tells the worker to restore the players of a dead shard.
@@ -149,13 +147,6 @@ impl Mailbox {
     /// Hands a login its account's player (or why not).
     pub async fn account(&self, session: u64, answer: AccountAnswer) {
         self.send(Mail::Account { session, answer }).await;
-    }
-
-    /// Tells the worker a link failed; resolves once the worker has answered for it.
-    pub async fn link_down(&self, link: Arc<ShardLink>) {
-        let (done, confirmed) = tokio::sync::oneshot::channel();
-        self.send(Mail::LinkDown { link, done }).await;
-        let _ = confirmed.await;
     }
 
     async fn send(&self, mut mail: Mail) {

@@ -4,7 +4,10 @@
 //! recv per connection drawing from a provided buffer ring (no buffer is tied up by an idle
 //! connection), sends straight from the connection's reusable output buffer, and one
 //! `io_uring_enter` per loop iteration that both submits everything queued and waits.
-//! Relay mail wakes the loop through an eventfd read that is always armed.
+//! The worker's relay links to the shards are driven the same way: a multishot recv each
+//! from the same buffer ring, and sends from the link's reusable output buffer. Mail (a
+//! newly connected link, a dead shard's restore, a player store answer) wakes the loop
+//! through an eventfd read that is always armed.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -20,6 +23,7 @@ use tracing::{debug, info, warn};
 use crate::core::{Closing, Core, LINGER};
 use crate::shared::{report_exit, WorkerStart};
 use crate::sockets::{configure_client_socket, is_resource_exhaustion, peer_ip, refuse_raw};
+use crate::uplink::LinkFailure;
 
 const RING_ENTRIES: u32 = 4096;
 const BUFFER_GROUP: u16 = 0;
@@ -36,6 +40,9 @@ const OP_TICK: u64 = 5;
 const OP_CANCEL: u64 = 6;
 /// Accepts on the WebSocket listener.
 const OP_ACCEPT_WS: u64 = 7;
+/// Receives and sends on a relay link to a shard (the slot is the link's).
+const OP_LINK_RECV: u64 = 8;
+const OP_LINK_SEND: u64 = 9;
 
 fn user_data(op: u64, slot: u32, generation: u32) -> u64 {
     (op << 56) | (u64::from(slot & 0x00ff_ffff) << 32) | u64::from(generation)
@@ -111,6 +118,22 @@ pub struct UringConn {
     one_buffer_at_a_time: bool,
     write_shut: bool,
     read_shut: bool,
+}
+
+impl UringConn {
+    fn new(fd: RawFd) -> UringConn {
+        UringConn {
+            fd,
+            sending: Vec::new(),
+            sent: 0,
+            send_in_flight: false,
+            recv_armed: false,
+            recv_cancelling: false,
+            one_buffer_at_a_time: false,
+            write_shut: false,
+            read_shut: false,
+        }
+    }
 }
 
 type WakeFn = Arc<dyn Fn() + Send + Sync>;
@@ -345,17 +368,7 @@ impl Loop {
             return Ok(());
         }
         configure_client_socket(fd);
-        let conn = UringConn {
-            fd,
-            sending: Vec::new(),
-            sent: 0,
-            send_in_flight: false,
-            recv_armed: false,
-            recv_cancelling: false,
-            one_buffer_at_a_time: false,
-            write_shut: false,
-            read_shut: false,
-        };
+        let conn = UringConn::new(fd);
         if ws {
             return match self.core.insert_ws(conn, peer_ip(fd), self.now) {
                 Ok(slot) => self.arm_recv(slot),
@@ -528,6 +541,130 @@ impl Loop {
         Ok(())
     }
 
+    /// Takes the sockets of links connected for this worker.
+    fn open_links(&mut self) -> io::Result<()> {
+        for up in self.core.take_link_ups() {
+            let (stream, connected) = up.split();
+            let fd = std::os::fd::IntoRawFd::into_raw_fd(stream);
+            match self.core.open_uplink(connected, UringConn::new(fd), self.now) {
+                Ok(index) => self.arm_link_recv(index)?,
+                // SAFETY: the fd was just taken from its stream; nothing else has it.
+                Err(io) => unsafe {
+                    libc::close(io.fd);
+                },
+            }
+        }
+        Ok(())
+    }
+
+    fn arm_link_recv(&mut self, index: u32) -> io::Result<()> {
+        let generation = self.core.uplink_generation(index);
+        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
+        uplink.io.recv_armed = true;
+        let entry = opcode::RecvMulti::new(types::Fd(uplink.io.fd), BUFFER_GROUP).build();
+        self.push(entry.user_data(user_data(OP_LINK_RECV, index, generation)))
+    }
+
+    fn on_link_recv(
+        &mut self,
+        index: u32,
+        generation: u32,
+        result: i32,
+        flags: u32,
+        buffers: &mut BufRing,
+    ) -> io::Result<()> {
+        let buffer = cqueue::buffer_select(flags);
+        let current = self.core.uplink_generation(index) == generation;
+        if current && result > 0 {
+            if let Some(bid) = buffer {
+                self.core.on_link_data(index, buffers.bytes(bid, result as usize), self.now);
+            }
+        }
+        if let Some(bid) = buffer {
+            buffers.give_back(bid);
+        }
+        if !current {
+            return Ok(());
+        }
+        let more = cqueue::more(flags);
+        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
+        if !more {
+            uplink.io.recv_armed = false;
+        }
+        let failed = uplink.failed;
+        match result {
+            n if n > 0 || n == -libc::ENOBUFS || n == -libc::ECANCELED => {
+                if !more && !failed {
+                    self.arm_link_recv(index)?;
+                }
+            }
+            0 => self.core.on_link_lost(index, LinkFailure::Closed),
+            n => {
+                self.core.on_link_lost(index, LinkFailure::Socket(io::Error::from_raw_os_error(-n)))
+            }
+        }
+        self.drive_link(index)
+    }
+
+    fn on_link_send(&mut self, index: u32, generation: u32, result: i32) -> io::Result<()> {
+        if self.core.uplink_generation(index) != generation {
+            return Ok(());
+        }
+        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
+        uplink.io.send_in_flight = false;
+        if result < 0 {
+            let error = io::Error::from_raw_os_error(-result);
+            self.core.on_link_lost(index, LinkFailure::Socket(error));
+        } else {
+            uplink.io.sent += result as usize;
+            if uplink.io.sent >= uplink.io.sending.len() {
+                uplink.io.sending.clear();
+                uplink.io.sent = 0;
+            }
+        }
+        self.drive_link(index)
+    }
+
+    /// Moves a link forward: start a send if idle, or close it once let go and idle.
+    fn drive_link(&mut self, index: u32) -> io::Result<()> {
+        let generation = self.core.uplink_generation(index);
+        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
+        let io = &mut uplink.io;
+        if uplink.failed {
+            if !io.read_shut {
+                io.read_shut = true;
+                // SAFETY: shutdown on our own open fd; this ends the multishot recv.
+                unsafe { libc::shutdown(io.fd, libc::SHUT_RDWR) };
+            }
+            if !io.recv_armed && !io.send_in_flight {
+                if let Some(io) = self.core.remove_uplink(index) {
+                    // SAFETY: nothing is in flight on the fd any more, and the link is gone.
+                    unsafe { libc::close(io.fd) };
+                }
+            }
+            return Ok(());
+        }
+        if !io.send_in_flight {
+            if io.sending.is_empty() && !uplink.out.is_empty() {
+                std::mem::swap(&mut io.sending, &mut uplink.out);
+                io.sent = 0;
+            }
+            if io.sent < io.sending.len() {
+                let pending = &io.sending[io.sent..];
+                let entry =
+                    opcode::Send::new(types::Fd(io.fd), pending.as_ptr(), pending.len() as u32)
+                        .flags(libc::MSG_NOSIGNAL)
+                        .build()
+                        .user_data(user_data(OP_LINK_SEND, index, generation));
+                io.send_in_flight = true;
+                uplink.sending = io.sending.len() - io.sent;
+                return self.push(entry);
+            }
+        }
+        uplink.sending = io.sending.len() - io.sent;
+        Ok(())
+    }
+
     fn on_tick(&mut self) -> io::Result<()> {
         for which in 0..self.listeners.len() {
             let Some(listening) = self.listeners[which].as_mut() else { continue };
@@ -574,6 +711,7 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
     info!(worker = index, "io_uring worker started");
     let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(RING_ENTRIES as usize);
     let mut dirty = Vec::new();
+    let mut links = Vec::new();
     let result = loop {
         // The one system call of an iteration: submit all queued work, wait for one event.
         match this.ring.submit_and_wait(1) {
@@ -596,6 +734,8 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
                     this.on_send(slot, generation, result);
                     Ok(())
                 }
+                OP_LINK_RECV => this.on_link_recv(slot, generation, result, flags, &mut buffers),
+                OP_LINK_SEND => this.on_link_send(slot, generation, result),
                 OP_WAKE => this.arm_wake(),
                 OP_TICK => this.on_tick(),
                 _ => Ok(()),
@@ -609,6 +749,9 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         }
         buffers.publish();
         this.core.process_mail(Instant::now());
+        if let Err(error) = this.open_links() {
+            break Err(error);
+        }
         this.core.flush_inputs();
         if shared.stopping.load(Ordering::Relaxed) && this.stopping_since.is_none() {
             this.stopping_since = Some(Instant::now());
@@ -618,6 +761,17 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         let mut step = Ok(());
         for &slot in &dirty {
             step = this.drive(slot);
+            if step.is_err() {
+                break;
+            }
+        }
+        if let Err(error) = step {
+            break Err(error);
+        }
+        // Every link with bytes to send: one send each, submitted with everything else.
+        this.core.take_dirty_uplinks(&mut links);
+        for &index in &links {
+            step = this.drive_link(index);
             if step.is_err() {
                 break;
             }
@@ -638,8 +792,9 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         this.core.abandon_all();
     }
     let open: Vec<u32> = this.core.slots().collect();
-    let fds: Vec<RawFd> =
+    let mut fds: Vec<RawFd> =
         open.iter().filter_map(|&s| this.core.get_mut(s).map(|c| c.io.fd)).collect();
+    fds.extend(this.core.uplink_fds(|io| io.fd));
     // The ring goes first: no operation may outlive the buffers it points into.
     drop(this);
     drop(buffers);

@@ -121,7 +121,8 @@ mod tests {
     fn entry_len_is_what_the_entry_adds_to_the_batch() {
         for text_len in [0, 1, 100, 200, 5000, 70_000] {
             let one = input(7, text_len);
-            let batch = GatewayBatch { gateway_id: 0, lane: 0, inputs: vec![one.clone(), one.clone()] };
+            let batch =
+                GatewayBatch { gateway_id: 0, lane: 0, inputs: vec![one.clone(), one.clone()] };
             assert_eq!(batch.encoded_len(), 2 * entry_len(GATEWAY_BATCH.tag, &one));
         }
         let message = PeerMessage {
