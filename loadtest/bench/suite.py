@@ -478,6 +478,9 @@ class Suite:
         if self.args.only_relay:
             self.relay_clients(work)
             return
+        if self.args.only_io:
+            self.io_only(work)
+            return
         if self.args.only_ws:
             log("cluster: 1 gateway (--io=uring) + 1 shard")
             cluster = Cluster(work, "bench-ws", 1, "uring")
@@ -618,6 +621,30 @@ class Suite:
                 self.results[key] = self.loadtest(label, cluster.ws, **load, watch=watch,
                                                   extra=["--transport", "ws"],
                                                   section=WS_SECTION)
+
+    def io_only(self, work):
+        """io_uring against epoll alone: for each, one cluster (1 shard), the spread and the
+        dense workloads, each with a perf run and a strace run of the whole gateway process
+        (system calls per message of all its threads, and of its I/O workers alone)."""
+        s, r = self.s, self.results
+        spread = dict(bots=s["io_bots"], seconds=s["io_seconds"], interval=s["io_interval"])
+        io_section = "Gateway I/O: io_uring vs epoll (same workloads)"
+        for io in ("uring", "epoll"):
+            log(f"cluster: 1 gateway (--io={io}) + 1 shard")
+            cluster = Cluster(work, f"bench-{io}-1", 1, io)
+            try:
+                watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
+                r[f"{io}_direct"] = self.loadtest(f"{io} spread", cluster.game, **spread,
+                                                  watch=watch, section=io_section)
+                r[f"{io}_strace"] = self.loadtest(
+                    f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
+                    s["io_interval"], strace_pid=cluster.gateway_pid)
+                r[f"{io}_dense"] = self.dense(cluster, f"{io} dense", watch, io_section)
+                r[f"{io}_dense_strace"] = self.dense(cluster, f"{io} dense, strace", None, None,
+                                                     seconds=s["strace_seconds"],
+                                                     strace_pid=cluster.gateway_pid)
+            finally:
+                cluster.stop()
 
     def relay_clients(self, work):
         """The relay hop with two load clients (issue 17): one cluster (1 shard, 1 io_uring
@@ -1466,6 +1493,9 @@ def main():
                         help="run the relay hop with two clients alone (gateway direct vs "
                              "nginx stream in front, loadtest and bare-client; about 5 "
                              "minutes, with --quick about 2)")
+    parser.add_argument("--only-io", action="store_true",
+                        help="only io_uring against epoll: spread and dense workloads, "
+                             "system calls of the whole gateway and of its I/O threads")
     parser.add_argument("--ws-baseline", metavar="BIN",
                         help="also run the WebSocket runs through this other build of "
                              "`meridian` (a before/after of the WebSocket front)")
@@ -1474,7 +1504,8 @@ def main():
                              "bench.json and manifest.json already in --out")
     args = parser.parse_args()
     only = [flag for flag, on in (("--only-game", args.only_game), ("--only-tls", args.only_tls),
-                                  ("--only-ws", args.only_ws), ("--only-relay", args.only_relay))
+                                  ("--only-ws", args.only_ws), ("--only-relay", args.only_relay),
+                                  ("--only-io", args.only_io))
             if on]
     if len(only) > 1:
         parser.error(f"{' and '.join(only)}: pick one")
