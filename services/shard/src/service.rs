@@ -100,13 +100,13 @@ impl Shard for ShardService {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("relay stream ended before its hello"))?;
-        let gateway = hello.gateway_id;
+        let (gateway, lane) = (hello.gateway_id, hello.lane);
         let name = format!("gateway-{gateway}");
         check_identity(self.tls.as_deref(), certs.as_deref().map(Vec::as_slice), &name)?;
         let link = LinkId(self.next_link.fetch_add(1, Ordering::Relaxed));
         let (out, out_rx) = mpsc::channel(LINK_QUEUE);
         self.commands
-            .send(Command::Open { link, gateway, out })
+            .send(Command::Open { link, gateway, lane, out })
             .await
             .map_err(|_| Status::unavailable("shard is stopping"))?;
         info!(link = link.0, gateway, "gateway relay opened");
@@ -319,7 +319,10 @@ mod tests {
             .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
         let (upstream, upstream_rx) = mpsc::channel(1);
-        upstream.send(GatewayBatch { gateway_id: 1, inputs: Vec::new() }).await.expect("hello");
+        upstream
+            .send(GatewayBatch { gateway_id: 1, lane: 0, inputs: Vec::new() })
+            .await
+            .expect("hello");
         let stream = tokio_stream::wrappers::ReceiverStream::new(upstream_rx);
         let mut downstream = client.relay(stream).await.expect("relay").into_inner();
         let mut received: Vec<Vec<u8>> = vec![Vec::new(); SESSIONS as usize];
@@ -400,7 +403,10 @@ mod tests {
 
         let mut client = ShardClient::connect(format!("http://{addr}")).await.expect("connect");
         let (gateway, gateway_rx) = mpsc::channel(1);
-        gateway.send(GatewayBatch { gateway_id: 1, inputs: Vec::new() }).await.expect("hello");
+        gateway
+            .send(GatewayBatch { gateway_id: 1, lane: 0, inputs: Vec::new() })
+            .await
+            .expect("hello");
         let relay = client.relay(tokio_stream::wrappers::ReceiverStream::new(gateway_rx));
         let mut relay = relay.await.expect("relay").into_inner();
         let (peer, peer_rx) = mpsc::channel(1);
