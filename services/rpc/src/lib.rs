@@ -1,6 +1,7 @@
 //! The gateway<->shard protocol (`proto/cluster.proto`): generated tonic client and server.
 //!
-//! Only `gateway` and `shard` depend on this crate; the generated types never leave them.
+//! Only `gateway` and `shard` depend on this crate (and `meridian-tls`, for the relay link's
+//! ALPN); the generated types never leave them.
 //! This crate holds no logic beyond the generated code, the limits both ends agree on, and
 //! the one function that keeps a batch within them ([`split_entries`]).
 
@@ -121,7 +122,8 @@ mod tests {
     fn entry_len_is_what_the_entry_adds_to_the_batch() {
         for text_len in [0, 1, 100, 200, 5000, 70_000] {
             let one = input(7, text_len);
-            let batch = GatewayBatch { gateway_id: 0, lane: 0, inputs: vec![one.clone(), one.clone()] };
+            let batch =
+                GatewayBatch { gateway_id: 0, lane: 0, inputs: vec![one.clone(), one.clone()] };
             assert_eq!(batch.encoded_len(), 2 * entry_len(GATEWAY_BATCH.tag, &one));
         }
         let message = PeerMessage {

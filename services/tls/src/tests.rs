@@ -1,4 +1,5 @@
-//! Real handshakes over loopback: a listener from [`incoming`], clients made by hand.
+//! Real handshakes over loopback (a listener from [`incoming`], clients made by hand), and
+//! the relay link's client and server configurations talking in memory.
 
 use std::sync::Arc;
 
@@ -150,4 +151,99 @@ async fn renewed_files_are_used_by_new_connections() {
     let kept = talk(s.addr, config, "shard-1").await.expect("still connects");
     assert_eq!(kept[0], after[0]);
     assert_eq!(s.tls.reload_failures.load(Ordering::Relaxed), 1);
+}
+
+/// Runs a handshake between `client` and `server` in memory, passing the bytes each writes
+/// to the other; the first error either side finds.
+fn handshake(
+    client: &mut rustls::ClientConnection,
+    server: &mut rustls::ServerConnection,
+) -> Result<(), rustls::Error> {
+    let mut wire = Vec::new();
+    for _ in 0..20 {
+        if !client.is_handshaking() && !server.is_handshaking() && !client.wants_write() {
+            return Ok(());
+        }
+        wire.clear();
+        while client.wants_write() {
+            client.write_tls(&mut wire).expect("writes to a Vec");
+        }
+        server.read_tls(&mut &wire[..]).expect("reads from a slice");
+        server.process_new_packets()?;
+        wire.clear();
+        while server.wants_write() {
+            server.write_tls(&mut wire).expect("writes to a Vec");
+        }
+        client.read_tls(&mut &wire[..]).expect("reads from a slice");
+        client.process_new_packets()?;
+    }
+    panic!("the handshake did not finish in 20 round trips");
+}
+
+fn in_memory(dir_name: &str) -> (PathBuf, DevCa, Arc<NodeTls>) {
+    let dir = std::env::temp_dir().join(format!("meridian-tls-{}-{dir_name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = DevCa::open_or_create(&dir).expect("a CA");
+    let shard = NodeTls::load(ca.issue("shard-1").expect("issued")).expect("loads");
+    (dir, ca, shard)
+}
+
+#[test]
+fn a_relay_client_and_a_shard_agree_on_the_relay_alpn_and_the_shard_knows_the_gateway() {
+    let (_dir, ca, shard) = in_memory("relay-alpn");
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let config = gateway.relay_client_config();
+    assert_eq!(config.alpn_protocols, vec![meridian_rpc::link::ALPN.to_vec()]);
+    let name = ServerName::try_from("shard-1").expect("a name");
+    let mut client = rustls::ClientConnection::new(config, name).expect("a client");
+    let mut server = rustls::ServerConnection::new(shard.server_config()).expect("a server");
+    handshake(&mut client, &mut server).expect("the handshake completes");
+    assert_eq!(server.alpn_protocol(), Some(meridian_rpc::link::ALPN));
+    assert_eq!(client.alpn_protocol(), Some(meridian_rpc::link::ALPN));
+    assert!(presented_as(server.peer_certificates(), "gateway-3"));
+    assert!(!presented_as(server.peer_certificates(), "gateway-4"));
+}
+
+#[test]
+fn a_relay_client_checks_the_shard_is_the_one_it_dialled() {
+    let (_dir, ca, shard) = in_memory("relay-dialled");
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let name = ServerName::try_from("shard-2").expect("a name");
+    let mut client =
+        rustls::ClientConnection::new(gateway.relay_client_config(), name).expect("a client");
+    let mut server = rustls::ServerConnection::new(shard.server_config()).expect("a server");
+    let refused = handshake(&mut client, &mut server);
+    assert!(
+        matches!(refused, Err(rustls::Error::InvalidCertificate(_))),
+        "shard-1's certificate is not shard-2's: {refused:?}"
+    );
+}
+
+#[test]
+fn a_relay_client_certificate_from_another_ca_is_refused() {
+    let (dir, _ca, shard) = in_memory("relay-stranger");
+    let other = DevCa::open_or_create(&dir.join("other")).expect("another CA");
+    let stranger = other.issue("gateway-3").expect("issued by the other CA");
+    // It trusts the cluster's CA (so the shard passes its check) but presents a
+    // certificate the cluster's CA did not issue.
+    let stranger = NodeTls::load(TlsFiles { ca: dir.join("ca.pem"), ..stranger }).expect("loads");
+    let name = ServerName::try_from("shard-1").expect("a name");
+    let mut client =
+        rustls::ClientConnection::new(stranger.relay_client_config(), name).expect("a client");
+    let mut server = rustls::ServerConnection::new(shard.server_config()).expect("a server");
+    let refused = handshake(&mut client, &mut server);
+    assert!(
+        matches!(refused, Err(rustls::Error::InvalidCertificate(_))),
+        "the shard refuses the certificate: {refused:?}"
+    );
+}
+
+#[test]
+fn the_relay_client_config_follows_renewed_files() {
+    let (_dir, ca, _shard) = in_memory("relay-renewed");
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let before = gateway.relay_client_config();
+    assert!(Arc::ptr_eq(&before, &gateway.relay_client_config()), "cached while unchanged");
+    ca.issue("gateway-3").expect("renewed");
+    assert!(!Arc::ptr_eq(&before, &gateway.relay_client_config()), "built again");
 }
