@@ -281,12 +281,15 @@ pub fn endpoint(
     }
 }
 
-/// The connections of `listener` once their TLS handshake is done, for tonic's
-/// `serve_with_incoming`: a failed or slow handshake is logged, counted and dropped, never
-/// handed on. Ends when the receiving side is dropped.
+/// The connections of `listener` once their TLS handshake is done: those whose client chose
+/// the relay link's ALPN (`meridian_rpc::link::ALPN`) go to `relay_links`, the others (gRPC,
+/// `h2`) come out of the returned stream, for tonic's `serve_with_incoming`. A failed or slow
+/// handshake is logged, counted and dropped, never handed on. Ends when the returned stream
+/// is dropped.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<NodeTls>,
+    relay_links: mpsc::Sender<TlsStream<TcpStream>>,
 ) -> ReceiverStream<Result<TlsStream<TcpStream>, io::Error>> {
     let (done, streams) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -308,10 +311,13 @@ pub fn incoming(
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
-            let (done, tls) = (done.clone(), Arc::clone(&tls));
+            let (done, tls, relay_links) = (done.clone(), Arc::clone(&tls), relay_links.clone());
             tokio::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(RELAY_ALPN) => {
+                        let _ = relay_links.send(stream).await;
+                    }
                     Ok(Ok(stream)) => {
                         let _ = done.send(Ok(stream)).await;
                     }

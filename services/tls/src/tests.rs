@@ -69,7 +69,9 @@ async fn server(name: &str) -> Server {
     let tls = NodeTls::load(ca.issue("shard-1").expect("issued")).expect("loads");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
     let addr = listener.local_addr().expect("an address");
-    let mut streams = incoming(listener, Arc::clone(&tls));
+    // Relay links are not served here (see `relay_links_and_grpc_share_the_listener`).
+    let (relay_links, _) = tokio::sync::mpsc::channel(1);
+    let mut streams = incoming(listener, Arc::clone(&tls), relay_links);
     let (seen_tx, seen) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         while let Some(Ok(mut stream)) = streams.next().await {
@@ -246,4 +248,39 @@ fn the_relay_client_config_follows_renewed_files() {
     assert!(Arc::ptr_eq(&before, &gateway.relay_client_config()), "cached while unchanged");
     ca.issue("gateway-3").expect("renewed");
     assert!(!Arc::ptr_eq(&before, &gateway.relay_client_config()), "built again");
+}
+
+/// One listener, two protocols: a client offering the relay ALPN is handed to the relay
+/// links, one offering `h2` to the stream tonic serves.
+#[tokio::test]
+async fn relay_links_and_grpc_share_the_listener() {
+    let (dir, ca, shard) = in_memory("relay-demux");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let addr = listener.local_addr().expect("an address");
+    let (relay_links, mut relayed) = tokio::sync::mpsc::channel(4);
+    let mut grpc = incoming(listener, Arc::clone(&shard), relay_links);
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let name = ServerName::try_from("shard-1").expect("a name");
+
+    let tcp = TcpStream::connect(addr).await.expect("connects");
+    let connector = tokio_rustls::TlsConnector::from(gateway.relay_client_config());
+    let mut link = connector.connect(name.clone(), tcp).await.expect("a relay handshake");
+    link.write_all(meridian_rpc::link::MAGIC).await.expect("writes");
+    let mut served = relayed.recv().await.expect("handed to the relay links");
+    let certs = served.get_ref().1.peer_certificates().map(<[_]>::to_vec);
+    assert!(presented_as(certs.as_deref(), "gateway-3"));
+    let mut magic = [0u8; 8];
+    served.read_exact(&mut magic).await.expect("reads inside TLS");
+    assert_eq!(&magic, meridian_rpc::link::MAGIC);
+
+    let mut h2 =
+        (*client_config(&dir.join("ca.pem"), Some(&ca.issue("gateway-4").expect("issued"))))
+            .clone();
+    h2.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(addr).await.expect("connects");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(h2));
+    let _h2 = connector.connect(name, tcp).await.expect("an h2 handshake");
+    let served = grpc.next().await.expect("handed to tonic").expect("a stream");
+    assert_eq!(served.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    assert!(relayed.try_recv().is_err(), "not a relay link");
 }
