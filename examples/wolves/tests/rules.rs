@@ -71,7 +71,7 @@ impl Scenario {
         let game = Box::new(Wolves { per_shard: 0 });
         let mut core = ShardCore::with_game(&config, metrics, now, game);
         core.handle(now, Event::View(view));
-        core.handle(now, Event::LinkOpened { link: LINK, gateway: 1 });
+        core.handle(now, Event::LinkOpened { link: LINK, gateway: 1, lane: 0 });
         core.handle(now, Event::Ids(FIRST_NPC_ID..FIRST_NPC_ID + 1000));
         Scenario { core, now, players: BTreeMap::new(), npcs: BTreeMap::new(), client_time: 0 }
     }

@@ -1,6 +1,7 @@
 //! The gateway<->shard protocol (`proto/cluster.proto`): generated tonic client and server.
 //!
-//! Only `gateway` and `shard` depend on this crate; the generated types never leave them.
+//! Only `gateway` and `shard` depend on this crate (and `meridian-tls`, for the relay link's
+//! ALPN); the generated types never leave them.
 //! This crate holds no logic beyond the generated code, the limits both ends agree on, and
 //! the one function that keeps a batch within them ([`split_entries`]).
 

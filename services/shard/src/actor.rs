@@ -31,9 +31,11 @@ const ROUND: usize = 512;
 const PENDING_FOR_UNKNOWN_PEER: usize = 65_536;
 
 pub enum Command {
+    /// A gateway lane's link is open; its output goes to `out`.
     Open {
         link: LinkId,
         gateway: u32,
+        lane: u32,
         out: mpsc::Sender<Result<ShardBatch, Status>>,
     },
     Inputs {
@@ -244,9 +246,9 @@ impl WorldActor {
     fn handle(&mut self, command: Command) {
         let now = Instant::now();
         match command {
-            Command::Open { link, gateway, out } => {
+            Command::Open { link, gateway, lane, out } => {
                 self.links.insert(link, out);
-                self.core.handle(now, Event::LinkOpened { link, gateway });
+                self.core.handle(now, Event::LinkOpened { link, gateway, lane });
             }
             Command::Inputs { link, inputs } => {
                 self.core.handle(now, Event::Inputs { link, inputs })

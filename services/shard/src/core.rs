@@ -35,8 +35,8 @@ use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
 use crate::sequence::{Offered, Refused};
 use crate::types::{
-    CoreConfig, EarlyInputs, Event, HandedOff, Link, LinkId, Parked, SaveRecord, Seat, Transmit,
-    FORWARDED_KEPT,
+    CoreConfig, EarlyInputs, Event, GatewayLane, HandedOff, Link, LinkId, Parked, SaveRecord, Seat,
+    Transmit, FORWARDED_KEPT,
 };
 
 /// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
@@ -94,7 +94,8 @@ pub struct ShardCore {
     /// Gateway links the shell is to end ([`Transmit::CloseLink`]).
     closing_links: Vec<LinkId>,
     pub(crate) links: FxHashMap<LinkId, Link>,
-    pub(crate) gateway_links: FxHashMap<u32, LinkId>,
+    /// The open link of each gateway lane (a session's output goes on its lane's link).
+    pub(crate) gateway_links: FxHashMap<GatewayLane, LinkId>,
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
     pub(crate) handed_off: FxHashMap<PlayerId, HandedOff>,
     /// Sessions whose player left the world here (a Leave or a logout), with when, kept
@@ -132,8 +133,8 @@ pub struct ShardCore {
     /// Restores a gateway chose this shard for by a newer partition than this shard has
     /// seen: they wait for the watch to catch up (see `ShardCore::restore_as`).
     pub(crate) behind_view: Vec<crate::players::BehindView>,
-    /// Handoffs whose player's gateway has no stream here yet, by gateway id.
-    pub(crate) awaiting_gateway: FxHashMap<u32, Vec<AwaitingHandoff>>,
+    /// Handoffs whose player's gateway lane has no link here yet, by that lane.
+    pub(crate) awaiting_gateway: FxHashMap<GatewayLane, Vec<AwaitingHandoff>>,
     /// Versions and recent positions of everyone in this world.
     pub(crate) history: History,
     /// Clients just handed in whose view is still derived from what they were told.
@@ -315,16 +316,19 @@ impl ShardCore {
     fn take(&mut self, now: Instant, event: Event) {
         self.now = self.now.max(now);
         match event {
-            Event::LinkOpened { link, gateway } => {
-                self.links.insert(link, Link { gateway });
-                self.gateway_links.insert(gateway, link);
+            Event::LinkOpened { link, gateway, lane } => {
+                self.links.insert(link, Link { gateway, lane });
+                let opened = GatewayLane { gateway, lane };
+                self.gateway_links.insert(opened, link);
                 self.metrics.links.set(self.links.len() as i64);
+                // Only the handoffs and restores of this lane's sessions: the gateway's other
+                // lanes may not have their links here yet.
                 for (from, player, generation, handoff, _) in
-                    self.awaiting_gateway.remove(&gateway).unwrap_or_default()
+                    self.awaiting_gateway.remove(&opened).unwrap_or_default()
                 {
                     self.handoff_in(from, player, generation, handoff);
                 }
-                self.restores_for(gateway);
+                self.restores_for(opened);
             }
             Event::Inputs { link, inputs } => {
                 self.metrics.batches_in.inc();
@@ -603,10 +607,11 @@ impl ShardCore {
                 if let Some(link) = self.seats.get(&player).map(|seat| seat.link) {
                     return self.join(link, input);
                 }
-                // Not here any more either (its stream here broke too, say): restored here,
-                // answering through its gateway's stream, unless it went on from here.
+                // Not here any more either (its link here broke too, say): restored here,
+                // answering through its gateway lane's link, unless it went on from here.
                 if !self.handed_off.contains_key(&player) {
-                    if let Some(&link) = self.gateway_links.get(&join.gateway_id) {
+                    let lane = GatewayLane::of_session(join.gateway_id, input.session);
+                    if let Some(&link) = self.gateway_links.get(&lane) {
                         return self.join(link, input);
                     }
                 }
@@ -830,16 +835,18 @@ impl ShardCore {
         self.parked.retain(|_, p| now - p.since <= window);
     }
 
-    /// Restores passed on to this shard that waited for `gateway`'s stream (see
+    /// Restores passed on to this shard that waited for the link of `opened` (see
     /// `on_input`) are taken now, with what was held behind them, in seq order.
-    fn restores_for(&mut self, gateway: u32) {
+    fn restores_for(&mut self, opened: GatewayLane) {
         let waiting: Vec<PlayerId> = self
             .early
             .iter()
             .filter(|(_, (_, inputs))| {
                 inputs.iter().any(|(link, input)| {
                     link.is_none()
-                        && matches!(&input.kind, Some(Input::Join(join)) if join.restore && join.gateway_id == gateway)
+                        && matches!(&input.kind, Some(Input::Join(join))
+                            if join.restore
+                                && GatewayLane::of_session(join.gateway_id, input.session) == opened)
                 })
             })
             .map(|(player, _)| *player)
@@ -858,11 +865,12 @@ impl ShardCore {
     /// here must not make this shard hold handoffs for ever.
     fn expire_awaiting_gateway(&mut self, now: Instant) {
         let mut waiting = 0;
-        self.awaiting_gateway.retain(|gateway, handoffs| {
+        self.awaiting_gateway.retain(|waits_for, handoffs| {
             handoffs.retain(|(from, player, .., since)| {
                 let keep = now.saturating_duration_since(*since) < AWAITING_GATEWAY_FOR;
                 if !keep {
-                    warn!(%player, %from, gateway, "handoff gave up waiting for its gateway's stream");
+                    let (gateway, lane) = (waits_for.gateway, waits_for.lane);
+                    warn!(%player, %from, gateway, lane, "handoff gave up waiting for its gateway lane's link");
                 }
                 keep
             });
@@ -873,14 +881,15 @@ impl ShardCore {
             let oldest = self
                 .awaiting_gateway
                 .iter()
-                .filter_map(|(gateway, handoffs)| Some((handoffs.first()?.4, *gateway)))
+                .filter_map(|(waits_for, handoffs)| Some((handoffs.first()?.4, *waits_for)))
                 .min();
-            let Some((_, gateway)) = oldest else { break };
-            if let Some(handoffs) = self.awaiting_gateway.get_mut(&gateway) {
+            let Some((_, waits_for)) = oldest else { break };
+            if let Some(handoffs) = self.awaiting_gateway.get_mut(&waits_for) {
                 let (from, player, ..) = handoffs.remove(0);
-                warn!(%player, %from, gateway, "too many handoffs waiting for gateways; oldest given up");
+                let (gateway, lane) = (waits_for.gateway, waits_for.lane);
+                warn!(%player, %from, gateway, lane, "too many handoffs waiting for gateways; oldest given up");
                 if handoffs.is_empty() {
-                    self.awaiting_gateway.remove(&gateway);
+                    self.awaiting_gateway.remove(&waits_for);
                 }
             }
             waiting -= 1;
@@ -980,8 +989,10 @@ impl ShardCore {
 
     fn drop_link(&mut self, link: LinkId) {
         if let Some(closed) = self.links.remove(&link) {
-            if self.gateway_links.get(&closed.gateway) == Some(&link) {
-                self.gateway_links.remove(&closed.gateway);
+            // Only this lane's: the gateway's other lanes keep their links and players.
+            let lane = GatewayLane { gateway: closed.gateway, lane: closed.lane };
+            if self.gateway_links.get(&lane) == Some(&link) {
+                self.gateway_links.remove(&lane);
             }
         }
         self.outbox.forget_link(link);

@@ -56,7 +56,7 @@ impl Harness {
         let now = Instant::now();
         let mut actor = ShardCore::new(&config, metrics, now);
         actor.handle(now, Event::View(view));
-        actor.handle(now, Event::LinkOpened { link: LINK, gateway: GATEWAY });
+        actor.handle(now, Event::LinkOpened { link: LINK, gateway: GATEWAY, lane: 0 });
         Harness { actor, now }
     }
 
@@ -532,7 +532,7 @@ fn received_on(h: &mut Harness, link: LinkId) -> Vec<(u64, Server, bool)> {
 fn a_login_through_another_gateway_takes_the_player_over_whatever_its_session_number() {
     let mut h = Harness::new();
     let other = LinkId(2);
-    h.actor.handle(h.now, Event::LinkOpened { link: other, gateway: GATEWAY + 1 });
+    h.actor.handle(h.now, Event::LinkOpened { link: other, gateway: GATEWAY + 1, lane: 0 });
     h.join(11, 1);
     h.direct(11, 2, a_move(1));
     h.received();
@@ -714,4 +714,99 @@ fn a_token_of_the_previous_key_works_during_a_rotation_only() {
             assert!(fresh.is_ok(), "the fresh token is signed with the new key");
         }
     }
+}
+
+/// A session of `GATEWAY`'s lane 1 (the top 16 bits of its id).
+const LANE_1_SESSION: u64 = 1 << 48 | 0x0100_0002;
+
+/// A handoff of `player` on `session` of `GATEWAY`, next input 1, at (12, 12).
+fn handoff_of(h: &mut Harness, player: u64, session: u64) {
+    let handoff = Handoff {
+        name: format!("p{player}"),
+        position: Some(client_pb::Position { x: 12, y: 12 }),
+        session,
+        gateway_id: GATEWAY,
+        next_seq: 1,
+        ..Default::default()
+    };
+    h.actor.handoff_in(OLD_OWNER, PlayerId(player), 1, handoff);
+}
+
+/// A move of `player` on `session` through `link`.
+fn move_on(h: &mut Harness, link: LinkId, session: u64, player: u64, seq: u64, time: u64) {
+    let inputs = vec![PlayerInput { session, ..input(player, seq, a_move(time)) }];
+    h.actor.handle(h.now, Event::Inputs { link, inputs });
+}
+
+/// A gateway opens one link per lane: a player handed in is answered on its session's lane's
+/// link, and a lane's link closing takes only that lane's players with it.
+#[test]
+fn each_lane_of_a_gateway_carries_its_own_sessions() {
+    let mut h = Harness::new();
+    let lane_1 = LinkId(2);
+    h.actor.handle(h.now, Event::LinkOpened { link: lane_1, gateway: GATEWAY, lane: 1 });
+    h.join(11, 1);
+    let spawn = Some(client_pb::Position { x: 11, y: 11 });
+    let join = Join { name: "p12".into(), spawn, ..Default::default() };
+    let inputs = vec![PlayerInput { session: LANE_1_SESSION, ..input(12, 1, Input::Join(join)) }];
+    h.actor.handle(h.now, Event::Inputs { link: lane_1, inputs });
+    h.received();
+
+    // Handed in: one player of each lane (lane 1's link opened last).
+    let (on_1, on_0) = (LANE_1_SESSION + 1, SESSION + 1);
+    handoff_of(&mut h, 13, on_1);
+    handoff_of(&mut h, 15, on_0);
+    move_on(&mut h, lane_1, on_1, 13, 1, 77);
+    move_on(&mut h, LINK, on_0, 15, 1, 78);
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    let mut acks = Vec::new();
+    for transmit in out {
+        let Transmit::Gateway { link, batch } = transmit else { continue };
+        for delivery in batch.deliveries {
+            let mut frames = &delivery.frames[..];
+            while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
+                let message =
+                    client_pb::ServerMessage::decode(header.body(frames)).expect("decodes");
+                // The movers' own acks (others' moves carry no client time).
+                if let Some(Server::Moved(moved)) = message.kind {
+                    if moved.client_time != 0 {
+                        acks.push((link, delivery.session, moved.client_time));
+                    }
+                }
+                frames = &frames[header.total_len()..];
+            }
+        }
+    }
+    acks.sort_unstable();
+    assert_eq!(acks, vec![(LINK, on_0, 78), (lane_1, on_1, 77)], "each on its lane's link");
+
+    h.actor.handle(h.now, Event::LinkClosed { link: LINK });
+    let here = |h: &Harness, player: u64| h.actor.seats.contains_key(&PlayerId(player));
+    assert!(!here(&h, 11) && !here(&h, 15), "lane 0's players left with its link");
+    assert!(here(&h, 12) && here(&h, 13), "lane 1's players stay");
+    move_on(&mut h, lane_1, LANE_1_SESSION, 12, 2, 79);
+    let answered = received_on(&mut h, lane_1);
+    let acked = answered.iter().any(|(session, message, _)| {
+        *session == LANE_1_SESSION && matches!(message, Server::Moved(m) if m.client_time == 79)
+    });
+    assert!(acked, "lane 1 still plays: {answered:?}");
+    // Lane 0 has no link now: a handoff of its session waits for one, not for lane 1's.
+    handoff_of(&mut h, 16, SESSION + 2);
+    assert!(!here(&h, 16), "waits for lane 0's link");
+}
+
+/// A handoff whose lane has no link here yet waits for that lane's link: another lane of
+/// the same gateway opening does not take it.
+#[test]
+fn a_handoff_waits_for_the_link_of_its_own_lane() {
+    let mut h = Harness::new();
+    handoff_of(&mut h, 13, LANE_1_SESSION);
+    assert!(!h.actor.seats.contains_key(&PlayerId(13)), "lane 1 has no link here yet");
+    h.actor.handle(h.now, Event::LinkOpened { link: LinkId(3), gateway: GATEWAY, lane: 2 });
+    assert!(!h.actor.seats.contains_key(&PlayerId(13)), "lane 2's link is not lane 1's");
+    h.actor.handle(h.now, Event::LinkOpened { link: LinkId(2), gateway: GATEWAY, lane: 1 });
+    let seat = h.actor.seats.get(&PlayerId(13)).expect("taken when lane 1's link opened");
+    assert_eq!(seat.link, LinkId(2));
+    assert!(h.actor.awaiting_gateway.is_empty());
 }

@@ -66,7 +66,7 @@ impl Harness {
         let now = Instant::now();
         let mut core = ShardCore::with_game(&config, metrics, now, Box::new(Echo));
         core.handle(now, Event::View(view));
-        core.handle(now, Event::LinkOpened { link: LINK, gateway: 1 });
+        core.handle(now, Event::LinkOpened { link: LINK, gateway: 1, lane: 0 });
         core.handle(now, Event::Ids(9_000..9_100));
         let mut h = Harness { core, now, seq: 0 };
         let join = Join {

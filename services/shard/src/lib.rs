@@ -1,8 +1,10 @@
-//! A Meridian zone shard: the world rules of `meridian-world` behind a tonic service.
+//! A Meridian zone shard: the world rules of `meridian-world` behind one port.
 //!
-//! Gateways open one `Relay` stream each and send batches of player inputs; a single
-//! world task applies them in arrival order and answers with batches of ready-to-write
-//! client frames, grouped per connection. The shard registers itself in etcd on a lease,
+//! Each gateway lane (event-loop worker) opens a relay link (`link.rs`, length-prefixed
+//! protobuf frames, no gRPC) and sends batches of player inputs; a single world task
+//! applies them in arrival order and answers with batches of ready-to-write client frames,
+//! grouped per connection. Other shards reach it over gRPC (`Peer` streams) on the same
+//! port (`port.rs` tells the two apart). The shard registers itself in etcd on a lease,
 //! follows the cluster view, and may be elected coordinator of the partition map.
 //!
 //! The shard never talks to clients directly and never blocks its world task on I/O: all
@@ -14,10 +16,12 @@ mod game;
 mod geometry;
 mod ghosts;
 mod history;
+mod link;
 mod metrics;
 mod outbox;
 mod peer;
 mod players;
+mod port;
 mod saver;
 mod sequence;
 mod service;
@@ -297,6 +301,12 @@ pub async fn run(
         .set_serving::<meridian_rpc::pb::shard_server::ShardServer<service::ShardService>>()
         .await;
     let (stop_streams, streams_stopping) = tokio::sync::watch::channel(false);
+    let links = Arc::new(link::Links::new(
+        commands.clone(),
+        Arc::clone(&metrics),
+        streams_stopping.clone(),
+        config.tls.clone(),
+    ));
     let service = service::ShardService::new(
         commands.clone(),
         watch.view(),
@@ -309,31 +319,14 @@ pub async fn run(
         .max_decoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(meridian_rpc::MAX_GRPC_MESSAGE_BYTES);
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health_service)
-        .add_service(server);
+    let router =
+        tonic::transport::Server::builder().add_service(health_service).add_service(server);
     let stopped = async {
         let _ = server_stopped.await;
     };
-    let server = match &config.tls {
-        Some(tls) => {
-            let incoming = meridian_tls::incoming(grpc, Arc::clone(tls));
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
-        }
-        None => {
-            // `Server::tcp_nodelay` applies only to listeners tonic binds itself: streams
-            // handed in keep Nagle's algorithm unless they are set here (without it every
-            // small batch waited for the peer's delayed ACK: twice the delay at p50 and p99).
-            use tokio_stream::StreamExt as _;
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|accepted| {
-                accepted.inspect(|stream| {
-                    let _ = stream.set_nodelay(true);
-                })
-            });
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
-        }
-    };
+    // `Server::tcp_nodelay` applies only to listeners tonic binds itself: `port` sets it on
+    // every connection it accepts.
+    let server = port::serve(grpc, router, links, config.tls.clone(), stopped);
 
     let mut changes = watch.changes();
     let me = config.id;
@@ -364,8 +357,8 @@ pub async fn run(
     let _ = client.clone().delete(keys.drain(me), None).await;
     info!(shard = %me, "shard stopping; deregistering");
     registration.revoke().await;
-    // Every stream ends from this side: peers and gateways that have not noticed this
-    // shard leave yet (a lagging etcd watch, say) must not hold its exit.
+    // Every stream and link ends from this side: peers and gateways that have not noticed
+    // this shard leave yet (a lagging etcd watch, say) must not hold its exit.
     let _ = stop_streams.send(true);
     let _ = stop_server.send(());
     match tokio::time::timeout(SERVER_STOP_WITHIN, server).await {

@@ -25,8 +25,15 @@ pub struct ShardMetrics {
     pub delivery_bytes: Arc<Counter>,
     pub batches_in: Arc<Counter>,
     pub batches_out: Arc<Counter>,
+    /// Open relay links (one per gateway lane).
     pub links: Arc<Gauge>,
     pub links_cut: Arc<Counter>,
+    /// Relay links refused, by reason (`link::LinkRefused::label`).
+    pub relay_links_refused: CounterFamily,
+    /// Relay links closed because the gateway said nothing for `meridian_rpc::link::SILENCE`.
+    pub relay_links_silent: Arc<Counter>,
+    /// Plain connections to the gRPC port dropped for showing nothing in 10 s.
+    pub connections_silent: Arc<Counter>,
     pub ghosts: Arc<Gauge>,
     pub handoffs_out: Arc<Counter>,
     pub handoffs_in: Arc<Counter>,
@@ -113,10 +120,35 @@ impl ShardMetrics {
             ),
             batches_in: registry.counter("meridian_shard_batches_in_total", "Gateway batches.", l),
             batches_out: registry.counter("meridian_shard_batches_out_total", "Shard batches.", l),
-            links: registry.gauge("meridian_shard_gateway_links", "Open gateway streams.", l),
+            links: registry.gauge(
+                "meridian_shard_gateway_links",
+                "Open gateway relay links (one per gateway lane, i.e. event-loop worker).",
+                l,
+            ),
             links_cut: registry.counter(
                 "meridian_shard_gateway_links_cut_total",
-                "Gateway streams cut because they did not keep up.",
+                "Gateway relay links cut because they did not keep up.",
+                l,
+            ),
+            relay_links_refused: registry.counter_family(
+                "meridian_shard_relay_links_refused_total",
+                "Gateway relay links refused (told why, then closed), by reason: wrong magic, no \
+                 hello in time, frame too long, undecodable frame, a client certificate naming \
+                 another gateway, or the shard itself.",
+                l,
+                "reason",
+                crate::link::LinkRefused::LABELS,
+            ),
+            relay_links_silent: registry.counter(
+                "meridian_shard_relay_links_silent_total",
+                "Gateway relay links closed because the gateway sent nothing, not even a \
+                 heartbeat, for 3 s (or took nothing written for as long).",
+                l,
+            ),
+            connections_silent: registry.counter(
+                "meridian_shard_connections_silent_total",
+                "Plain connections to the gRPC port dropped because they sent nothing that says \
+                 what they are (an HTTP/2 preface or a relay link's magic) within 10 s.",
                 l,
             ),
             ghosts: registry.gauge("meridian_shard_ghosts", "Ghosts of other shards' players.", l),

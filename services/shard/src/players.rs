@@ -27,7 +27,9 @@ use tracing::{debug, info, warn};
 use crate::core::ShardCore;
 use crate::history::{Divergent, Told};
 use crate::sequence::InputSequence;
-use crate::types::{world_direction, HandedOff, LinkId, Parked, SaveRecord, Seat, PENDING_LIMIT};
+use crate::types::{
+    world_direction, GatewayLane, HandedOff, LinkId, Parked, SaveRecord, Seat, PENDING_LIMIT,
+};
 
 /// How long a restore chosen by a newer partition waits for this shard's watch to catch up
 /// before it is taken by the map this shard has.
@@ -656,12 +658,15 @@ impl ShardCore {
         if handoff.kind != 0 {
             return self.npc_handoff_in(from, player, generation, handoff);
         }
-        let Some(&link) = self.gateway_links.get(&handoff.gateway_id) else {
-            // The player's gateway has not opened its stream here yet (this shard just
-            // joined): take the player over when it does.
-            warn!(%player, gateway = handoff.gateway_id, "handoff waits for its gateway's stream");
+        // The player's output goes on the link of its session's lane of its gateway.
+        let lane = GatewayLane::of_session(handoff.gateway_id, handoff.session);
+        let Some(&link) = self.gateway_links.get(&lane) else {
+            // That lane has not opened its link here yet (this shard just joined): take the
+            // player over when it does.
+            let (gateway, lane_id) = (lane.gateway, lane.lane);
+            warn!(%player, gateway, lane = lane_id, "handoff waits for its gateway lane's link");
             self.awaiting_gateway
-                .entry(handoff.gateway_id)
+                .entry(lane)
                 .or_default()
                 .push((from, player, generation, handoff, self.now));
             return;

@@ -61,8 +61,9 @@ pub struct SaveRecord {
 /// Something that happened to the shard, handed to the core (`ShardCore::handle`) with
 /// the time it happened.
 pub enum Event {
-    /// A gateway opened its stream.
-    LinkOpened { link: LinkId, gateway: u32 },
+    /// A gateway's lane (one of its event-loop workers) opened its link. A session's
+    /// inputs and output travel on its lane's link only (`meridian_rpc::link::session_lane`).
+    LinkOpened { link: LinkId, gateway: u32, lane: u32 },
     /// A batch of inputs arrived on a gateway stream.
     Inputs { link: LinkId, inputs: Vec<PlayerInput> },
     /// A gateway stream ended.
@@ -116,6 +117,22 @@ pub enum Transmit {
 
 pub(crate) struct Link {
     pub gateway: u32,
+    pub lane: u32,
+}
+
+/// Which link of which gateway: a gateway opens one link per lane (event-loop worker) to
+/// each shard, and a session belongs to one lane (the top 16 bits of its id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct GatewayLane {
+    pub gateway: u32,
+    pub lane: u32,
+}
+
+impl GatewayLane {
+    /// The lane of `gateway` that `session` belongs to.
+    pub fn of_session(gateway: u32, session: u64) -> GatewayLane {
+        GatewayLane { gateway, lane: meridian_rpc::link::session_lane(session) }
+    }
 }
 
 /// A local player: where its output goes and what its owner must remember.

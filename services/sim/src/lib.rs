@@ -945,7 +945,10 @@ impl Sim {
         let shard = self.shards.get_mut(&s).expect("alive");
         shard.links.insert(link, g);
         shard.link_of.insert(g, link);
-        self.hand_shard(s, now, Event::LinkOpened { link, gateway: g });
+        // The harness's gateway core is its worker 0: every session id it hands out is in
+        // lane 0 (`meridian_rpc::link::session_lane`), so one link per gateway is its
+        // lane 0's.
+        self.hand_shard(s, now, Event::LinkOpened { link, gateway: g, lane: 0 });
         self.pump_shard(s);
         let node = self.gateways.get_mut(&g).expect("exists");
         node.harness.link_up(s);

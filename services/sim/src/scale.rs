@@ -453,7 +453,8 @@ impl Model {
                     base,
                     Event::PeersUp(all.iter().copied().filter(|p| *p != id).collect()),
                 );
-                core.handle(base, Event::LinkOpened { link: LINK, gateway: GATEWAY });
+                // Sessions here are player ids, all in lane 0.
+                core.handle(base, Event::LinkOpened { link: LINK, gateway: GATEWAY, lane: 0 });
                 core
             })
             .collect();

@@ -1,10 +1,12 @@
 //! Mutual TLS on the links between Meridian's nodes (gateway to shard, shard to shard).
 //!
 //! Every node has a certificate from the cluster's CA whose subject alternative name names
-//! it (`gateway-3`, `shard-7`) and trusts only that CA. A shard's gRPC server asks every
-//! client for its certificate ([`incoming`]) and its handlers check that the name matches
-//! what the stream says it is ([`presented_as`]); a client checks the shard's certificate
-//! names the shard it dialled (`ClientTlsConfig::domain_name`).
+//! it (`gateway-3`, `shard-7`) and trusts only that CA. A shard's listener asks every client
+//! for its certificate ([`incoming`]) and its handlers check that the name matches what the
+//! stream says it is ([`presented_as`]); a client checks the shard's certificate names the
+//! shard it dialled (`ClientTlsConfig::domain_name` for gRPC, the `ServerName` given with
+//! [`NodeTls::relay_client_config`] for a relay link). One port serves both: the client's
+//! ALPN says which (`h2` for gRPC, `meridian_rpc::link::ALPN` for a relay link).
 //!
 //! The files are read again when they change (cert-manager renews certificates in place):
 //! each new connection, in either direction, uses the files as they are then, so
@@ -21,12 +23,15 @@ use std::time::{Duration, SystemTime};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
-use tokio_rustls::server::TlsStream;
+pub use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
+
+/// What a relay link's client names in its handshake (gRPC's is `h2`).
+const RELAY_ALPN: &[u8] = meridian_rpc::link::ALPN;
 
 /// TLS handshakes in flight at most on one listener; past it, new connections wait in the
 /// kernel's accept queue.
@@ -68,6 +73,7 @@ struct Loaded {
     cert_pem: Vec<u8>,
     key_pem: Vec<u8>,
     server: Arc<ServerConfig>,
+    relay_client: Arc<ClientConfig>,
 }
 
 /// A node's TLS material, read again when its files change.
@@ -118,18 +124,33 @@ impl Loaded {
                 .add(ca)
                 .map_err(|e| TlsError::Ca { path: files.ca.clone(), reason: e.to_string() })?;
         }
+        let roots = Arc::new(roots);
         let chain = certs(&cert_pem, &files.cert)?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem)
             .map_err(|source| TlsError::Pem { path: files.key.clone(), source })?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider())
             .build()
             .map_err(|e| TlsError::Ca { path: files.ca.clone(), reason: e.to_string() })?;
         let mut server = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)?;
-        server.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(Loaded { stamps, ca_pem, cert_pem, key_pem, server: Arc::new(server) })
+            .with_single_cert(chain.clone(), key.clone_key())?;
+        server.alpn_protocols = vec![b"h2".to_vec(), RELAY_ALPN.to_vec()];
+        // The default (webpki) server verifier checks the shard's certificate against the
+        // cluster CA and the `ServerName` the caller connects with (`shard-7`).
+        let mut relay_client = ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+        relay_client.alpn_protocols = vec![RELAY_ALPN.to_vec()];
+        Ok(Loaded {
+            stamps,
+            ca_pem,
+            cert_pem,
+            key_pem,
+            server: Arc::new(server),
+            relay_client: Arc::new(relay_client),
+        })
     }
 }
 
@@ -175,6 +196,14 @@ impl NodeTls {
     /// certificate from the cluster CA required.
     pub fn server_config(&self) -> Arc<ServerConfig> {
         Arc::clone(&self.current().server)
+    }
+
+    /// The client side of a new relay link (a gateway's, to a shard): the cluster CA
+    /// trusted, this node's own certificate presented, TLS 1.3 only, ALPN
+    /// `meridian_rpc::link::ALPN` alone. Connect with the shard's name (`shard-7`) as the
+    /// `ServerName`: the shard's certificate must name it. The files as they are now.
+    pub fn relay_client_config(&self) -> Arc<ClientConfig> {
+        Arc::clone(&self.current().relay_client)
     }
 
     /// The client side of a new connection to the node named `peer` (`shard-7`): the
@@ -237,8 +266,9 @@ impl NodeTls {
         let tls = Arc::clone(self);
         registry.counter_fn(
             "meridian_tls_refused_total",
-            "gRPC connections or streams refused: a failed handshake (no certificate, or one \
-             not from the cluster CA) or a certificate naming another node than the stream claims.",
+            "Connections, streams or relay links refused on the gRPC port: a failed handshake \
+             (no certificate, or one not from the cluster CA) or a certificate naming another \
+             node than the stream or link claims.",
             labels,
             move || tls.refused.load(Ordering::Relaxed),
         );
@@ -253,6 +283,7 @@ impl Loaded {
             cert_pem: other.cert_pem.clone(),
             key_pem: other.key_pem.clone(),
             server: Arc::clone(&other.server),
+            relay_client: Arc::clone(&other.relay_client),
         }
     }
 }
@@ -271,12 +302,15 @@ pub fn endpoint(
     }
 }
 
-/// The connections of `listener` once their TLS handshake is done, for tonic's
-/// `serve_with_incoming`: a failed or slow handshake is logged, counted and dropped, never
-/// handed on. Ends when the receiving side is dropped.
+/// The connections of `listener` once their TLS handshake is done: those whose client chose
+/// the relay link's ALPN (`meridian_rpc::link::ALPN`) go to `relay_links`, the others (gRPC,
+/// `h2`) come out of the returned stream, for tonic's `serve_with_incoming`. A failed or slow
+/// handshake is logged, counted and dropped, never handed on. Ends when the returned stream
+/// is dropped.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<NodeTls>,
+    relay_links: mpsc::Sender<TlsStream<TcpStream>>,
 ) -> ReceiverStream<Result<TlsStream<TcpStream>, io::Error>> {
     let (done, streams) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -298,10 +332,13 @@ pub fn incoming(
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
-            let (done, tls) = (done.clone(), Arc::clone(&tls));
+            let (done, tls, relay_links) = (done.clone(), Arc::clone(&tls), relay_links.clone());
             tokio::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(RELAY_ALPN) => {
+                        let _ = relay_links.send(stream).await;
+                    }
                     Ok(Ok(stream)) => {
                         let _ = done.send(Ok(stream)).await;
                     }

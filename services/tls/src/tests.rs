@@ -1,4 +1,5 @@
-//! Real handshakes over loopback: a listener from [`incoming`], clients made by hand.
+//! Real handshakes over loopback (a listener from [`incoming`], clients made by hand), and
+//! the relay link's client and server configurations talking in memory.
 
 use std::sync::Arc;
 
@@ -68,7 +69,9 @@ async fn server(name: &str) -> Server {
     let tls = NodeTls::load(ca.issue("shard-1").expect("issued")).expect("loads");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
     let addr = listener.local_addr().expect("an address");
-    let mut streams = incoming(listener, Arc::clone(&tls));
+    // Relay links are not served here (see `relay_links_and_grpc_share_the_listener`).
+    let (relay_links, _) = tokio::sync::mpsc::channel(1);
+    let mut streams = incoming(listener, Arc::clone(&tls), relay_links);
     let (seen_tx, seen) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         while let Some(Ok(mut stream)) = streams.next().await {
@@ -150,4 +153,134 @@ async fn renewed_files_are_used_by_new_connections() {
     let kept = talk(s.addr, config, "shard-1").await.expect("still connects");
     assert_eq!(kept[0], after[0]);
     assert_eq!(s.tls.reload_failures.load(Ordering::Relaxed), 1);
+}
+
+/// Runs a handshake between `client` and `server` in memory, passing the bytes each writes
+/// to the other; the first error either side finds.
+fn handshake(
+    client: &mut rustls::ClientConnection,
+    server: &mut rustls::ServerConnection,
+) -> Result<(), rustls::Error> {
+    let mut wire = Vec::new();
+    for _ in 0..20 {
+        if !client.is_handshaking() && !server.is_handshaking() && !client.wants_write() {
+            return Ok(());
+        }
+        wire.clear();
+        while client.wants_write() {
+            client.write_tls(&mut wire).expect("writes to a Vec");
+        }
+        server.read_tls(&mut &wire[..]).expect("reads from a slice");
+        server.process_new_packets()?;
+        wire.clear();
+        while server.wants_write() {
+            server.write_tls(&mut wire).expect("writes to a Vec");
+        }
+        client.read_tls(&mut &wire[..]).expect("reads from a slice");
+        client.process_new_packets()?;
+    }
+    panic!("the handshake did not finish in 20 round trips");
+}
+
+fn in_memory(dir_name: &str) -> (PathBuf, DevCa, Arc<NodeTls>) {
+    let dir = std::env::temp_dir().join(format!("meridian-tls-{}-{dir_name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = DevCa::open_or_create(&dir).expect("a CA");
+    let shard = NodeTls::load(ca.issue("shard-1").expect("issued")).expect("loads");
+    (dir, ca, shard)
+}
+
+#[test]
+fn a_relay_client_and_a_shard_agree_on_the_relay_alpn_and_the_shard_knows_the_gateway() {
+    let (_dir, ca, shard) = in_memory("relay-alpn");
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let config = gateway.relay_client_config();
+    assert_eq!(config.alpn_protocols, vec![meridian_rpc::link::ALPN.to_vec()]);
+    let name = ServerName::try_from("shard-1").expect("a name");
+    let mut client = rustls::ClientConnection::new(config, name).expect("a client");
+    let mut server = rustls::ServerConnection::new(shard.server_config()).expect("a server");
+    handshake(&mut client, &mut server).expect("the handshake completes");
+    assert_eq!(server.alpn_protocol(), Some(meridian_rpc::link::ALPN));
+    assert_eq!(client.alpn_protocol(), Some(meridian_rpc::link::ALPN));
+    assert!(presented_as(server.peer_certificates(), "gateway-3"));
+    assert!(!presented_as(server.peer_certificates(), "gateway-4"));
+}
+
+#[test]
+fn a_relay_client_checks_the_shard_is_the_one_it_dialled() {
+    let (_dir, ca, shard) = in_memory("relay-dialled");
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let name = ServerName::try_from("shard-2").expect("a name");
+    let mut client =
+        rustls::ClientConnection::new(gateway.relay_client_config(), name).expect("a client");
+    let mut server = rustls::ServerConnection::new(shard.server_config()).expect("a server");
+    let refused = handshake(&mut client, &mut server);
+    assert!(
+        matches!(refused, Err(rustls::Error::InvalidCertificate(_))),
+        "shard-1's certificate is not shard-2's: {refused:?}"
+    );
+}
+
+#[test]
+fn a_relay_client_certificate_from_another_ca_is_refused() {
+    let (dir, _ca, shard) = in_memory("relay-stranger");
+    let other = DevCa::open_or_create(&dir.join("other")).expect("another CA");
+    let stranger = other.issue("gateway-3").expect("issued by the other CA");
+    // It trusts the cluster's CA (so the shard passes its check) but presents a
+    // certificate the cluster's CA did not issue.
+    let stranger = NodeTls::load(TlsFiles { ca: dir.join("ca.pem"), ..stranger }).expect("loads");
+    let name = ServerName::try_from("shard-1").expect("a name");
+    let mut client =
+        rustls::ClientConnection::new(stranger.relay_client_config(), name).expect("a client");
+    let mut server = rustls::ServerConnection::new(shard.server_config()).expect("a server");
+    let refused = handshake(&mut client, &mut server);
+    assert!(
+        matches!(refused, Err(rustls::Error::InvalidCertificate(_))),
+        "the shard refuses the certificate: {refused:?}"
+    );
+}
+
+#[test]
+fn the_relay_client_config_follows_renewed_files() {
+    let (_dir, ca, _shard) = in_memory("relay-renewed");
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let before = gateway.relay_client_config();
+    assert!(Arc::ptr_eq(&before, &gateway.relay_client_config()), "cached while unchanged");
+    ca.issue("gateway-3").expect("renewed");
+    assert!(!Arc::ptr_eq(&before, &gateway.relay_client_config()), "built again");
+}
+
+/// One listener, two protocols: a client offering the relay ALPN is handed to the relay
+/// links, one offering `h2` to the stream tonic serves.
+#[tokio::test]
+async fn relay_links_and_grpc_share_the_listener() {
+    let (dir, ca, shard) = in_memory("relay-demux");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let addr = listener.local_addr().expect("an address");
+    let (relay_links, mut relayed) = tokio::sync::mpsc::channel(4);
+    let mut grpc = incoming(listener, Arc::clone(&shard), relay_links);
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let name = ServerName::try_from("shard-1").expect("a name");
+
+    let tcp = TcpStream::connect(addr).await.expect("connects");
+    let connector = tokio_rustls::TlsConnector::from(gateway.relay_client_config());
+    let mut link = connector.connect(name.clone(), tcp).await.expect("a relay handshake");
+    link.write_all(meridian_rpc::link::MAGIC).await.expect("writes");
+    let mut served = relayed.recv().await.expect("handed to the relay links");
+    let certs = served.get_ref().1.peer_certificates().map(<[_]>::to_vec);
+    assert!(presented_as(certs.as_deref(), "gateway-3"));
+    let mut magic = [0u8; 8];
+    served.read_exact(&mut magic).await.expect("reads inside TLS");
+    assert_eq!(&magic, meridian_rpc::link::MAGIC);
+
+    let mut h2 =
+        (*client_config(&dir.join("ca.pem"), Some(&ca.issue("gateway-4").expect("issued"))))
+            .clone();
+    h2.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(addr).await.expect("connects");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(h2));
+    let _h2 = connector.connect(name, tcp).await.expect("an h2 handshake");
+    let served = grpc.next().await.expect("handed to tonic").expect("a stream");
+    assert_eq!(served.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    assert!(relayed.try_recv().is_err(), "not a relay link");
 }
