@@ -217,27 +217,6 @@ impl NodeTls {
             .domain_name(peer)
     }
 
-    /// The client side of a relay link (TEMPORARY: the shard side's version replaces it):
-    /// the cluster CA trusted, this node's certificate presented, ALPN `meridian-relay/1`.
-    pub fn relay_client_config(&self) -> Arc<rustls::ClientConfig> {
-        let loaded = self.current();
-        let mut roots = RootCertStore::empty();
-        for ca in CertificateDer::pem_slice_iter(&loaded.ca_pem).flatten() {
-            let _ = roots.add(ca);
-        }
-        let chain: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(&loaded.cert_pem).flatten().collect();
-        let key = PrivateKeyDer::from_pem_slice(&loaded.key_pem).expect("loaded before");
-        let mut config = rustls::ClientConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .expect("TLS 1.3")
-            .with_root_certificates(roots)
-            .with_client_auth_cert(chain, key)
-            .expect("loaded before");
-        config.alpn_protocols = vec![b"meridian-relay/1".to_vec()];
-        Arc::new(config)
-    }
-
     /// Counts a connection refused for its certificate (or its name).
     pub fn refused(&self) {
         self.refused.fetch_add(1, Ordering::Relaxed);
