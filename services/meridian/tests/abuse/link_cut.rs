@@ -158,8 +158,7 @@ pub fn a_broken_gateway_link_restores_its_players() {
                 stopped_at + CUT_WITHIN,
                 "the shard to let go of the stopped gateway 2's links",
                 || {
-                    cut = links_let_go(shard_admin)
-                        .is_ok_and(|n| n >= let_go_before + per_gateway);
+                    cut = links_let_go(shard_admin).is_ok_and(|n| n >= let_go_before + per_gateway);
                     // A chatter that stopped on its own failed: say why at once.
                     cut || chatters.iter().any(|c| c.writer.is_finished() || c.reader.is_finished())
                 },
