@@ -2,7 +2,7 @@
 # Meridian's benchmark suite, one command:
 #
 #   loadtest/bench/run.sh [--quick] [--update-docs] [--out DIR] [--no-proxies] [--no-micro]
-#                         [--no-game | --only-game | --only-tls | --only-relay
+#                         [--no-game | --only-game | --only-tls | --only-relay | --only-io
 #                          | --only-ws [--ws-baseline BIN]]
 #
 # Builds the release binaries, installs what the comparisons need if it is missing
@@ -16,7 +16,9 @@
 # one read per readiness), 1,000 and 2,000 bots (300 and 600 with --quick), with perf
 # counting system calls, wake-ups and context switches on the gateway (whole process and
 # I/O threads), nginx and the client; --only-relay runs it alone (about 5 minutes, 2 with
-# --quick; it is skipped with --no-proxies). Output in
+# --quick; it is skipped with --no-proxies). --only-io runs io_uring against epoll alone
+# (spread and dense workloads, system calls of the whole gateway process and of its I/O
+# threads; about 3 minutes). Output in
 # target/bench/ (report.html, bench.json, tables.md); --update-docs also rewrites the
 # generated part of BENCHMARKS.md and docs/bench/. About 2 minutes with --quick, under 15
 # without (plus the release build). Everything runs on loopback.

@@ -11,7 +11,7 @@
 //! contact's grace period, in which a live member re-registers (its record is then simply
 //! current again). Only a record still missing after the grace is removed, and then
 //! everyone reacts as to a death (the coordinator reassigns the region, gateways restore
-//! the players). Without this, every gateway would close its relay streams to every shard
+//! the players). Without this, every gateway would close its relay links to every shard
 //! (players parked, moves in flight lost) and the coordinator would redraw the map around
 //! whichever shards re-registered first. Deaths while etcd is healthy are seen at once.
 

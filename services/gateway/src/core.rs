@@ -152,7 +152,7 @@ pub struct Conn<T> {
     /// Output the backend has taken from `out` and not yet written: it counts toward the
     /// output bound like `out`.
     pub sending: usize,
-    /// The stream to the player's shard broke while both ends lived: the player is
+    /// The link to the player's shard broke while both ends lived: the player is
     /// restored on the owner of its last acknowledged cell once a link is up (or told and
     /// closed after [`RESTORE_WAIT`]).
     restore_due: Option<Instant>,
@@ -869,7 +869,7 @@ impl<T, L> Core<T, L> {
             };
             if matches!(&conn.session, Session::LoggingOut { link: l } if Arc::ptr_eq(l, link)) {
                 // Its close will not come: what the client is owed is answered, then it is
-                // closed (the shard parked or removed the player with the stream).
+                // closed (the shard parked or removed the player with the link).
                 let session = session_id(self.ctx.worker, slot, conn.generation_slot);
                 self.ctx.refuse_after_logout(conn, slot);
                 conn.session = Session::Gone;
@@ -878,7 +878,7 @@ impl<T, L> Core<T, L> {
             }
             // A player handed to this shard whose gateway had no link to it yet when the
             // release marker came (`pending_owner`) is on it too: the shard owns it, and
-            // let go of it with the stream.
+            // let go of it with the link.
             // (Not one waiting for a later life of the shard than this link's.)
             let on_link = matches!(&conn.session, Session::Playing { link: l, .. } if Arc::ptr_eq(l, link))
                 || conn
@@ -889,7 +889,7 @@ impl<T, L> Core<T, L> {
             }
             conn.pending_owner = None;
             self.ctx.let_go(conn, slot);
-            // The shard parked the player (or takes it over from a handoff once the stream
+            // The shard parked the player (or takes it over from a handoff once the link
             // is back): the restore goes back to it, so that no parked copy is left behind
             // to answer a later resume. Should it die instead, its link leaves the routing
             // table and the restore goes to the owner of the player's last cell.
@@ -1218,7 +1218,7 @@ impl Ctx {
         self.bound_input(conn, slot, session);
     }
 
-    /// The player's shard let go of it with its stream (or died): it is restored on the
+    /// The player's shard let go of it with its link (or died): it is restored on the
     /// owner of its last acknowledged cell once a link is up (`tick`), and until its
     /// ViewReset its moves are refused.
     fn let_go<T>(&mut self, conn: &mut Conn<T>, slot: u32) {
@@ -1239,9 +1239,9 @@ impl Ctx {
         if conn.restoring && !delivery.frames.is_empty() {
             // Restoring, the client's view starts over at the ViewReset that answers the
             // restore: output before it was against a view the client never got (lost with
-            // the broken stream; say, from the shard a player was handed to just as its
-            // stream broke, which the restore was passed on to). Every move in flight was
-            // answered when the stream broke, and moves wait while restoring, so no
+            // the broken link; say, from the shard a player was handed to just as its
+            // link broke, which the restore was passed on to). Every move in flight was
+            // answered when the link broke, and moves wait while restoring, so no
             // answer is among what is dropped.
             let start = view_reset_at(&delivery.frames).unwrap_or(delivery.frames.len());
             delivery.frames = delivery.frames.slice(start..);
@@ -1269,7 +1269,7 @@ impl Ctx {
             conn.generation = delivery.generation;
             match &conn.session {
                 // Its owner says it holds the player while a restore waits to be sent (the
-                // owner took the player over once its stream was back, say): the restore
+                // owner took the player over once its link was back, say): the restore
                 // goes to it.
                 Session::Playing { link, .. } if conn.restore_due.is_some() => {
                     conn.claim = Some((link.id, delivery.generation));
@@ -1336,11 +1336,11 @@ impl Ctx {
         }
     }
 
-    /// The player was handed to a shard whose stream failed, or to a registration of it that
+    /// The player was handed to a shard whose link failed, or to a registration of it that
     /// was taken for dead since (`link` is to its new one, which never saw the handoff): it
-    /// let go of the player with the stream, or takes it over when the stream is back, or
+    /// let go of the player with the link, or takes it over when the link is back, or
     /// never had it. Either way the player is restored there, as if it had been on that
-    /// stream when it broke. (A stream not opened yet is another matter: the shard holds
+    /// link when it broke. (A link not opened yet is another matter: the shard holds
     /// the handoff until it opens.)
     fn handed_to_lost<T>(
         &mut self,
@@ -1351,7 +1351,7 @@ impl Ctx {
         generation: u64,
     ) {
         let to = link.id;
-        debug!(%to, player, "player handed to a shard whose stream is down or that was replaced");
+        debug!(%to, player, "player handed to a shard whose link is down or that was replaced");
         self.switch_owner(conn, slot, player, link);
         self.let_go(conn, slot);
         conn.claim = Some((to, generation));
@@ -1368,8 +1368,8 @@ impl Ctx {
             link.map(|link| (link, generation))
         });
         let (target, generation) = match claimed {
-            // It holds the player, or let go of it with its stream, or takes it over once
-            // the stream is back: the restore waits for that stream.
+            // It holds the player, or let go of it with its link, or takes it over once
+            // the link is back: the restore waits for that link.
             Some((link, _)) if !link.is_up() => return false,
             Some((link, generation)) => (Some(link), generation.max(conn.generation)),
             None => (self.routing().read(|t| t.owner_link(x, y).cloned()), conn.generation),
@@ -2110,7 +2110,7 @@ impl Ctx {
             Session::Resuming { player, .. } => {
                 // A shard may restore the player on this session before it hears the
                 // connection is gone: every shard asked gets a Leave after the Resume (on
-                // the same stream), which parks the player again where it was restored.
+                // the same link), which parks the player again where it was restored.
                 self.leave_everywhere(conn, session, player);
             }
             // The moves in flight are still the shard's to answer (output keeps flowing to

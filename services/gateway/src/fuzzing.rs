@@ -290,7 +290,7 @@ impl Harness {
         }
     }
 
-    /// Queues one shard's output as the relay task would (processed on the next flush).
+    /// Queues one shard's output as its link would bring it (processed on the next flush).
     pub fn deliver(&mut self, from: u32, outputs: Vec<ShardOutput>) {
         let deliveries = outputs.into_iter().map(delivery).collect();
         self.post(Mail::Deliveries { from: ShardId(from), deliveries });
@@ -460,7 +460,7 @@ impl Harness {
         self.core.process_mail(self.now);
     }
 
-    /// A shard's output batch, as its relay task hands it over (processed on the next
+    /// A shard's output batch, as its link brings it (processed on the next
     /// flush).
     pub fn deliver_batch(&mut self, from: u32, deliveries: Vec<Delivery>) {
         self.post(Mail::Deliveries { from: ShardId(from), deliveries });

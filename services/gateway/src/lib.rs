@@ -174,7 +174,7 @@ pub async fn run(
     let client = meridian_cluster::connect(&config.etcd).await?;
     // Shared by the watch and the registration: records that lapse while etcd stalls are
     // kept for a grace period instead of being taken for deaths (which would close the
-    // relay streams to every shard).
+    // relay links to every shard).
     let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
     let watch = until_etcd_answers("reading the cluster", START_PATIENCE, || {
         ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone())
