@@ -676,8 +676,9 @@ impl<T, L> Core<T, L> {
         into.clear();
         let now = self.ctx.now;
         let mut failures = Vec::new();
-        for index in self.uplinks.indices().collect::<Vec<_>>() {
-            let uplink = self.uplinks.get_mut(index).expect("invariant: listed");
+        // Every loop turn: by index, without collecting the links first.
+        for index in 0..self.uplinks.slots() {
+            let Some(uplink) = self.uplinks.get_mut(index) else { continue };
             if !uplink.dirty {
                 continue;
             }
@@ -698,8 +699,8 @@ impl<T, L> Core<T, L> {
     /// silent too long let go.
     fn tick_uplinks(&mut self, now: Instant) {
         let mut silent = Vec::new();
-        for index in self.uplinks.indices().collect::<Vec<_>>() {
-            let uplink = self.uplinks.get_mut(index).expect("invariant: listed");
+        for index in 0..self.uplinks.slots() {
+            let Some(uplink) = self.uplinks.get_mut(index) else { continue };
             if uplink.failed {
                 continue;
             }

@@ -287,6 +287,11 @@ impl<T> Uplinks<T> {
             .map(|index| index as u32)
     }
 
+    /// Slots, used or not: an index past them is never a link.
+    pub fn slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
     pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
         self.slots.iter().enumerate().filter(|(_, s)| s.is_some()).map(|(i, _)| i as u32)
     }
