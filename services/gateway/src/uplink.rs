@@ -153,13 +153,24 @@ impl<T> Uplink<T> {
             put_heartbeat(self.frames());
         }
         if let Some(tls) = self.tls.as_mut() {
-            if !self.plain.is_empty() {
-                tls.writer().write_all(&self.plain).map_err(LinkFailure::Socket)?;
-                self.plain.clear();
+            // rustls takes only as much plaintext as its send buffer holds (64 KiB), so a
+            // burst goes in turns: take what it takes, move its records into `out`, again.
+            let mut taken = 0;
+            loop {
+                while taken < self.plain.len() {
+                    match tls.writer().write(&self.plain[taken..]).map_err(LinkFailure::Socket)? {
+                        0 => break,
+                        n => taken += n,
+                    }
+                }
+                while tls.wants_write() {
+                    tls.write_tls(&mut self.out).map_err(LinkFailure::Socket)?;
+                }
+                if taken == self.plain.len() {
+                    break;
+                }
             }
-            while tls.wants_write() {
-                tls.write_tls(&mut self.out).map_err(LinkFailure::Socket)?;
-            }
+            self.plain.clear();
         }
         if !self.out.is_empty() {
             self.said = now;
@@ -388,5 +399,78 @@ mod tests {
             released.try_recv(),
             Err(tokio::sync::oneshot::error::TryRecvError::Closed)
         ));
+    }
+
+    /// Passes the records in `wire` to the TLS peer `to`, reading its plaintext into
+    /// `plain`.
+    fn pass<S: rustls::SideData>(
+        wire: &mut Vec<u8>,
+        to: &mut rustls::ConnectionCommon<S>,
+        plain: &mut Vec<u8>,
+    ) {
+        let mut rest = &wire[..];
+        while !rest.is_empty() {
+            to.read_tls(&mut rest).expect("reads from a slice");
+            to.process_new_packets().expect("good records");
+            let read = std::io::Read::read_to_end(&mut to.reader(), plain);
+            assert_eq!(read.expect_err("open").kind(), std::io::ErrorKind::WouldBlock);
+        }
+        wire.clear();
+    }
+
+    /// More than rustls buffers by default (64 KiB) sealed at once: everything goes out as
+    /// records and the shard reads every batch back (a real link failed "failed to write
+    /// whole buffer" when a burst outgrew rustls's send buffer).
+    #[test]
+    fn a_burst_larger_than_rustls_buffers_is_sealed_whole() {
+        let dir = std::env::temp_dir().join(format!("meridian-uplink-tls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ca = meridian_tls::DevCa::open_or_create(&dir).expect("a CA");
+        let shard =
+            meridian_tls::NodeTls::load(ca.issue("shard-1").expect("issued")).expect("loads");
+        let gateway =
+            meridian_tls::NodeTls::load(ca.issue("gateway-1").expect("issued")).expect("loads");
+        let name = rustls::pki_types::ServerName::try_from("shard-1").expect("a name");
+        let mut client =
+            rustls::ClientConnection::new(gateway.relay_client_config(), name).expect("a client");
+        let mut server = rustls::ServerConnection::new(shard.server_config()).expect("a server");
+        let mut wire = Vec::new();
+        while client.is_handshaking() || server.is_handshaking() || client.wants_write() {
+            while client.wants_write() {
+                client.write_tls(&mut wire).expect("writes to a Vec");
+            }
+            pass(&mut wire, &mut server, &mut Vec::new());
+            while server.wants_write() {
+                server.write_tls(&mut wire).expect("writes to a Vec");
+            }
+            pass(&mut wire, &mut client, &mut Vec::new());
+        }
+        let link = Arc::new(ShardLink::registered(ShardId(1), 0, Default::default()));
+        let (gone, _released) = tokio::sync::oneshot::channel();
+        let now = Instant::now();
+        let connected = Connected { link, tls: Some(Box::new(client)), gone };
+        let mut link = Uplink::new(connected, (), now);
+        let inputs: Vec<PlayerInput> = (1..=20_000)
+            .map(|seq| PlayerInput {
+                session: 1,
+                player_id: 2,
+                seq,
+                kind: Some(Kind::Ping(meridian_protocol::pb::Ping { client_time: seq })),
+            })
+            .collect();
+        link.queue(inputs);
+        assert!(link.plain.len() > 64 * 1024, "more than rustls's default buffer");
+        link.seal(now).expect("sealed whole");
+        assert!(link.plain.is_empty());
+        let mut plain = Vec::new();
+        pass(&mut link.out, &mut server, &mut plain);
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut seqs = Vec::new();
+        let mut rest = &plain[..];
+        while let Some((len, body)) = next_frame(rest).expect("frame") {
+            seqs.extend(GatewayBatch::decode(body).expect("batch").inputs.iter().map(|i| i.seq));
+            rest = &rest[len..];
+        }
+        assert_eq!(seqs, (1..=20_000).collect::<Vec<_>>());
     }
 }
