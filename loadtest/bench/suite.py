@@ -1429,12 +1429,32 @@ def render_markdown(tables, notes, settings):
     for table in tables:
         lines.append(f"### {table['title']}")
         lines.append("")
-        lines.append("| " + " | ".join(table["header"]) + " |")
-        lines.append("|" + "|".join(" --- " for _ in table["header"]) + "|")
-        for row in table["rows"]:
-            lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |")
+        lines.append(markdown_table(table["header"], table["rows"]))
         lines.append("")
     return "\n".join(lines)
+
+
+def markdown_table(header, rows):
+    """A Markdown table of `header` and `rows` (a "|" in a cell is escaped)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |"
+              for row in rows]
+    return "\n".join(lines)
+
+
+def script_arguments(parser, seconds, out):
+    """Adds the flags the scripts in loadtest/scripts share (--bots, --seconds, --out),
+    parses them, keeps a run within what the shared machine allows, and makes the folder
+    `--out` names; the arguments and that folder."""
+    parser.add_argument("--bots", type=int, default=1000)
+    parser.add_argument("--seconds", type=int, default=seconds)
+    parser.add_argument("--out", default=out)
+    args = parser.parse_args()
+    if args.bots > 2000 or args.seconds > 20:
+        parser.error("keep it to 2,000 bots and 20 s a run: the machine is shared")
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return args, folder
 
 
 DOC_PLOTS = {

@@ -102,23 +102,14 @@ def table(results):
         f"{r['cpu_us_per_msg'] - sum(r['split'].values()):.2f}" for r in results])
     rows.append(["messages relayed / s"] + [f"{r['messages_per_s']:,.0f}" for r in results])
     rows.append(["moves lost"] + [str(r["lost"]) for r in results])
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    return suite.markdown_table(header, rows)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--client", default="loadtest", help="loadtest or bare-client")
-    parser.add_argument("--bots", type=int, default=1000)
-    parser.add_argument("--seconds", type=int, default=15)
-    parser.add_argument("--out", default="/tmp/meridian-relay-profile")
-    args = parser.parse_args()
-    if args.bots > 2000 or args.seconds > 20:
-        parser.error("keep it to 2,000 bots and 20 s a run: the machine is shared")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out = suite.script_arguments(parser, seconds=15, out="/tmp/meridian-relay-profile")
     cluster = suite.Cluster(out, "relay-profile", 1, "uring")
     try:
         results = [run("gateway, direct", cluster.game, lambda: [cluster.gateway_pid],

@@ -141,23 +141,14 @@ def table(results):
     rows.append(["moves per wake-up of the gateway's I/O workers by the client"] + [
         f"{r['window_moves'] / max(r['edges'].get('client -> gateway I/O', 0), 1):.2f}"
         for r in results])
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    return suite.markdown_table(header, rows)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("variants", nargs="+")
-    parser.add_argument("--bots", type=int, default=1000)
-    parser.add_argument("--seconds", type=int, default=12)
-    parser.add_argument("--out", default="/tmp/meridian-wakeups")
-    args = parser.parse_args()
-    if args.bots > 2000 or args.seconds > 20:
-        parser.error("keep it to 2,000 bots and 20 s a run: the machine is shared")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out = suite.script_arguments(parser, seconds=12, out="/tmp/meridian-wakeups")
     cluster = suite.Cluster(out, "wakeups", 1, "uring")
     try:
         results = [run_variant(cluster, variant, args, out) for variant in args.variants]
