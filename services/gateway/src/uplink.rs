@@ -330,6 +330,29 @@ mod tests {
         Delivery { session, frames: vec![1, 2, 3].into(), ..Default::default() }
     }
 
+    /// Pings 1..=count from one player, as a worker would queue them.
+    fn pings(count: u64) -> Vec<PlayerInput> {
+        (1..=count)
+            .map(|seq| PlayerInput {
+                session: 1,
+                player_id: 2,
+                seq,
+                kind: Some(Kind::Ping(meridian_protocol::pb::Ping { client_time: seq })),
+            })
+            .collect()
+    }
+
+    /// The seqs of every input in the batches framed in `wire`, in order.
+    fn seqs_in(wire: &[u8]) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        let mut rest = wire;
+        while let Some((len, body)) = next_frame(rest).expect("frame") {
+            seqs.extend(GatewayBatch::decode(body).expect("batch").inputs.iter().map(|i| i.seq));
+            rest = &rest[len..];
+        }
+        seqs
+    }
+
     #[test]
     fn batches_arrive_whole_and_in_order_however_the_bytes_are_cut() {
         let mut wire = Vec::new();
@@ -369,23 +392,10 @@ mod tests {
     fn inputs_go_as_batches_within_the_limits_and_heartbeats_fill_silence() {
         let start = Instant::now();
         let (mut link, mut released) = uplink_at(start);
-        let inputs: Vec<PlayerInput> = (1..=5000)
-            .map(|seq| PlayerInput {
-                session: 1,
-                player_id: 2,
-                seq,
-                kind: Some(Kind::Ping(meridian_protocol::pb::Ping { client_time: seq })),
-            })
-            .collect();
+        let inputs = pings(5000);
         assert_eq!(link.queue(inputs), 2, "over the count limit: two batches");
         link.seal(start).expect("plain");
-        let mut seqs = Vec::new();
-        let mut rest = &link.out[..];
-        while let Some((len, body)) = next_frame(rest).expect("frame") {
-            seqs.extend(GatewayBatch::decode(body).expect("batch").inputs.iter().map(|i| i.seq));
-            rest = &rest[len..];
-        }
-        assert_eq!(seqs, (1..=5000).collect::<Vec<_>>());
+        assert_eq!(seqs_in(&link.out), (1..=5000).collect::<Vec<_>>());
         link.out.clear();
         link.seal(start + HEARTBEAT / 2).expect("plain");
         assert!(link.out.is_empty(), "no heartbeat while the link spoke lately");
@@ -450,14 +460,7 @@ mod tests {
         let now = Instant::now();
         let connected = Connected { link, tls: Some(Box::new(client)), gone };
         let mut link = Uplink::new(connected, (), now);
-        let inputs: Vec<PlayerInput> = (1..=20_000)
-            .map(|seq| PlayerInput {
-                session: 1,
-                player_id: 2,
-                seq,
-                kind: Some(Kind::Ping(meridian_protocol::pb::Ping { client_time: seq })),
-            })
-            .collect();
+        let inputs = pings(20_000);
         link.queue(inputs);
         assert!(link.plain.len() > 64 * 1024, "more than rustls's default buffer");
         link.seal(now).expect("sealed whole");
@@ -465,12 +468,6 @@ mod tests {
         let mut plain = Vec::new();
         pass(&mut link.out, &mut server, &mut plain);
         let _ = std::fs::remove_dir_all(&dir);
-        let mut seqs = Vec::new();
-        let mut rest = &plain[..];
-        while let Some((len, body)) = next_frame(rest).expect("frame") {
-            seqs.extend(GatewayBatch::decode(body).expect("batch").inputs.iter().map(|i| i.seq));
-            rest = &rest[len..];
-        }
-        assert_eq!(seqs, (1..=20_000).collect::<Vec<_>>());
+        assert_eq!(seqs_in(&plain), (1..=20_000).collect::<Vec<_>>());
     }
 }
