@@ -149,6 +149,8 @@ pub fn two_pages_and_a_python_bot_play_in_one_world() {
             wait_until(deadline(Duration::from_secs(25)), "both pages to resume", || {
                 press(&mut ann, "ArrowDown");
                 press(&mut bob, "ArrowDown");
+                // Paces the presses (each is a move, under the move limit) and gives the
+                // pages a round trip before their status is read: waits for nothing.
                 std::thread::sleep(Duration::from_millis(200));
                 let (a, b) = (status(&mut ann), status(&mut bob));
                 said_resuming.0 |= a.contains("resuming");

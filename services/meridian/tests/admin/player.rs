@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use meridian_testkit::pb::{server_message::Kind as S, Direction, ErrorCode};
-use meridian_testkit::{Bot, Cluster, ClusterOptions, Io};
+use meridian_testkit::{deadline, wait_until, Bot, Cluster, ClusterOptions, Io};
 
 /// Runs `meridian player ARGS...` against `cluster`; its stdout, or why it failed.
 fn player(cluster: &Cluster, store: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -63,16 +63,14 @@ fn an_operator_shows_moves_and_kicks_a_player() {
         });
         ensure!(told, "the kicked client is told why: {rest:?}");
         // The kick's save goes to the store from the shard's saver, a moment later.
-        let by = Instant::now() + Duration::from_secs(10);
-        let shown = loop {
-            let shown = player(&cluster, &store, &["show", "gina"])?;
-            if shown.contains("at (300, 121)") || Instant::now() > by {
-                break shown;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let mut shown = Ok(String::new());
+        let saved = wait_until(deadline(Duration::from_secs(10)), "the kick's save", || {
+            shown = player(&cluster, &store, &["show", "gina"]);
+            shown.as_ref().map_or(true, |s| s.contains("at (300, 121)"))
+        });
+        let shown = shown?;
+        saved.with_context(|| format!("saved where it stood: {shown}"))?;
         ensure!(shown.contains("online    no"), "after the kick: {shown}");
-        ensure!(shown.contains("at (300, 121)"), "saved where it stood: {shown}");
 
         // Offline: placed where its next login finds it.
         let placed = player(&cluster, &store, &["move", "gina", "10", "20"])?;
