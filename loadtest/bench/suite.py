@@ -512,13 +512,7 @@ class Suite:
                                     "summary": r["uring_direct"]["summary_file"]})
                 if io == "uring" and cluster.ws:
                     self.websocket(cluster, watch, work)
-                r[f"{io}_strace"] = self.loadtest(
-                    f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
-                    s["io_interval"], strace_pid=cluster.gateway_pid)
-                r[f"{io}_dense"] = self.dense(cluster, f"{io} dense", watch, io_section)
-                r[f"{io}_dense_strace"] = self.dense(cluster, f"{io} dense, strace", None, None,
-                                                     seconds=s["strace_seconds"],
-                                                     strace_pid=cluster.gateway_pid)
+                self.io_syscall_runs(cluster, io, watch, io_section)
                 if io == "uring" and not self.args.no_proxies:
                     self.manifest_sections[relay_section] = [
                         {"label": "uring spread", "summary": r["uring_direct"]["summary_file"]}]
@@ -622,6 +616,18 @@ class Suite:
                                                   extra=["--transport", "ws"],
                                                   section=WS_SECTION)
 
+    def io_syscall_runs(self, cluster, io, watch, section):
+        """The runs after the spread one for backend `io`: spread under strace, dense (perf
+        counting), dense under strace."""
+        s, r = self.s, self.results
+        r[f"{io}_strace"] = self.loadtest(
+            f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
+            s["io_interval"], strace_pid=cluster.gateway_pid)
+        r[f"{io}_dense"] = self.dense(cluster, f"{io} dense", watch, section)
+        r[f"{io}_dense_strace"] = self.dense(cluster, f"{io} dense, strace", None, None,
+                                             seconds=s["strace_seconds"],
+                                             strace_pid=cluster.gateway_pid)
+
     def io_only(self, work):
         """io_uring against epoll alone: for each, one cluster (1 shard), the spread and the
         dense workloads, each with a perf run and a strace run of the whole gateway process
@@ -636,13 +642,7 @@ class Suite:
                 watch = [("gateway", [cluster.gateway_pid]), ("shards", cluster.shard_pids)]
                 r[f"{io}_direct"] = self.loadtest(f"{io} spread", cluster.game, **spread,
                                                   watch=watch, section=io_section)
-                r[f"{io}_strace"] = self.loadtest(
-                    f"{io} spread, strace", cluster.game, s["io_bots"], s["strace_seconds"],
-                    s["io_interval"], strace_pid=cluster.gateway_pid)
-                r[f"{io}_dense"] = self.dense(cluster, f"{io} dense", watch, io_section)
-                r[f"{io}_dense_strace"] = self.dense(cluster, f"{io} dense, strace", None, None,
-                                                     seconds=s["strace_seconds"],
-                                                     strace_pid=cluster.gateway_pid)
+                self.io_syscall_runs(cluster, io, watch, io_section)
             finally:
                 cluster.stop()
 

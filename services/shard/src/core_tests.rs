@@ -501,27 +501,34 @@ fn a_peer_registered_again_is_mirrored_to_again() {
     assert_eq!(upserts_to_peer(&mut h), 1, "a new registration gets the whole copy again");
 }
 
-/// What one link's sessions received in a round: (session, message, close flag) in order.
-fn received_on(h: &mut Harness, link: LinkId) -> Vec<(u64, Server, bool)> {
+/// What every link's sessions received in a round: (link, session, message, close flag) in
+/// order.
+fn received_all(h: &mut Harness) -> Vec<(LinkId, u64, Server, bool)> {
     let mut out = Vec::new();
     h.actor.flush(&mut out);
     let mut messages = Vec::new();
     for transmit in out {
-        let Transmit::Gateway { link: to, batch } = transmit else { continue };
-        if to != link {
-            continue;
-        }
+        let Transmit::Gateway { link, batch } = transmit else { continue };
         for delivery in batch.deliveries {
             let mut frames = &delivery.frames[..];
             while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
                 let message =
                     client_pb::ServerMessage::decode(header.body(frames)).expect("decodes");
-                messages.push((delivery.session, message.kind.expect("a kind"), delivery.close));
+                let kind = message.kind.expect("a kind");
+                messages.push((link, delivery.session, kind, delivery.close));
                 frames = &frames[header.total_len()..];
             }
         }
     }
     messages
+}
+
+/// What one link's sessions received in a round: (session, message, close flag) in order.
+fn received_on(h: &mut Harness, link: LinkId) -> Vec<(u64, Server, bool)> {
+    let all = received_all(h).into_iter();
+    all.filter(|m| m.0 == link)
+        .map(|(_, session, message, close)| (session, message, close))
+        .collect()
 }
 
 /// A login of the same account on another gateway takes the player over even when that
@@ -544,28 +551,14 @@ fn a_login_through_another_gateway_takes_the_player_over_whatever_its_session_nu
     };
     let inputs = vec![input(11, 1, Input::Resume(login))];
     h.actor.handle(h.now, Event::Inputs { link: other, inputs });
-    let mut flushed = Vec::new();
-    h.actor.flush(&mut flushed);
     let mut old = Vec::new();
     let mut new = Vec::new();
-    for transmit in flushed {
-        let Transmit::Gateway { link, batch } = transmit else { continue };
-        for delivery in batch.deliveries {
-            let mut frames = &delivery.frames[..];
-            while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
-                let message =
-                    client_pb::ServerMessage::decode(header.body(frames)).expect("decodes");
-                let kind = message.kind.expect("a kind");
-                if link == LINK {
-                    old.push(kind)
-                } else {
-                    new.push(kind)
-                }
-                frames = &frames[header.total_len()..];
-            }
-            if link == LINK {
-                assert!(delivery.close, "the old connection is closed");
-            }
+    for (link, _, kind, close) in received_all(&mut h) {
+        if link == LINK {
+            assert!(close, "the old connection is closed");
+            old.push(kind)
+        } else {
+            new.push(kind)
         }
     }
     assert!(
@@ -758,23 +751,12 @@ fn each_lane_of_a_gateway_carries_its_own_sessions() {
     handoff_of(&mut h, 15, on_0);
     move_on(&mut h, lane_1, on_1, 13, 1, 77);
     move_on(&mut h, LINK, on_0, 15, 1, 78);
-    let mut out = Vec::new();
-    h.actor.flush(&mut out);
     let mut acks = Vec::new();
-    for transmit in out {
-        let Transmit::Gateway { link, batch } = transmit else { continue };
-        for delivery in batch.deliveries {
-            let mut frames = &delivery.frames[..];
-            while let Some(header) = next_frame(frames, usize::MAX).expect("a whole frame") {
-                let message =
-                    client_pb::ServerMessage::decode(header.body(frames)).expect("decodes");
-                // The movers' own acks (others' moves carry no client time).
-                if let Some(Server::Moved(moved)) = message.kind {
-                    if moved.client_time != 0 {
-                        acks.push((link, delivery.session, moved.client_time));
-                    }
-                }
-                frames = &frames[header.total_len()..];
+    for (link, session, message, _) in received_all(&mut h) {
+        // The movers' own acks (others' moves carry no client time).
+        if let Server::Moved(moved) = message {
+            if moved.client_time != 0 {
+                acks.push((link, session, moved.client_time));
             }
         }
     }

@@ -89,6 +89,29 @@ impl Port {
         }
     }
 
+    /// A gateway connected in the clear and said hello as `gateway`'s `lane` (with inputs
+    /// `seqs`), and the link opened: the gateway's end, the link's id and its output.
+    async fn linked(
+        &mut self,
+        gateway: u32,
+        lane: u32,
+        seqs: &[u64],
+    ) -> (Gateway<TcpStream>, LinkId, mpsc::Sender<Result<ShardBatch, tonic::Status>>) {
+        let mut end = Gateway::connect(self.addr).await;
+        end.hello(gateway, lane, seqs).await;
+        let (link, out) = self.opened(gateway, lane).await;
+        (end, link, out)
+    }
+
+    /// An HTTP/2 channel to the port, in the clear.
+    async fn channel(&self) -> tonic::transport::Channel {
+        meridian_tls::endpoint(&self.addr.to_string(), None, "shard-1")
+            .expect("an endpoint")
+            .connect()
+            .await
+            .expect("an HTTP/2 connection")
+    }
+
     /// Expects the next command to be inputs of `link`; their seqs.
     async fn inputs(&mut self, link: LinkId) -> Vec<u64> {
         match self.command().await {
@@ -216,9 +239,7 @@ fn batch(gateway: u32, lane: u32, seqs: &[u64]) -> GatewayBatch {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inputs_go_in_and_output_comes_out_over_a_real_socket() {
     let mut port = Port::start(None).await;
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(3, 2, &[1]).await;
-    let (link, out) = port.opened(3, 2).await;
+    let (mut gateway, link, out) = port.linked(3, 2, &[1]).await;
     assert_eq!(port.inputs(link).await, vec![1], "the hello's inputs are the first");
     let mut heartbeat = Vec::new();
     link::put_heartbeat(&mut heartbeat);
@@ -245,9 +266,7 @@ async fn inputs_go_in_and_output_comes_out_over_a_real_socket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_the_world_task_ends_with_an_error_is_refused_with_its_reason() {
     let mut port = Port::start(None).await;
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(3, 0, &[]).await;
-    let (link, out) = port.opened(3, 0).await;
+    let (mut gateway, link, out) = port.linked(3, 0, &[]).await;
     let first = ShardBatch { deliveries: delivery(1), refused: String::new() };
     out.send(Ok(first.clone())).await.expect("the link takes output");
     out.send(Err(tonic::Status::unavailable("the shard's lease expired"))).await.expect("taken");
@@ -279,9 +298,7 @@ async fn a_round_bigger_than_the_grpc_limit_reaches_the_gateway() {
     let batches = drained(&mut outbox);
 
     let mut port = Port::start(None).await;
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(1, 0, &[]).await;
-    let (_, out) = port.opened(1, 0).await;
+    let (mut gateway, _, out) = port.linked(1, 0, &[]).await;
     tokio::spawn(async move {
         for batch in batches {
             let _ = out.send(Ok(batch)).await;
@@ -320,15 +337,9 @@ async fn a_round_bigger_than_the_grpc_limit_reaches_the_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_still_works_on_the_links_port() {
     let mut port = Port::start(None).await;
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(1, 0, &[]).await;
-    let (_link, _out) = port.opened(1, 0).await;
+    let (_gateway, _link, _out) = port.linked(1, 0, &[]).await;
 
-    let channel = meridian_tls::endpoint(&port.addr.to_string(), None, "shard-1")
-        .expect("an endpoint")
-        .connect()
-        .await
-        .expect("an HTTP/2 connection");
+    let channel = port.channel().await;
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
     let status = health.check(request).await.expect("the health service answers");
@@ -390,18 +401,14 @@ async fn wrong_openings_are_refused_and_the_shard_stays_up() {
 
     // A link whose hello was good, then a frame over the limit: refused, and closed for
     // the world task.
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(4, 0, &[]).await;
-    let (link, _out) = port.opened(4, 0).await;
+    let (mut gateway, link, _out) = port.linked(4, 0, &[]).await;
     gateway.write(&(MAX_FRAME_BYTES as u32 + 1).to_le_bytes()).await;
     port.closed(link).await;
     assert!(gateway.refusal().await.contains("relay frame of"));
     assert_eq!(port.refused("frame too long"), 2);
 
     // Through all that the shard stayed up.
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(5, 1, &[7]).await;
-    let (link, _out) = port.opened(5, 1).await;
+    let (_gateway, link, _out) = port.linked(5, 1, &[7]).await;
     assert_eq!(port.inputs(link).await, vec![7]);
 }
 
@@ -410,9 +417,7 @@ async fn wrong_openings_are_refused_and_the_shard_stays_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_link_is_closed_and_the_world_task_told() {
     let mut port = Port::start(None).await;
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(3, 0, &[]).await;
-    let (link, _out) = port.opened(3, 0).await;
+    let (mut gateway, link, _out) = port.linked(3, 0, &[]).await;
     let started = std::time::Instant::now();
     assert_eq!(gateway.hear().await, Heard::Heartbeat, "the shard's heartbeat");
     port.closed(link).await;
@@ -484,14 +489,8 @@ async fn a_tls_link_is_taken_only_from_the_gateway_its_certificate_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_links_and_streams_do_not_hold_a_stopping_shard() {
     let mut port = Port::start(None).await;
-    let mut gateway = Gateway::connect(port.addr).await;
-    gateway.hello(1, 0, &[]).await;
-    let (link, _out) = port.opened(1, 0).await;
-    let channel = meridian_tls::endpoint(&port.addr.to_string(), None, "shard-1")
-        .expect("an endpoint")
-        .connect()
-        .await
-        .expect("connects");
+    let (mut gateway, link, _out) = port.linked(1, 0, &[]).await;
+    let channel = port.channel().await;
     let (peer, peer_rx) = mpsc::channel(1);
     let batch = PeerBatch { from_shard: 2, epoch: 0, seq: 1, incarnation: 1, messages: Vec::new() };
     peer.send(batch).await.expect("a batch");
