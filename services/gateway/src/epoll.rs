@@ -1,7 +1,8 @@
 //! The epoll event loop (through mio): the fallback where io_uring is unavailable, and the
 //! baseline the io_uring loop is measured against. Readiness-based: one `read` per
-//! readable socket until it would block, one `write` per connection with output. The
-//! worker's relay links to the shards are sockets of the same epoll set.
+//! readable socket until it would block, one `write` per endpoint with output. The
+//! worker's relay links to the shards are endpoints like the clients (one id space), with
+//! one read path and one write path for both; what the bytes mean is the core's.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, IntoRawFd};
@@ -14,24 +15,30 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use tracing::{debug, info, warn};
 
-use crate::core::{Closing, Core, LINGER};
+use crate::core::{Closing, Core, Endpoint, Front, Refused, LINGER, TICK};
 use crate::shared::{report_exit, WorkerStart};
+use crate::shell;
 use crate::sockets::{configure_client_socket, is_resource_exhaustion, refuse_raw};
-use crate::uplink::LinkFailure;
+use crate::uplink::LinkUp;
 
 const LISTENER: Token = Token(0);
 const WAKE: Token = Token(1);
-/// The WebSocket listener's token: past every connection's (a 24-bit generation).
+/// The WebSocket listener's token: past every endpoint's (a 24-bit generation).
 const WS_LISTENER: Token = Token(usize::MAX);
 const READ_CHUNK: usize = 64 * 1024;
 /// Bytes read from one connection per loop iteration: a client that sends without pause
 /// cannot keep its worker from serving everyone else.
 const READ_PER_ITERATION: usize = 2 * READ_CHUNK;
-const TICK: Duration = Duration::from_millis(250);
 
-pub struct EpollConn {
+/// The loop's part of one endpoint: its socket, and the output it took from the core.
+struct Io {
+    endpoint: Endpoint,
     stream: TcpStream,
-    /// Bytes of `out` already written.
+    /// A relay link's socket: read until it would block (a shard's output is never left in
+    /// the kernel), where a client's is read a bounded amount per iteration.
+    link: bool,
+    /// Output taken from the core, and how much of it is written.
+    out: Vec<u8>,
     written: usize,
     wants_write: bool,
     write_shut: bool,
@@ -52,29 +59,25 @@ pub fn spawn(start: WorkerStart) -> io::Result<(WakeFn, JoinHandle<()>)> {
     Ok((Arc::new(move || drop(waker.wake())), thread))
 }
 
-fn token(slot: u32, generation: u32) -> Token {
-    Token(2 + ((generation as usize) << 32 | slot as usize))
+fn token(endpoint: Endpoint) -> Token {
+    Token(2 + ((endpoint.generation() as usize) << 32 | endpoint.index() as usize))
 }
 
-/// Relay links' tokens: bit 62 set (a connection's never has it; the WebSocket listener's
-/// is matched first).
-const LINK_BIT: usize = 1 << 62;
-
-fn link_token(index: u32, generation: u32) -> Token {
-    Token(LINK_BIT | ((generation as usize & 0x00ff_ffff) << 32) | index as usize)
-}
-
-fn unlink_token(token: Token) -> Option<(u32, u32)> {
-    (token.0 & LINK_BIT != 0 && token != WS_LISTENER)
-        .then_some(((token.0 & 0xffff_ffff) as u32, ((token.0 >> 32) & 0x00ff_ffff) as u32))
-}
-
-fn untoken(token: Token) -> (u32, u32) {
+fn untoken(token: Token) -> Endpoint {
     let raw = token.0 - 2;
-    ((raw & 0xffff_ffff) as u32, (raw >> 32) as u32)
+    Endpoint::new((raw & 0xffff_ffff) as u32, (raw >> 32) as u32)
 }
 
-fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
+/// A worker's epoll loop: its poll set, its core, and each endpoint's socket.
+struct Loop {
+    poll: Poll,
+    core: Core,
+    /// Each endpoint's socket, by the endpoint's index.
+    ios: Vec<Option<Io>>,
+    buf: Vec<u8>,
+}
+
+fn run(poll: Poll, start: WorkerStart) -> io::Result<()> {
     let WorkerStart { index, listener, ws_listener, shared, mail } = start;
     let mut listener = TcpListener::from_std(listener);
     poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -82,26 +85,31 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
     if let Some(ws_listener) = ws_listener.as_mut() {
         poll.registry().register(ws_listener, WS_LISTENER, Interest::READABLE)?;
     }
-    let mut core: Core<EpollConn> = Core::new(index, Arc::clone(&shared), mail);
+    let now = Instant::now();
+    let mut this = Loop {
+        poll,
+        core: Core::new(index, Arc::clone(&shared), now),
+        ios: Vec::new(),
+        buf: vec![0u8; READ_CHUNK],
+    };
     let mut events = Events::with_capacity(1024);
-    let mut buf = vec![0u8; READ_CHUNK];
     let mut dirty = Vec::new();
-    let mut links = Vec::new();
+    let mut touched = Vec::new();
     let mut stopping_since: Option<Instant> = None;
-    let mut last_tick = Instant::now();
-    // Connections with bytes left unread (edge-triggered readiness will not report them
+    // Endpoints with bytes left unread (edge-triggered readiness will not report them
     // again): read on the next iterations, in turn, a bounded amount each.
-    let mut unread: Vec<(u32, u32)> = Vec::new();
-    let mut reading: Vec<(u32, u32)> = Vec::new();
+    let mut unread: Vec<Endpoint> = Vec::new();
+    let mut reading: Vec<Endpoint> = Vec::new();
     let mut accept_backoff = false;
     info!(worker = index, "epoll worker started");
     loop {
-        let timeout = if unread.is_empty() { TICK } else { Duration::ZERO };
-        match poll.poll(&mut events, Some(timeout)) {
+        let due = this.core.poll_timeout().saturating_duration_since(Instant::now());
+        let timeout = if unread.is_empty() { due.min(TICK) } else { Duration::ZERO };
+        match this.poll.poll(&mut events, Some(timeout)) {
             Ok(()) => {}
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(error) => {
-                core.abandon_all();
+                this.core.abandon_all(Instant::now());
                 return Err(error);
             }
         }
@@ -111,106 +119,75 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
         for event in events.iter() {
             match event.token() {
                 LISTENER if !accept_backoff => {
-                    accept_backoff = accept_all(&mut poll, &listener, false, &mut core, now)
+                    accept_backoff = this.accept_all(&listener, Front::Stream, now)
                 }
                 WS_LISTENER if !accept_backoff => {
                     if let Some(ws_listener) = &ws_listener {
-                        accept_backoff = accept_all(&mut poll, ws_listener, true, &mut core, now)
+                        accept_backoff = this.accept_all(ws_listener, Front::WebSocket, now)
                     }
                 }
                 LISTENER | WS_LISTENER | WAKE => {}
-                token if unlink_token(token).is_some() => {
-                    let (index, generation) = unlink_token(token).expect("a link's token");
-                    if core.uplink_generation(index) & 0x00ff_ffff != generation {
-                        continue;
-                    }
-                    if event.is_readable() || event.is_read_closed() || event.is_error() {
-                        read_link(&mut core, index, &mut buf, now);
-                    }
-                    write_link(&mut poll, &mut core, index);
-                }
                 token => {
-                    let (slot, generation) = untoken(token);
-                    if core.generation(slot) != generation {
+                    let endpoint = untoken(token);
+                    if this.io(endpoint).is_none() {
                         continue;
                     }
                     if event.is_readable() || event.is_read_closed() || event.is_error() {
-                        reading.push((slot, generation));
+                        reading.push(endpoint);
                     }
                     if event.is_writable() {
-                        core.mark_dirty(slot);
+                        touched.push(endpoint);
                     }
                 }
             }
         }
-        reading.sort_unstable();
+        reading.sort_unstable_by_key(|e| (e.index(), e.generation()));
         reading.dedup();
-        for &(slot, generation) in &reading {
-            if core.generation(slot) == generation && read_some(&mut core, slot, &mut buf, now) {
-                unread.push((slot, generation));
+        for &endpoint in &reading {
+            if this.read(endpoint, now) {
+                unread.push(endpoint);
             }
+            touched.push(endpoint);
         }
-        core.process_mail(Instant::now());
-        for up in core.take_link_ups() {
-            let (stream, connected) = up.split();
-            let io = EpollConn {
-                stream: TcpStream::from_std(stream),
-                written: 0,
-                wants_write: false,
-                write_shut: false,
-                read_stopped: false,
-            };
-            if let Ok(index) = core.open_uplink(connected, io, Instant::now()) {
-                let token = link_token(index, core.uplink_generation(index));
-                let uplink = core.uplink_mut(index).expect("invariant: just opened");
-                let interest = Interest::READABLE | Interest::WRITABLE;
-                if let Err(error) = poll.registry().register(&mut uplink.io.stream, token, interest)
-                {
-                    core.on_link_lost(index, LinkFailure::Socket(error));
-                    write_link(&mut poll, &mut core, index);
-                }
-            }
+        let now = Instant::now();
+        let mut ups = Vec::new();
+        shell::take_mail(&mut this.core, &mail, now, |_, up| ups.push(up));
+        for up in ups {
+            this.open_link(up, now);
         }
-        core.flush_inputs();
+        this.core.end_turn(now);
+        shell::send_account_requests(&mut this.core, now);
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
-            stopping_since = Some(Instant::now());
-            let _ = poll.registry().deregister(&mut listener);
+            stopping_since = Some(now);
+            let _ = this.poll.registry().deregister(&mut listener);
             if let Some(ws_listener) = ws_listener.as_mut() {
-                let _ = poll.registry().deregister(ws_listener);
+                let _ = this.poll.registry().deregister(ws_listener);
             }
-            core.shut_down_all();
+            this.core.shut_down(now);
         }
-        if last_tick.elapsed() >= TICK {
-            last_tick = Instant::now();
-            core.tick(last_tick);
-            for slot in core.lingering_too_long() {
-                finish(&mut poll, &mut core, slot);
-            }
+        if now >= this.core.poll_timeout() {
+            this.core.handle_timeout(now);
             if accept_backoff && stopping_since.is_none() {
-                accept_backoff = accept_all(&mut poll, &listener, false, &mut core, last_tick);
+                accept_backoff = this.accept_all(&listener, Front::Stream, now);
                 if let Some(ws_listener) = ws_listener.as_ref().filter(|_| !accept_backoff) {
-                    accept_backoff = accept_all(&mut poll, ws_listener, true, &mut core, last_tick);
+                    accept_backoff = this.accept_all(ws_listener, Front::WebSocket, now);
                 }
             }
         }
-        core.take_dirty(&mut dirty);
-        for &slot in &dirty {
+        this.core.poll_dirty(&mut dirty);
+        dirty.append(&mut touched);
+        for &endpoint in &dirty {
             // Reading resumed after a pause for the input budget: what the kernel holds
             // was never reported again, so it is read now.
-            if core.get_mut(slot).is_some_and(|c| c.io.read_stopped && !c.read_paused) {
-                if let Some(conn) = core.get_mut(slot) {
-                    conn.io.read_stopped = false;
-                }
-                unread.push((slot, core.generation(slot)));
+            let paused = this.core.state(endpoint).is_some_and(|s| s.paused);
+            if let Some(io) = this.io(endpoint).filter(|io| io.read_stopped && !paused) {
+                io.read_stopped = false;
+                unread.push(endpoint);
             }
-            write_out(&mut poll, &mut core, slot);
-        }
-        core.take_dirty_uplinks(&mut links);
-        for &index in &links {
-            write_link(&mut poll, &mut core, index);
+            this.write(endpoint);
         }
         if let Some(since) = stopping_since {
-            if core.open_connections() == 0 || since.elapsed() > LINGER {
+            if this.core.open_connections() == 0 || since.elapsed() > LINGER {
                 info!(worker = index, "epoll worker stopped");
                 return Ok(());
             }
@@ -218,210 +195,180 @@ fn run(mut poll: Poll, start: WorkerStart) -> io::Result<()> {
     }
 }
 
-/// Accepts every waiting connection (WebSocket ones if `ws`); returns true if accepting
-/// must pause (out of descriptors or memory) until the next tick.
-fn accept_all(
-    poll: &mut Poll,
-    listener: &TcpListener,
-    ws: bool,
-    core: &mut Core<EpollConn>,
-    now: Instant,
-) -> bool {
-    loop {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                configure_client_socket(stream.as_raw_fd());
-                let conn = EpollConn {
-                    stream,
-                    written: 0,
-                    wants_write: false,
-                    write_shut: false,
-                    read_stopped: false,
-                };
-                let inserted = if ws {
-                    // A refused WebSocket connection comes back only past the bound on
-                    // those kept to be told: dropping it closes it.
-                    core.insert_ws(conn, Some(peer.ip()), now).map_err(|_| None)
-                } else {
-                    core.insert(conn, Some(peer.ip()), now).map_err(Some)
-                };
-                let slot = match inserted {
-                    Ok(slot) => slot,
-                    Err(Some((conn, refusal))) => {
-                        refuse_raw(conn.stream.into_raw_fd(), refusal);
-                        continue;
+impl Loop {
+    fn io(&mut self, endpoint: Endpoint) -> Option<&mut Io> {
+        let io = self.ios.get_mut(endpoint.index() as usize)?.as_mut()?;
+        (io.endpoint == endpoint).then_some(io)
+    }
+
+    /// Registers an endpoint's socket for reading; false (and the socket dropped) if the
+    /// poll set refused it.
+    fn open(&mut self, endpoint: Endpoint, mut stream: TcpStream, link: bool) -> io::Result<()> {
+        self.poll.registry().register(&mut stream, token(endpoint), Interest::READABLE)?;
+        let index = endpoint.index() as usize;
+        if self.ios.len() <= index {
+            self.ios.resize_with(index + 1, || None);
+        }
+        let io = Io {
+            endpoint,
+            stream,
+            link,
+            out: Vec::new(),
+            written: 0,
+            wants_write: false,
+            write_shut: false,
+            read_stopped: false,
+        };
+        self.ios[index] = Some(io);
+        Ok(())
+    }
+
+    /// Accepts every waiting connection; returns true if accepting must pause (out of
+    /// descriptors or memory) until the next tick.
+    fn accept_all(&mut self, listener: &TcpListener, front: Front, now: Instant) -> bool {
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    configure_client_socket(stream.as_raw_fd());
+                    let endpoint = match self.core.accept(now, Some(peer.ip()), front) {
+                        Ok(endpoint) => endpoint,
+                        Err(Refused::Tell(refusal)) => {
+                            refuse_raw(stream.into_raw_fd(), refusal);
+                            continue;
+                        }
+                        // Dropping it closes it.
+                        Err(Refused::Close) => continue,
+                    };
+                    if let Err(error) = self.open(endpoint, stream, false) {
+                        debug!(%error, "cannot register a new connection");
+                        self.core.handle_closed(now, endpoint, Some(error));
+                        self.core.release(endpoint);
                     }
-                    Err(None) => continue,
-                };
-                let generation = core.generation(slot);
-                let conn = core.get_mut(slot).expect("invariant: just inserted");
-                if let Err(error) = poll.registry().register(
-                    &mut conn.io.stream,
-                    token(slot, generation),
-                    Interest::READABLE,
-                ) {
-                    debug!(%error, "cannot register a new connection");
-                    core.remove(slot);
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) if is_resource_exhaustion(&error) => {
+                    // The connection stays in the backlog; accepting again before
+                    // descriptors are freed would fail the same way.
+                    warn!(%error, "accept failed; pausing accepts for a tick");
+                    self.core.shared().metrics.accept_backoffs.inc();
+                    return true;
+                }
+                Err(error) => {
+                    debug!(%error, "accept failed");
+                    return false;
                 }
             }
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return false,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) if is_resource_exhaustion(&error) => {
-                // The connection stays in the backlog; accepting again before descriptors
-                // are freed would fail the same way.
-                warn!(%error, "accept failed; pausing accepts for a tick");
-                core.shared().metrics.accept_backoffs.inc();
+        }
+    }
+
+    /// A connected relay link: its socket joins the poll set.
+    fn open_link(&mut self, up: LinkUp, now: Instant) {
+        let (stream, connected) = up.split();
+        let Some(endpoint) = self.core.link_connected(now, connected) else { return };
+        if let Err(error) = self.open(endpoint, TcpStream::from_std(stream), true) {
+            self.core.handle_closed(now, endpoint, Some(error));
+            self.core.release(endpoint);
+        }
+    }
+
+    /// Reads what the endpoint's budget allows (a client at most [`READ_PER_ITERATION`]
+    /// bytes); returns true if bytes may be left in the kernel (read again next iteration).
+    fn read(&mut self, endpoint: Endpoint, now: Instant) -> bool {
+        let mut read = 0;
+        loop {
+            let Some(state) = self.core.state(endpoint) else { return false };
+            let Some(io) = self.ios.get_mut(endpoint.index() as usize).and_then(Option::as_mut)
+            else {
+                return false;
+            };
+            if state.closing == Closing::Abort {
+                return false;
+            }
+            if state.paused && state.closing == Closing::No {
+                // Over its input budget: leave the bytes to TCP flow control; reading goes
+                // on once the core resumes it.
+                io.read_stopped = true;
+                return false;
+            }
+            if !io.link && read >= READ_PER_ITERATION {
                 return true;
             }
-            Err(error) => {
-                debug!(%error, "accept failed");
-                return false;
-            }
-        }
-    }
-}
-
-/// Reads what the connection's budget allows, at most [`READ_PER_ITERATION`] bytes;
-/// returns true if bytes may be left in the kernel (read again next iteration).
-fn read_some(core: &mut Core<EpollConn>, slot: u32, buf: &mut [u8], now: Instant) -> bool {
-    let mut read = 0;
-    loop {
-        let Some(conn) = core.get_mut(slot) else {
-            return false;
-        };
-        if conn.read_paused && conn.closing == Closing::No {
-            // Over its input budget: leave the bytes to TCP flow control; reading goes on
-            // once the core resumes it.
-            conn.io.read_stopped = true;
-            return false;
-        }
-        if read >= READ_PER_ITERATION {
-            return true;
-        }
-        let lingering = conn.closing != Closing::No;
-        match conn.io.stream.read(buf) {
-            Ok(0) => {
-                if lingering {
-                    // The client saw our close and closed too: finish now.
-                    conn.closing = Closing::Abort;
-                    core.mark_dirty(slot);
-                } else {
-                    core.on_peer_closed(slot);
+            match io.stream.read(&mut self.buf) {
+                Ok(0) => {
+                    self.core.handle_closed(now, endpoint, None);
+                    return false;
                 }
-                return false;
-            }
-            Ok(n) => {
-                read += n;
-                core.on_data(slot, &buf[..n], now);
-            }
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return false,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => {
-                core.on_peer_closed(slot);
-                return false;
-            }
-        }
-    }
-}
-
-fn write_out(poll: &mut Poll, core: &mut Core<EpollConn>, slot: u32) {
-    let metrics = Arc::clone(&core.shared().metrics);
-    let Some(conn) = core.get_mut(slot) else {
-        return;
-    };
-    if conn.closing == Closing::Abort {
-        return finish(poll, core, slot);
-    }
-    while conn.io.written < conn.out.len() {
-        match conn.io.stream.write(&conn.out[conn.io.written..]) {
-            Ok(n) => {
-                conn.io.written += n;
-                metrics.bytes_out.add(n as u64);
-            }
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => {
-                core.on_peer_closed(slot);
-                return finish(poll, core, slot);
-            }
-        }
-    }
-    let drained = conn.io.written == conn.out.len();
-    if drained {
-        conn.out.clear();
-        conn.io.written = 0;
-    }
-    if drained == conn.io.wants_write {
-        conn.io.wants_write = !drained;
-        let interest =
-            if drained { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
-        let generation = core.generation(slot);
-        let conn = core.get_mut(slot).expect("invariant: present above");
-        let _ = poll.registry().reregister(&mut conn.io.stream, token(slot, generation), interest);
-    }
-    let conn = core.get_mut(slot).expect("invariant: present above");
-    if drained && conn.closing == Closing::AfterFlush && !conn.io.write_shut {
-        if core.end_of_output(slot) {
-            // A WebSocket close frame goes out first.
-            return write_out(poll, core, slot);
-        }
-        let conn = core.get_mut(slot).expect("invariant: present above");
-        // Half-close: the client reads everything we sent, then its EOF reaches us.
-        conn.io.write_shut = true;
-        let _ = conn.io.stream.shutdown(std::net::Shutdown::Write);
-    }
-}
-
-/// Reads everything a relay link has for the worker (the shard's output is never left
-/// in the kernel: edge-triggered readiness would not report it again).
-fn read_link(core: &mut Core<EpollConn>, index: u32, buf: &mut [u8], now: Instant) {
-    loop {
-        let Some(uplink) = core.uplink_mut(index).filter(|u| !u.failed) else { return };
-        match uplink.io.stream.read(buf) {
-            Ok(0) => return core.on_link_lost(index, LinkFailure::Closed),
-            Ok(n) => core.on_link_data(index, &buf[..n], now),
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) => return core.on_link_lost(index, LinkFailure::Socket(error)),
-        }
-    }
-}
-
-/// Writes what a relay link has queued until the socket takes no more; closes a link the
-/// core let go.
-fn write_link(poll: &mut Poll, core: &mut Core<EpollConn>, index: u32) {
-    let Some(uplink) = core.uplink_mut(index) else { return };
-    if !uplink.failed {
-        while uplink.io.written < uplink.out.len() {
-            match uplink.io.stream.write(&uplink.out[uplink.io.written..]) {
-                Ok(n) => uplink.io.written += n,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Ok(n) => {
+                    read += n;
+                    self.core.handle_read(now, endpoint, &self.buf[..n]);
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 Err(error) => {
-                    core.on_link_lost(index, LinkFailure::Socket(error));
+                    self.core.handle_closed(now, endpoint, Some(error));
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Writes what the core has for the endpoint until the socket takes no more, and takes
+    /// the next closing step; an endpoint aborted is closed and released.
+    fn write(&mut self, endpoint: Endpoint) {
+        let Some(state) = self.core.state(endpoint) else { return };
+        if self.io(endpoint).is_none() {
+            return;
+        }
+        if state.closing == Closing::Abort {
+            return self.finish(endpoint);
+        }
+        let io = self.ios[endpoint.index() as usize].as_mut().expect("invariant: checked above");
+        loop {
+            if io.written == io.out.len() {
+                io.out.clear();
+                io.written = 0;
+                self.core.take_output(endpoint, &mut io.out);
+                if io.out.is_empty() {
                     break;
                 }
             }
+            match io.stream.write(&io.out[io.written..]) {
+                Ok(n) => {
+                    io.written += n;
+                    self.core.handle_sent(endpoint, n);
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => {
+                    self.core.handle_closed(Instant::now(), endpoint, Some(error));
+                    return self.finish(endpoint);
+                }
+            }
+        }
+        let drained = io.written == io.out.len();
+        if drained == io.wants_write {
+            io.wants_write = !drained;
+            let interest =
+                if drained { Interest::READABLE } else { Interest::READABLE | Interest::WRITABLE };
+            let _ = self.poll.registry().reregister(&mut io.stream, token(endpoint), interest);
+        }
+        if drained && state.closing == Closing::AfterFlush && !io.write_shut {
+            if self.core.finish_output(endpoint) {
+                // A WebSocket close frame goes out first.
+                return self.write(endpoint);
+            }
+            // Half-close: the client reads everything we sent, then its EOF reaches us.
+            io.write_shut = true;
+            let _ = io.stream.shutdown(std::net::Shutdown::Write);
         }
     }
-    let Some(uplink) = core.uplink_mut(index) else { return };
-    if uplink.failed {
-        let _ = poll.registry().deregister(&mut uplink.io.stream);
-        // Dropping the stream closes the socket.
-        core.remove_uplink(index);
-        return;
-    }
-    if uplink.io.written == uplink.out.len() {
-        uplink.out.clear();
-        uplink.io.written = 0;
-    }
-    // What is written from `out` in place is not in flight elsewhere.
-    uplink.sending = 0;
-}
 
-fn finish(poll: &mut Poll, core: &mut Core<EpollConn>, slot: u32) {
-    if let Some(mut conn) = core.remove(slot) {
-        let _ = poll.registry().deregister(&mut conn.io.stream);
-        // Dropping the stream closes the socket.
+    fn finish(&mut self, endpoint: Endpoint) {
+        if let Some(mut io) = self.ios[endpoint.index() as usize].take() {
+            let _ = self.poll.registry().deregister(&mut io.stream);
+            // Dropping the stream closes the socket.
+        }
+        self.core.release(endpoint);
     }
 }

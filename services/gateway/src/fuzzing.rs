@@ -1,29 +1,27 @@
 //! A gateway core with no network, for the `gateway_core` fuzz target and its regression
 //! tests (feature `fuzzing`; always built for this crate's own tests).
 //!
-//! [`Harness`] owns a `Core<()>` with relay links to fake shards (no sockets: the caller
-//! takes what each link would send), and the core's mailbox, and plays the event loop's
-//! part: it feeds client bytes in, reports closed sockets, posts shard output and, on
-//! [`Harness::flush`], runs the tail of a loop iteration (mail, relay batches, writing out
-//! dirty connections). Every call into `Core` is in this file, so a change to the core's
-//! API is adapted here alone.
+//! [`Harness`] owns a [`Core`] with relay links to fake shards (no sockets: the caller
+//! takes what each link would send), and plays the event loop's part through the core's
+//! door, like the real loops: it feeds client bytes in, reports closed sockets, posts shard
+//! output as mail and, on [`Harness::flush`], runs the tail of a loop iteration (mail, the
+//! turn's end, writing out the endpoints the core lists). Every call into `Core` is in this
+//! file, so a change to the core's door is adapted here alone.
 //!
 //! The generated `cluster.proto` types stay in this crate: shard output and relayed inputs
 //! cross the boundary as [`ShardOutput`] and [`RelayedInput`].
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::core::Core;
-use crate::limits::{Admission, Limits, Rate};
+use crate::core::{Core, Endpoint, Front};
+use crate::limits::{Limits, Rate};
 use crate::routing::{RoutingTable, ShardLink, ShardStatus};
-use crate::shared::{session_id, Inbox, Mail, Shared};
-use crate::uplink::{Connected, LinkFailure};
-use crate::{GatewayConfig, GatewayMetrics, IoBackend, Placement};
-use meridian_cluster::{EpochCell, GatewayId, PartitionMap, Region, ShardId};
+use crate::shared::{session_id, CoreMail, Shared};
+use crate::uplink::Connected;
+use crate::GatewayConfig;
+use meridian_cluster::{GatewayId, PartitionMap, Region, ShardId};
 use meridian_protocol::pb::Position;
 use meridian_protocol::TokenKey;
 use meridian_rpc::pb::{player_input::Kind as Input, Delivery, PlayerInput};
@@ -149,20 +147,25 @@ struct FakeLink {
     link: Arc<ShardLink>,
     /// False once the shard is gone: the link manager dropped its link.
     present: bool,
-    /// The core's index of the link while it is connected.
-    index: Option<u32>,
+    /// The link's endpoint in the core while it is connected.
+    endpoint: Option<Endpoint>,
 }
 
-/// A `Core<()>` and the event loop around it, without sockets, threads or etcd.
+/// A [`Core`] and the event loop around it, without sockets, threads or etcd.
 pub struct Harness {
-    core: Core<()>,
+    core: Core,
     shared: Arc<Shared>,
-    mail: SyncSender<Mail>,
+    /// Mail posted and not yet handed to the core, oldest first (at most `MAILBOX`).
+    mail: VecDeque<CoreMail>,
     links: Vec<FakeLink>,
+    /// The client endpoints open, by slot (the endpoint's index).
+    clients: BTreeMap<u32, Endpoint>,
     /// Output "written" to each client and not yet taken, by slot.
     written: HashMap<u32, Vec<u8>>,
-    dirty: Vec<u32>,
-    /// The harness's clock; passed to the core once its API takes the time.
+    /// Client endpoints the core listed, not yet written out.
+    dirty: Vec<Endpoint>,
+    polled: Vec<Endpoint>,
+    /// The harness's clock: the time every event is given to the core with.
     now: Instant,
     /// Routing tables stored so far (each worker reconciles its links with a new one).
     version: u64,
@@ -175,54 +178,27 @@ impl Harness {
             .map(|id| {
                 let link = Arc::new(ShardLink::registered(ShardId(id), 0, Default::default()));
                 link.set_healthy(true);
-                FakeLink { link, present: true, index: None }
+                FakeLink { link, present: true, endpoint: None }
             })
             .collect();
-        let gateway = GatewayConfig {
-            placement: Placement::RoundRobin,
-            id: GatewayId(config.gateway),
-            cluster: "fuzz".into(),
-            etcd: Default::default(),
-            io: IoBackend::Epoll,
-            workers: 1,
-            max_frame: config.max_frame,
-            max_output_bytes: config.max_output_bytes,
-            limits: config.limits.clone(),
-            dev_mode: config.dev_mode,
-            lease_ttl: Duration::from_secs(3),
-            resume_keys: resume_key().into(),
-            admin: meridian_observe::Private::Closed,
-            advertise_admin: None,
-            advertise: None,
-            jwks: None,
-            accounts: None,
-            tls: None,
-        };
-        let registry = meridian_observe::Registry::default();
-        let shared = Arc::new(Shared {
-            config: gateway,
-            routing: Arc::new(vec![EpochCell::new(routing_table(&links, 1))]),
-            ids: crate::ids::IdPool::fixed(vec![config.player_ids.clone()]),
-            metrics: Arc::new(GatewayMetrics::new(&registry, GatewayId(1), IoBackend::Epoll)),
-            stopping: Arc::new(AtomicBool::new(false)),
-            round_robin: AtomicUsize::new(0),
-            admission: Admission::new(config.limits),
-            output_by_worker: vec![AtomicUsize::new(0)],
-            worker_failed: tokio::sync::Notify::new(),
-            login_keys: crate::accounts::LoginKeys::new(None, true),
-            clock: crate::accounts::UnixClock::now(),
-            accounts: None,
-        });
-        let (mail, receiver) = sync_channel(MAILBOX);
-        let core = Core::new(0, Arc::clone(&shared), Inbox::for_tests(receiver));
+        let mut gateway = GatewayConfig::for_tests(config.limits, config.dev_mode, resume_key());
+        gateway.id = GatewayId(config.gateway);
+        gateway.cluster = "fuzz".into();
+        gateway.max_frame = config.max_frame;
+        gateway.max_output_bytes = config.max_output_bytes;
+        let table = routing_table(&links, 1);
+        let shared = Arc::new(Shared::for_tests(gateway, table, vec![config.player_ids.clone()]));
+        let now = Instant::now();
         let mut harness = Harness {
-            core,
+            core: Core::new(0, Arc::clone(&shared), now),
             shared,
-            mail,
+            mail: VecDeque::new(),
             links,
+            clients: BTreeMap::new(),
             written: HashMap::new(),
             dirty: Vec::new(),
-            now: Instant::now(),
+            polled: Vec::new(),
+            now,
             version: 1,
             relay_room: config.relay_room.max(1) * 64,
         };
@@ -247,78 +223,85 @@ impl Harness {
 
     /// A new client connection; returns its slot (slots are reused after a close).
     pub fn connect(&mut self) -> u32 {
-        let slot = self.core.insert((), None, self.now).expect("the harness's limits admit");
+        let endpoint = match self.core.accept(self.now, None, Front::Stream) {
+            Ok(endpoint) => endpoint,
+            Err(refused) => panic!("the harness's limits admit: {refused:?}"),
+        };
+        let slot = endpoint.index();
+        self.clients.insert(slot, endpoint);
         self.written.insert(slot, Vec::new());
         slot
     }
 
+    /// The client endpoint in `slot`, while the core has it.
+    fn client(&self, slot: u32) -> Option<Endpoint> {
+        let endpoint = *self.clients.get(&slot)?;
+        self.core.state(endpoint).map(|_| endpoint)
+    }
+
     /// The session id shards address the connection in `slot` by, while it is open.
     pub fn session(&mut self, slot: u32) -> Option<u64> {
-        self.core.get_mut(slot)?;
-        Some(session_id(0, slot, self.core.generation(slot)))
+        let endpoint = self.client(slot)?;
+        Some(session_id(0, slot, endpoint.generation()))
     }
 
     pub fn is_open(&mut self, slot: u32) -> bool {
-        self.core.get_mut(slot).is_some()
+        self.client(slot).is_some()
     }
 
     pub fn closing(&mut self, slot: u32) -> Option<Closing> {
-        self.core.get_mut(slot).map(|conn| conn.closing)
+        self.core.state(self.client(slot)?).map(|state| state.closing)
     }
 
     /// Output the core has queued for the connection and the backend has not written yet.
     pub fn queued_output(&mut self, slot: u32) -> usize {
-        self.core.get_mut(slot).map_or(0, |conn| conn.out.len())
+        self.client(slot).and_then(|e| self.core.state(e)).map_or(0, |state| state.output)
     }
 
     /// Bytes read from a client; returns how many frames the core took from the stream.
     pub fn bytes(&mut self, slot: u32, data: &[u8]) -> u64 {
         let before = self.shared.metrics.frames_in.get();
-        self.core.on_data(slot, data, self.now);
+        if let Some(endpoint) = self.client(slot) {
+            self.core.handle_read(self.now, endpoint, data);
+        }
         self.shared.metrics.frames_in.get() - before
     }
 
     /// The client closed its side or the socket failed, as the event loops report it.
     pub fn closed(&mut self, slot: u32) {
-        let Some(conn) = self.core.get_mut(slot) else { return };
-        if conn.closing == Closing::No {
-            self.core.on_peer_closed(slot);
-        } else {
-            // The client saw our close and closed too: finish now.
-            conn.closing = Closing::Abort;
-            self.core.mark_dirty(slot);
+        if let Some(endpoint) = self.client(slot) {
+            self.core.handle_closed(self.now, endpoint, None);
         }
     }
 
     /// Queues one shard's output as its link would bring it (processed on the next flush).
     pub fn deliver(&mut self, from: u32, outputs: Vec<ShardOutput>) {
         let deliveries = outputs.into_iter().map(delivery).collect();
-        self.post(Mail::Deliveries { from: ShardId(from), deliveries });
+        self.post(CoreMail::Deliveries { from: ShardId(from), deliveries });
     }
 
     /// The link to a shard failed: the worker answers what was in flight on it, and
     /// everything still queued for it is dropped.
     pub fn link_down(&mut self, shard: u32) {
         let Some(fake) = self.links.iter_mut().find(|l| l.link.id.0 == shard) else { return };
-        let Some(index) = fake.index.take() else { return };
-        self.core.on_link_lost(index, LinkFailure::Closed);
-        self.core.remove_uplink(index);
+        let Some(endpoint) = fake.endpoint.take() else { return };
+        self.core.handle_closed(self.now, endpoint, None);
+        self.core.release(endpoint);
     }
 
     /// A new link to a shard whose link failed is connected.
     pub fn link_up(&mut self, shard: u32) {
         let Some(fake) = self.links.iter_mut().find(|l| l.link.id.0 == shard) else { return };
-        if !fake.present || fake.index.is_some() {
+        if !fake.present || fake.endpoint.is_some() {
             return;
         }
         fake.link.set_healthy(true);
-        let (gone, _) = tokio::sync::oneshot::channel();
-        let connected = Connected { link: Arc::clone(&fake.link), tls: None, gone };
-        let index = self.core.open_uplink(connected, (), self.now).ok();
-        if let Some(index) = index {
-            self.core.set_uplink_room(index, self.relay_room);
+        let connected = Connected { link: Arc::clone(&fake.link), tls: None, gone: Box::new(()) };
+        let endpoint = self.core.link_connected(self.now, connected);
+        if let Some(endpoint) = endpoint {
+            self.core.set_link_room(endpoint, self.relay_room);
         }
-        fake.index = index;
+        fake.endpoint = endpoint;
     }
 
     /// Stores a routing table for the links present; the worker lets the others go when it
@@ -332,19 +315,32 @@ impl Harness {
         self.shared.routing[0].store(table);
     }
 
-    /// Forgets the links the core let go.
-    fn drop_failed_links(&mut self) {
-        let mut dirty = Vec::new();
-        self.core.take_dirty_uplinks(&mut dirty);
-        for index in dirty {
-            if self.core.uplink_mut(index).is_some_and(|u| u.failed) {
-                self.core.remove_uplink(index);
-                for fake in &mut self.links {
-                    if fake.index == Some(index) {
-                        fake.index = None;
-                    }
+    /// What the core listed for the event loop: links it let go are released (nothing is
+    /// ever in flight on a fake link) and forgotten, and so are aborted clients; the other
+    /// clients wait for [`Harness::flush`] to be written out.
+    fn poll(&mut self) {
+        self.core.poll_dirty(&mut self.polled);
+        for endpoint in std::mem::take(&mut self.polled) {
+            let Some(state) = self.core.state(endpoint) else { continue };
+            let fake = self.links.iter_mut().find(|fake| fake.endpoint == Some(endpoint));
+            match fake {
+                Some(fake) if state.closing == Closing::Abort => {
+                    fake.endpoint = None;
+                    self.core.release(endpoint);
                 }
+                Some(_) => {}
+                None if state.closing == Closing::Abort => self.finish(endpoint),
+                None => self.dirty.push(endpoint),
             }
+        }
+    }
+
+    /// The worker takes its mail: links the routing table no longer has are let go first,
+    /// then each mail in order.
+    fn process_mail(&mut self) {
+        self.core.handle_routing(self.now);
+        while let Some(mail) = self.mail.pop_front() {
+            self.core.handle_mail(self.now, mail);
         }
     }
 
@@ -362,39 +358,34 @@ impl Harness {
         }
         self.links[index].present = false;
         self.store_routing(None);
-        self.post(Mail::Restore { dead: ShardId(shard) });
+        self.post(CoreMail::Restore { dead: ShardId(shard) });
         // The worker takes the mail at once, before any other link can change.
-        self.core.process_mail(self.now);
-        self.drop_failed_links();
+        self.process_mail();
+        self.poll();
         true
     }
 
     /// The tail of an event loop iteration: shard mail, relay batches, then every
     /// connection with news is written out in full (or finished if it is aborted).
     pub fn flush(&mut self) {
-        self.core.process_mail(self.now);
-        self.core.flush_inputs();
-        self.drop_failed_links();
-        let mut dirty = std::mem::take(&mut self.dirty);
-        self.core.take_dirty(&mut dirty);
-        for &slot in &dirty {
-            self.write_out(slot);
+        self.process_mail();
+        self.core.end_turn(self.now);
+        self.poll();
+        for endpoint in std::mem::take(&mut self.dirty) {
+            self.write_out(endpoint);
         }
-        self.dirty = dirty;
     }
 
-    /// The periodic work of an event loop: the core's tick, then closes that lingered too long.
+    /// The periodic work of an event loop: the core's timer (which also cuts connections
+    /// that lingered too long in their close).
     pub fn tick(&mut self) {
         // Every shard's link heartbeats, as a live shard's does.
-        let connected: Vec<u32> = self.links.iter().filter_map(|l| l.index).collect();
-        for index in connected {
-            self.core.on_link_data(index, &[0; 4], self.now);
+        let connected: Vec<Endpoint> = self.links.iter().filter_map(|l| l.endpoint).collect();
+        for endpoint in connected {
+            self.core.handle_read(self.now, endpoint, &[0; 4]);
         }
-        self.core.tick(self.now);
-        self.drop_failed_links();
-        for slot in self.core.lingering_too_long() {
-            self.finish(slot);
-        }
+        self.core.handle_timeout(self.now);
+        self.poll();
     }
 
     /// Moves the harness's clock on: the time the core is given.
@@ -435,7 +426,7 @@ impl Harness {
                 incarnation,
                 Arc::new(ShardStatus::default()),
             ));
-            self.links.push(FakeLink { link, present: true, index: None });
+            self.links.push(FakeLink { link, present: true, endpoint: None });
         }
         self.links.sort_by_key(|fake| fake.link.id);
         self.version += 1;
@@ -448,22 +439,22 @@ impl Harness {
         let table = RoutingTable { links, partition, version: self.version };
         self.shared.routing[0].store(table);
         // The worker lets the closed links go (what was in flight on them is answered).
-        self.core.process_mail(self.now);
-        self.drop_failed_links();
-        self.links.retain(|fake| fake.present || fake.index.is_some());
+        self.process_mail();
+        self.poll();
+        self.links.retain(|fake| fake.present || fake.endpoint.is_some());
         closed
     }
 
     /// The shard is gone and its region reassigned: its players are restored elsewhere.
     pub fn restore_from(&mut self, dead: u32) {
-        self.post(Mail::Restore { dead: ShardId(dead) });
-        self.core.process_mail(self.now);
+        self.post(CoreMail::Restore { dead: ShardId(dead) });
+        self.process_mail();
     }
 
     /// A shard's output batch, as its link brings it (processed on the next
     /// flush).
     pub fn deliver_batch(&mut self, from: u32, deliveries: Vec<Delivery>) {
-        self.post(Mail::Deliveries { from: ShardId(from), deliveries });
+        self.post(CoreMail::Deliveries { from: ShardId(from), deliveries });
     }
 
     /// The inputs the core queued for one shard since the last call, as its link would
@@ -471,9 +462,11 @@ impl Harness {
     pub fn relayed_inputs(&mut self, shard: u32) -> Option<Vec<PlayerInput>> {
         let fake = self.links.iter().find(|l| l.present && l.link.id.0 == shard)?;
         let mut inputs = Vec::new();
-        let Some(index) = fake.index else { return Some(inputs) };
-        let Some(uplink) = self.core.uplink_mut(index) else { return Some(inputs) };
-        let out = std::mem::take(&mut uplink.out);
+        let Some(endpoint) = fake.endpoint else { return Some(inputs) };
+        let mut out = Vec::new();
+        self.core.take_output(endpoint, &mut out);
+        // "Written" at once: the link has room again.
+        self.core.handle_sent(endpoint, out.len());
         let mut rest = &out[..];
         while let Some((len, body)) =
             meridian_rpc::link::next_frame(rest).expect("invariant: the core's own frames")
@@ -495,7 +488,7 @@ impl Harness {
 
     /// Client slots that are open.
     pub fn open_slots(&self) -> Vec<u32> {
-        self.core.slots().collect()
+        self.clients.keys().copied().filter(|&slot| self.client(slot).is_some()).collect()
     }
 
     pub fn now(&self) -> Instant {
@@ -504,7 +497,7 @@ impl Harness {
 
     /// The gateway is stopping: every client is told and closed after its output.
     pub fn shut_down_all(&mut self) {
-        self.core.shut_down_all();
+        self.core.shut_down(self.now);
     }
 
     /// Everything written to the client in `slot` since the last call.
@@ -518,32 +511,31 @@ impl Harness {
         inputs.into_iter().map(relayed_input).collect()
     }
 
-    fn write_out(&mut self, slot: u32) {
-        let Some(conn) = self.core.get_mut(slot) else { return };
-        if conn.closing == Closing::Abort {
-            return self.finish(slot);
+    fn write_out(&mut self, endpoint: Endpoint) {
+        let Some(state) = self.core.state(endpoint) else { return };
+        if state.closing == Closing::Abort {
+            return self.finish(endpoint);
         }
-        let out = std::mem::take(&mut conn.out);
-        self.written.entry(slot).or_default().extend_from_slice(&out);
+        let written = self.written.entry(endpoint.index()).or_default();
+        let before = written.len();
+        self.core.take_output(endpoint, written);
+        let sent = written.len() - before;
+        self.core.handle_sent(endpoint, sent);
     }
 
-    fn finish(&mut self, slot: u32) {
-        self.core.remove(slot);
+    fn finish(&mut self, endpoint: Endpoint) {
+        self.core.release(endpoint);
+        if self.clients.get(&endpoint.index()) == Some(&endpoint) {
+            self.clients.remove(&endpoint.index());
+        }
     }
 
-    fn post(&mut self, mut mail: Mail) {
-        loop {
-            match self.mail.try_send(mail) {
-                Ok(()) => return,
-                Err(TrySendError::Full(back)) => {
-                    mail = back;
-                    self.core.process_mail(self.now);
-                }
-                Err(TrySendError::Disconnected(_)) => {
-                    unreachable!("invariant: the harness holds the core and its inbox")
-                }
-            }
+    fn post(&mut self, mail: CoreMail) {
+        if self.mail.len() >= MAILBOX {
+            // A full inbox: the worker drains it before the sender can go on.
+            self.process_mail();
         }
+        self.mail.push_back(mail);
     }
 }
 

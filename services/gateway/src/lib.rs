@@ -25,6 +25,7 @@ mod quic_tls;
 mod relay;
 mod routing;
 mod shared;
+mod shell;
 mod sockets;
 mod uplink;
 mod uring;
@@ -47,9 +48,9 @@ use tracing::{info, warn};
 pub use metrics::GatewayMetrics;
 pub use quic::QuicFront;
 pub use quic_tls::{PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
+pub use sockets::bind_game_listener;
 pub use sockets::raise_open_files_limit;
 pub use websocket::{WsFront, SUBPROTOCOL as WS_SUBPROTOCOL};
-pub use worker::bind_game_listener;
 
 /// File descriptors kept out of reach of client connections (gRPC links to shards, etcd,
 /// the admin port, the rings and eventfds); a quarter of the limit where that is less.

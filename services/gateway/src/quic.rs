@@ -1,7 +1,7 @@
 //! The QUIC front: the public protocol over one bidirectional QUIC stream per session.
 //!
 //! It is one more worker, driven like the io_uring and epoll loops: a thread owns a
-//! `Core<QuicConn, QuicLink>` and feeds it the bytes each session's stream delivers, so framing,
+//! [`Core`] and feeds it the bytes each session's stream delivers, so framing,
 //! limits, error codes, routing, placement and the relay are the very same code, and TCP
 //! and QUIC players share one world. The thread runs a single-threaded tokio runtime for
 //! quinn: an accept task and one handshake task per incoming connection, one reader task
@@ -25,10 +25,11 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info};
 
-use crate::core::{Closing, Core, LINGER};
+use crate::core::{Closing, Core, Endpoint, Front, Refused, LINGER, TICK};
 use crate::quic_tls::{server_config, PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 use crate::shared::{report_exit, Inbox, Shared};
-use crate::uplink::LinkFailure;
+use crate::shell;
+use crate::uplink::LinkUp;
 use crate::GatewayMetrics;
 
 /// Events from the accept and reader tasks waiting for the core task. When it is full,
@@ -36,8 +37,6 @@ use crate::GatewayMetrics;
 const EVENTS: usize = 1024;
 /// Largest chunk a reader hands over at once.
 const READ_CHUNK: usize = 64 * 1024;
-/// How often lingering closes and pending resumes are checked, as in the other loops.
-const TICK: Duration = Duration::from_millis(250);
 /// How long the TLS handshake may take.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// How long a connected client may take to open its session stream.
@@ -88,62 +87,54 @@ impl QuicFront {
     }
 }
 
-/// A session's I/O state in the core.
-pub struct QuicConn {
-    connection: quinn::Connection,
-    send: quinn::SendStream,
-    /// Bytes of the core's output buffer already handed to quinn.
+/// The loop's part of one endpoint: a session's QUIC stream or a relay link's socket, the
+/// output it took from the core, and how much of it is written.
+struct Io {
+    endpoint: Endpoint,
+    side: Side,
+    out: Vec<u8>,
     written: usize,
-    /// Our side of the stream is finished (after a closing error or a logout).
-    finished: bool,
     /// Listed in the core task's `blocked`: the stream took less than there was to send.
     blocked: bool,
 }
 
-/// A relay link's I/O state in the core: the QUIC front is a tokio task, so its links are
-/// tokio sockets, read by a task each and written from the core task.
-pub struct QuicLink {
-    write: tokio::net::tcp::OwnedWriteHalf,
-    /// Bytes of the link's `out` already written.
-    written: usize,
-    reader: Option<tokio::task::JoinHandle<()>>,
-    blocked: bool,
+enum Side {
+    Session {
+        connection: quinn::Connection,
+        send: quinn::SendStream,
+        /// Our side of the stream is finished (after a closing error or a logout).
+        finished: bool,
+    },
+    /// The QUIC front is a tokio task, so its relay links are tokio sockets, read by a
+    /// task each and written from the core task.
+    Link { write: tokio::net::tcp::OwnedWriteHalf, reader: tokio::task::JoinHandle<()> },
 }
 
-impl Drop for QuicLink {
+impl Drop for Io {
     fn drop(&mut self) {
-        if let Some(reader) = &self.reader {
+        if let Side::Link { reader, .. } = &self.side {
             reader.abort();
         }
     }
 }
 
 enum Event {
-    LinkData {
-        index: u32,
-        generation: u32,
-        bytes: Vec<u8>,
-    },
-    LinkEnded {
-        index: u32,
-        generation: u32,
-        error: Option<io::Error>,
-    },
     Opened {
         connection: quinn::Connection,
         send: quinn::SendStream,
         recv: quinn::RecvStream,
     },
+    /// Bytes a session's stream or a link's socket brought.
     Data {
-        slot: u32,
-        generation: u32,
+        endpoint: Endpoint,
         bytes: Bytes,
     },
     /// The client finished its side of the stream, reset it, or the connection ended
-    /// (closed by the client, idle timeout, or a TLS/transport error).
+    /// (closed by the client, idle timeout, or a TLS/transport error); or a link's socket
+    /// reached its end or failed.
     Ended {
-        slot: u32,
-        generation: u32,
+        endpoint: Endpoint,
+        error: Option<io::Error>,
     },
 }
 
@@ -169,6 +160,16 @@ pub fn spawn(
     Ok((Arc::new(move || waker.notify_one()), thread))
 }
 
+/// The core task's state: the core, each endpoint's stream or socket by the endpoint's
+/// index, and the endpoints whose stream was full.
+struct Loop {
+    core: Core,
+    ios: Vec<Option<Io>>,
+    blocked: Vec<Endpoint>,
+    events: mpsc::Sender<Event>,
+    metrics: Arc<GatewayMetrics>,
+}
+
 async fn serve(
     index: usize,
     front: QuicFront,
@@ -187,75 +188,66 @@ async fn serve(
     let metrics = Arc::clone(&shared.metrics);
     let accepting =
         tokio::spawn(accept_loop(endpoint.clone(), events_in.clone(), Arc::clone(&metrics)));
-    let mut core: Core<QuicConn, QuicLink> = Core::new(index, Arc::clone(&shared), mail);
-    let mut links = Vec::new();
-    let mut blocked_links: Vec<u32> = Vec::new();
+    let mut this = Loop {
+        core: Core::new(index, Arc::clone(&shared), Instant::now()),
+        ios: Vec::new(),
+        blocked: Vec::new(),
+        events: events_in,
+        metrics,
+    };
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut dirty = Vec::new();
-    let mut blocked: Vec<u32> = Vec::new();
+    let mut touched = Vec::new();
     let mut stopping_since: Option<Instant> = None;
     info!(worker = index, %addr, idle_timeout = ?front.timeouts.idle, keep_alive = ?front.timeouts.keep_alive, "QUIC front started");
     loop {
         // The branches' futures are dropped before a handler runs, so handlers may use
-        // `core` and `blocked` that the write branch borrows.
+        // `this` that the write branch borrows.
         tokio::select! {
             event = events.recv() => {
                 if let Some(event) = event {
-                    on_event(&mut core, event, &events_in, &metrics);
+                    this.on_event(event, &mut touched);
                 }
                 // Take what else is queued, bounded so mail and output are not starved.
                 for _ in 0..EVENTS {
                     match events.try_recv() {
-                        Ok(event) => on_event(&mut core, event, &events_in, &metrics),
+                        Ok(event) => this.on_event(event, &mut touched),
                         Err(_) => break,
                     }
                 }
             }
             () = notify.notified() => {}
-            () = poll_fn(|cx| {
-                let sessions = poll_blocked(cx, &mut core, &mut blocked);
-                let links = poll_blocked_links(cx, &mut core, &mut blocked_links);
-                if sessions.is_ready() || links.is_ready() { Poll::Ready(()) } else { Poll::Pending }
-            }) => {}
-            _ = ticker.tick() => {
-                core.tick(Instant::now());
-                for slot in core.lingering_too_long() {
-                    finish(&mut core, slot, &metrics);
-                }
-            }
+            () = poll_fn(|cx| this.poll_blocked(cx)) => {}
+            _ = ticker.tick() => this.core.handle_timeout(Instant::now()),
         }
-        core.process_mail(Instant::now());
-        open_links(&mut core, &events_in);
-        core.flush_inputs();
+        let now = Instant::now();
+        let mut ups = Vec::new();
+        shell::take_mail(&mut this.core, &mail, now, |_, up| ups.push(up));
+        for up in ups {
+            this.open_link(up, now);
+        }
+        this.core.end_turn(now);
+        shell::send_account_requests(&mut this.core, now);
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
-            stopping_since = Some(Instant::now());
+            stopping_since = Some(now);
             accepting.abort();
             endpoint.set_server_config(None);
-            core.shut_down_all();
+            this.core.shut_down(now);
         }
-        core.take_dirty(&mut dirty);
+        this.core.poll_dirty(&mut dirty);
+        dirty.append(&mut touched);
         if !dirty.is_empty() {
             poll_fn(|cx| {
-                for &slot in &dirty {
-                    write_out(cx, &mut core, slot, &mut blocked, &metrics);
-                }
-                Poll::Ready(())
-            })
-            .await;
-        }
-        core.take_dirty_uplinks(&mut links);
-        if !links.is_empty() {
-            poll_fn(|cx| {
-                for &index in &links {
-                    write_link(cx, &mut core, index, &mut blocked_links);
+                for &endpoint in &dirty {
+                    this.write(cx, endpoint);
                 }
                 Poll::Ready(())
             })
             .await;
         }
         if let Some(since) = stopping_since {
-            if core.open_connections() == 0 || since.elapsed() > LINGER {
+            if this.core.open_connections() == 0 || since.elapsed() > LINGER {
                 break;
             }
         }
@@ -266,170 +258,184 @@ async fn serve(
     Ok(())
 }
 
-/// Takes the sockets of links connected for this worker: a reader task each.
-fn open_links(core: &mut Core<QuicConn, QuicLink>, events: &mpsc::Sender<Event>) {
-    for up in core.take_link_ups() {
-        let (stream, connected) = up.split();
-        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else { continue };
-        let (read, write) = stream.into_split();
-        let io = QuicLink { write, written: 0, reader: None, blocked: false };
-        let Ok(index) = core.open_uplink(connected, io, Instant::now()) else { continue };
-        let generation = core.uplink_generation(index);
-        let reader = tokio::spawn(read_link(read, index, generation, events.clone()));
-        if let Some(uplink) = core.uplink_mut(index) {
-            uplink.io.reader = Some(reader);
+impl Loop {
+    fn io(&mut self, endpoint: Endpoint) -> Option<&mut Io> {
+        let io = self.ios.get_mut(endpoint.index() as usize)?.as_mut()?;
+        (io.endpoint == endpoint).then_some(io)
+    }
+
+    fn open(&mut self, endpoint: Endpoint, side: Side) {
+        let index = endpoint.index() as usize;
+        if self.ios.len() <= index {
+            self.ios.resize_with(index + 1, || None);
         }
+        self.ios[index] = Some(Io { endpoint, side, out: Vec::new(), written: 0, blocked: false });
+    }
+
+    /// A connected relay link: a reader task for its socket.
+    fn open_link(&mut self, up: LinkUp, now: Instant) {
+        let (stream, connected) = up.split();
+        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else { return };
+        let Some(endpoint) = self.core.link_connected(now, connected) else { return };
+        let (read, write) = stream.into_split();
+        let reader = tokio::spawn(read_link(read, endpoint, self.events.clone()));
+        self.open(endpoint, Side::Link { write, reader });
+    }
+
+    fn on_event(&mut self, event: Event, touched: &mut Vec<Endpoint>) {
+        let now = Instant::now();
+        match event {
+            Event::Opened { connection, send, recv } => {
+                let peer = connection.remote_address().ip();
+                let endpoint = match self.core.accept(now, Some(peer), Front::Stream) {
+                    Ok(endpoint) => endpoint,
+                    Err(refused) => {
+                        let frame = match refused {
+                            Refused::Tell(refusal) => Some(refusal.frame()),
+                            Refused::Close => None,
+                        };
+                        // Told why, then closed once the client had time to read it.
+                        let mut send = send;
+                        tokio::spawn(async move {
+                            if let Some(frame) = frame {
+                                let _ = send.write_all(&frame).await;
+                            }
+                            let _ = send.finish();
+                            let _ = tokio::time::timeout(LINGER, connection.closed()).await;
+                            connection.close(CLOSE_DONE.into(), b"refused");
+                        });
+                        return;
+                    }
+                };
+                self.metrics.quic_connections.add(1);
+                let reader = connection.clone();
+                self.open(endpoint, Side::Session { connection, send, finished: false });
+                let (events, metrics) = (self.events.clone(), Arc::clone(&self.metrics));
+                tokio::spawn(read_stream(recv, reader, endpoint, events, metrics));
+            }
+            Event::Data { endpoint, bytes } => {
+                if self.io(endpoint).is_some() {
+                    self.core.handle_read(now, endpoint, &bytes);
+                    touched.push(endpoint);
+                }
+            }
+            Event::Ended { endpoint, error } => {
+                if self.io(endpoint).is_some() {
+                    self.core.handle_closed(now, endpoint, error);
+                    touched.push(endpoint);
+                }
+            }
+        }
+    }
+
+    /// Writes what the endpoint's stream or socket takes now; one that takes less stays in
+    /// `blocked`, and tokio wakes the core task when it has room again. An endpoint aborted
+    /// is closed and released.
+    fn write(&mut self, cx: &mut Context<'_>, endpoint: Endpoint) {
+        use tokio::io::AsyncWrite;
+        let Some(state) = self.core.state(endpoint) else { return };
+        if self.io(endpoint).is_none() {
+            return;
+        }
+        if state.closing == Closing::Abort {
+            return self.finish(endpoint);
+        }
+        let io = self.ios[endpoint.index() as usize].as_mut().expect("invariant: checked above");
+        loop {
+            if io.written == io.out.len() {
+                io.out.clear();
+                io.written = 0;
+                self.core.take_output(endpoint, &mut io.out);
+                if io.out.is_empty() {
+                    break;
+                }
+            }
+            let unsent = &io.out[io.written..];
+            let wrote = match &mut io.side {
+                Side::Session { send, .. } => AsyncWrite::poll_write(Pin::new(send), cx, unsent),
+                Side::Link { write, .. } => AsyncWrite::poll_write(Pin::new(write), cx, unsent),
+            };
+            match wrote {
+                Poll::Ready(Ok(n)) => {
+                    io.written += n;
+                    self.core.handle_sent(endpoint, n);
+                }
+                Poll::Ready(Err(error)) => {
+                    self.core.handle_closed(Instant::now(), endpoint, Some(error));
+                    return self.finish(endpoint);
+                }
+                Poll::Pending => break,
+            }
+        }
+        if io.written < io.out.len() {
+            if !io.blocked {
+                io.blocked = true;
+                self.blocked.push(endpoint);
+            }
+            return;
+        }
+        if let Side::Session { send, finished, .. } = &mut io.side {
+            if state.closing == Closing::AfterFlush && !*finished {
+                // Like TCP's half-close: the client reads everything, then sees the end of
+                // the stream, and closes the connection.
+                *finished = true;
+                let _ = send.finish();
+            }
+        }
+    }
+
+    /// Retries the endpoints whose stream was full; ready when any of them moved.
+    fn poll_blocked(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.blocked.is_empty() {
+            return Poll::Pending;
+        }
+        let mut moved = false;
+        for endpoint in std::mem::take(&mut self.blocked) {
+            let Some(io) = self.io(endpoint) else {
+                moved = true;
+                continue;
+            };
+            io.blocked = false;
+            let unsent = io.out.len() - io.written;
+            self.write(cx, endpoint);
+            let still = self.io(endpoint).map(|io| io.out.len() - io.written);
+            moved |= still != Some(unsent);
+        }
+        if moved {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn finish(&mut self, endpoint: Endpoint) {
+        if let Some(io) = self.ios[endpoint.index() as usize].take() {
+            if let Side::Session { connection, .. } = &io.side {
+                self.metrics.quic_connections.add(-1);
+                connection.close(CLOSE_DONE.into(), b"closed");
+            }
+        }
+        self.core.release(endpoint);
     }
 }
 
 /// Hands a relay link's bytes to the core task.
 async fn read_link(
     mut read: tokio::net::tcp::OwnedReadHalf,
-    index: u32,
-    generation: u32,
+    endpoint: Endpoint,
     events: mpsc::Sender<Event>,
 ) {
     use tokio::io::AsyncReadExt;
     loop {
         let mut bytes = Vec::with_capacity(READ_CHUNK);
         let event = match read.read_buf(&mut bytes).await {
-            Ok(0) => Event::LinkEnded { index, generation, error: None },
-            Ok(_) => Event::LinkData { index, generation, bytes },
-            Err(error) => Event::LinkEnded { index, generation, error: Some(error) },
+            Ok(0) => Event::Ended { endpoint, error: None },
+            Ok(_) => Event::Data { endpoint, bytes: bytes.into() },
+            Err(error) => Event::Ended { endpoint, error: Some(error) },
         };
-        let ended = matches!(event, Event::LinkEnded { .. });
+        let ended = matches!(event, Event::Ended { .. });
         if events.send(event).await.is_err() || ended {
             return;
-        }
-    }
-}
-
-/// Writes what a relay link has queued as far as its socket takes it; a link that takes
-/// less waits in `blocked` and tokio wakes the core task when it has room. Closes a link
-/// the core let go.
-fn write_link(
-    cx: &mut Context<'_>,
-    core: &mut Core<QuicConn, QuicLink>,
-    index: u32,
-    blocked: &mut Vec<u32>,
-) {
-    use tokio::io::AsyncWrite;
-    let Some(uplink) = core.uplink_mut(index) else { return };
-    if uplink.failed {
-        core.remove_uplink(index);
-        return;
-    }
-    while uplink.io.written < uplink.out.len() {
-        match Pin::new(&mut uplink.io.write).poll_write(cx, &uplink.out[uplink.io.written..]) {
-            Poll::Ready(Ok(n)) => uplink.io.written += n,
-            Poll::Ready(Err(error)) => {
-                core.on_link_lost(index, LinkFailure::Socket(error));
-                core.remove_uplink(index);
-                return;
-            }
-            Poll::Pending => break,
-        }
-    }
-    if uplink.io.written == uplink.out.len() {
-        uplink.out.clear();
-        uplink.io.written = 0;
-    } else if !uplink.io.blocked {
-        uplink.io.blocked = true;
-        blocked.push(index);
-    }
-}
-
-/// Retries the links whose socket was full; ready when any of them moved.
-fn poll_blocked_links(
-    cx: &mut Context<'_>,
-    core: &mut Core<QuicConn, QuicLink>,
-    blocked: &mut Vec<u32>,
-) -> Poll<()> {
-    if blocked.is_empty() {
-        return Poll::Pending;
-    }
-    let mut moved = false;
-    for index in std::mem::take(blocked) {
-        let Some(uplink) = core.uplink_mut(index) else {
-            moved = true;
-            continue;
-        };
-        uplink.io.blocked = false;
-        let unsent = uplink.out.len() - uplink.io.written;
-        write_link(cx, core, index, blocked);
-        let still = core.uplink_mut(index).map(|u| u.out.len() - u.io.written);
-        moved |= still != Some(unsent);
-    }
-    if moved {
-        Poll::Ready(())
-    } else {
-        Poll::Pending
-    }
-}
-
-fn on_event(
-    core: &mut Core<QuicConn, QuicLink>,
-    event: Event,
-    events: &mpsc::Sender<Event>,
-    metrics: &Arc<GatewayMetrics>,
-) {
-    match event {
-        Event::LinkData { index, generation, bytes } => {
-            if core.uplink_generation(index) == generation {
-                core.on_link_data(index, &bytes, Instant::now());
-            }
-        }
-        Event::LinkEnded { index, generation, error } => {
-            if core.uplink_generation(index) == generation {
-                let failure = error.map_or(LinkFailure::Closed, LinkFailure::Socket);
-                core.on_link_lost(index, failure);
-            }
-        }
-        Event::Opened { connection, send, recv } => {
-            let reader = connection.clone();
-            let peer = connection.remote_address().ip();
-            let conn = QuicConn { connection, send, written: 0, finished: false, blocked: false };
-            let slot = match core.insert(conn, Some(peer), Instant::now()) {
-                Ok(slot) => slot,
-                Err((mut conn, refusal)) => {
-                    // Told why, then closed once the client had time to read it.
-                    tokio::spawn(async move {
-                        let _ = conn.send.write_all(&refusal.frame()).await;
-                        let _ = conn.send.finish();
-                        let _ = tokio::time::timeout(LINGER, conn.connection.closed()).await;
-                        conn.connection.close(CLOSE_DONE.into(), b"refused");
-                    });
-                    return;
-                }
-            };
-            let generation = core.generation(slot);
-            metrics.quic_connections.add(1);
-            tokio::spawn(read_stream(
-                recv,
-                reader,
-                slot,
-                generation,
-                events.clone(),
-                Arc::clone(metrics),
-            ));
-        }
-        Event::Data { slot, generation, bytes } => {
-            if core.generation(slot) == generation {
-                core.on_data(slot, &bytes, Instant::now());
-            }
-        }
-        Event::Ended { slot, generation } => {
-            if core.generation(slot) != generation {
-                return;
-            }
-            let Some(conn) = core.get_mut(slot) else { return };
-            if conn.closing == Closing::No {
-                core.on_peer_closed(slot);
-            } else {
-                // The client read our close and ended too: finish now.
-                conn.closing = Closing::Abort;
-                core.mark_dirty(slot);
-            }
         }
     }
 }
@@ -534,8 +540,7 @@ async fn handshake(
 async fn read_stream(
     mut recv: quinn::RecvStream,
     connection: quinn::Connection,
-    slot: u32,
-    generation: u32,
+    endpoint: Endpoint,
     events: mpsc::Sender<Event>,
     metrics: Arc<GatewayMetrics>,
 ) {
@@ -549,91 +554,12 @@ async fn read_stream(
             path = now;
         }
         let event = match read {
-            Ok(Some(chunk)) => Event::Data { slot, generation, bytes: chunk.bytes },
-            Ok(None) | Err(_) => Event::Ended { slot, generation },
+            Ok(Some(chunk)) => Event::Data { endpoint, bytes: chunk.bytes },
+            Ok(None) | Err(_) => Event::Ended { endpoint, error: None },
         };
         let ended = matches!(event, Event::Ended { .. });
         if events.send(event).await.is_err() || ended {
             return;
         }
-    }
-}
-
-/// Retries the sessions whose stream was full; ready when any of them moved.
-fn poll_blocked(
-    cx: &mut Context<'_>,
-    core: &mut Core<QuicConn, QuicLink>,
-    blocked: &mut Vec<u32>,
-) -> Poll<()> {
-    if blocked.is_empty() {
-        return Poll::Pending;
-    }
-    let metrics = Arc::clone(&core.shared().metrics);
-    let slots = std::mem::take(blocked);
-    let mut moved = false;
-    for &slot in &slots {
-        let Some(conn) = core.get_mut(slot) else {
-            moved = true;
-            continue;
-        };
-        conn.io.blocked = false;
-        let unsent = conn.out.len() - conn.io.written;
-        write_out(cx, core, slot, blocked, &metrics);
-        let still = core.get_mut(slot).map(|conn| conn.out.len() - conn.io.written);
-        moved |= still != Some(unsent);
-    }
-    if moved {
-        Poll::Ready(())
-    } else {
-        Poll::Pending
-    }
-}
-
-/// Writes what the stream takes now. A stream that takes less stays in `blocked`, and
-/// quinn wakes the core task when it has room again.
-fn write_out(
-    cx: &mut Context<'_>,
-    core: &mut Core<QuicConn, QuicLink>,
-    slot: u32,
-    blocked: &mut Vec<u32>,
-    metrics: &Arc<GatewayMetrics>,
-) {
-    let Some(conn) = core.get_mut(slot) else { return };
-    if conn.closing == Closing::Abort {
-        return finish(core, slot, metrics);
-    }
-    while conn.io.written < conn.out.len() {
-        match Pin::new(&mut conn.io.send).poll_write(cx, &conn.out[conn.io.written..]) {
-            Poll::Ready(Ok(n)) => {
-                conn.io.written += n;
-                metrics.bytes_out.add(n as u64);
-            }
-            Poll::Ready(Err(_)) => {
-                core.on_peer_closed(slot);
-                return finish(core, slot, metrics);
-            }
-            Poll::Pending => break,
-        }
-    }
-    let drained = conn.io.written == conn.out.len();
-    if drained {
-        conn.out.clear();
-        conn.io.written = 0;
-        if conn.closing == Closing::AfterFlush && !conn.io.finished {
-            // Like TCP's half-close: the client reads everything, then sees the end of the
-            // stream, and closes the connection.
-            conn.io.finished = true;
-            let _ = conn.io.send.finish();
-        }
-    } else if !conn.io.blocked {
-        conn.io.blocked = true;
-        blocked.push(slot);
-    }
-}
-
-fn finish(core: &mut Core<QuicConn, QuicLink>, slot: u32, metrics: &Arc<GatewayMetrics>) {
-    if let Some(conn) = core.remove(slot) {
-        metrics.quic_connections.add(-1);
-        conn.io.connection.close(CLOSE_DONE.into(), b"closed");
     }
 }

@@ -59,6 +59,67 @@ impl Shared {
     }
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+impl Shared {
+    /// One worker's shared state without etcd or sockets, for the core's tests and the
+    /// fuzzing harness: the config's limits and dev mode, routing by `table`, player ids
+    /// from `ids`, no player store, metrics in a registry of its own.
+    pub(crate) fn for_tests(
+        config: GatewayConfig,
+        table: crate::routing::RoutingTable,
+        ids: Vec<std::ops::Range<u64>>,
+    ) -> Shared {
+        let registry = meridian_observe::Registry::default();
+        let metrics = GatewayMetrics::new(&registry, config.id, config.io);
+        Shared {
+            routing: Arc::new(vec![meridian_cluster::EpochCell::new(table)]),
+            ids: crate::ids::IdPool::fixed(ids),
+            metrics: Arc::new(metrics),
+            stopping: Arc::new(AtomicBool::new(false)),
+            round_robin: AtomicUsize::new(0),
+            admission: crate::limits::Admission::new(config.limits.clone()),
+            output_by_worker: vec![AtomicUsize::new(0)],
+            worker_failed: tokio::sync::Notify::new(),
+            login_keys: crate::accounts::LoginKeys::new(None, config.dev_mode),
+            clock: crate::accounts::UnixClock::now(),
+            accounts: None,
+            config,
+        }
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl GatewayConfig {
+    /// A one-worker gateway's config for tests: round-robin placement, the given limits,
+    /// resume tokens signed with `resume_key`, nothing else configured.
+    pub(crate) fn for_tests(
+        limits: crate::limits::Limits,
+        dev_mode: bool,
+        resume_key: meridian_protocol::TokenKey,
+    ) -> GatewayConfig {
+        GatewayConfig {
+            placement: crate::Placement::RoundRobin,
+            id: meridian_cluster::GatewayId(1),
+            cluster: "test".into(),
+            etcd: Default::default(),
+            io: crate::IoBackend::Epoll,
+            workers: 1,
+            max_frame: meridian_protocol::DEFAULT_MAX_FRAME,
+            max_output_bytes: 1 << 20,
+            limits,
+            dev_mode,
+            lease_ttl: Duration::from_secs(3),
+            resume_keys: resume_key.into(),
+            admin: meridian_observe::Private::Closed,
+            advertise_admin: None,
+            advertise: None,
+            jwks: None,
+            accounts: None,
+            tls: None,
+        }
+    }
+}
+
 /// A session id names one connection on one worker for its whole life:
 /// `worker (16 bits) | slot (24 bits) | generation (24 bits)`.
 pub fn session_id(worker: usize, slot: u32, generation: u32) -> u64 {
@@ -81,8 +142,15 @@ pub fn session_worker(session: u64) -> usize {
 
 /// What the link manager and the player store tell a worker.
 pub enum Mail {
-    /// A relay link to a shard is connected for this worker.
+    /// A relay link to a shard is connected for this worker: the event loop takes its
+    /// socket, then hands the rest to its core (`Core::link_connected`).
     LinkUp(crate::uplink::LinkUp),
+    /// Mail for the worker's core itself (`Core::handle_mail`).
+    Core(CoreMail),
+}
+
+/// What a worker's core is told by the tasks beside it, through its event loop.
+pub enum CoreMail {
     /// Shard output handed over directly, as if read from the shard's link: for the core's
     /// tests and the simulator's harness, which have no sockets.
     #[cfg(any(test, feature = "fuzzing"))]
@@ -110,6 +178,9 @@ pub enum AccountAnswer {
     /// The id offered belongs to another account: ask again with another.
     IdTaken,
     Unavailable(String),
+    /// The request never reached the store: its queue was full. The login is refused
+    /// `UNAVAILABLE` and may be tried again.
+    Busy,
 }
 
 /// A worker's inbox for shard output, and the way to wake its event loop.
@@ -141,12 +212,12 @@ impl Mailbox {
 
     /// Tells the worker to restore the players of a dead shard.
     pub async fn restore(&self, dead: ShardId) {
-        self.send(Mail::Restore { dead }).await;
+        self.send(Mail::Core(CoreMail::Restore { dead })).await;
     }
 
     /// Hands a login its account's player (or why not).
     pub async fn account(&self, session: u64, answer: AccountAnswer) {
-        self.send(Mail::Account { session, answer }).await;
+        self.send(Mail::Core(CoreMail::Account { session, answer })).await;
     }
 
     async fn send(&self, mut mail: Mail) {
@@ -175,11 +246,6 @@ impl Inbox {
     pub fn drain_start(&self) {
         self.woken.store(false, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-    }
-
-    #[cfg(any(test, feature = "fuzzing"))]
-    pub(crate) fn for_tests(receiver: Receiver<Mail>) -> Inbox {
-        Inbox { receiver, woken: Arc::new(AtomicBool::new(false)) }
     }
 
     pub fn try_recv(&self) -> Option<Mail> {

@@ -1,8 +1,10 @@
 //! Socket options and descriptor limits shared by the event loops.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
+
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::limits::Refusal;
 
@@ -14,6 +16,16 @@ const KEEPALIVE_IDLE_SECS: libc::c_int = 30;
 const KEEPALIVE_INTERVAL_SECS: libc::c_int = 10;
 const KEEPALIVE_PROBES: libc::c_int = 3;
 const USER_TIMEOUT_MS: libc::c_int = 60_000;
+
+/// Binds a game listener with SO_REUSEPORT and a deep accept queue.
+pub fn bind_game_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
 
 fn set(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
     // SAFETY: setsockopt with a valid pointer to a c_int and its size; a failure only

@@ -61,11 +61,9 @@ pub enum LinkFailure {
     Unrouted,
 }
 
-/// One link, as its worker keeps it. `io` is the event loop's part (the socket and its
-/// send in flight).
-pub struct Uplink<T> {
+/// One link, as its worker's core keeps it (the socket is the event loop's).
+pub struct Uplink {
     pub link: Arc<ShardLink>,
-    pub io: T,
     tls: Option<Box<rustls::ClientConnection>>,
     /// Frames not yet sealed into TLS records (with TLS only).
     plain: Vec<u8>,
@@ -77,33 +75,39 @@ pub struct Uplink<T> {
     inbuf: Vec<u8>,
     heard: Instant,
     said: Instant,
-    gone: Option<tokio::sync::oneshot::Sender<()>>,
+    gone: Option<GoneToken>,
     /// Bytes it may have unsent before inputs wait ([`UPLINK_BUFFER`]).
     pub(crate) room: usize,
     /// Let go: the event loop closes its socket once nothing is in flight on it.
     pub failed: bool,
+    /// Something was queued since the last seal.
     pub(crate) dirty: bool,
+    /// Sealed (or failed) since the event loop last looked: it is to write or close it.
+    pub(crate) ready: bool,
 }
+
+/// What the connecting task waits on: dropped when the worker lets the link go. Opaque to
+/// the core (it is a channel's sending half, which the core only drops).
+pub type GoneToken = Box<dyn std::any::Any + Send>;
 
 /// A [`LinkUp`] without its socket, which the event loop has made its own.
 pub struct Connected {
     pub link: Arc<ShardLink>,
     pub tls: Option<Box<rustls::ClientConnection>>,
-    pub gone: tokio::sync::oneshot::Sender<()>,
+    pub gone: GoneToken,
 }
 
 impl LinkUp {
     /// The socket, and the rest for the core.
     pub fn split(self) -> (std::net::TcpStream, Connected) {
-        (self.stream, Connected { link: self.link, tls: self.tls, gone: self.gone })
+        (self.stream, Connected { link: self.link, tls: self.tls, gone: Box::new(self.gone) })
     }
 }
 
-impl<T> Uplink<T> {
-    pub fn new(up: Connected, io: T, now: Instant) -> Uplink<T> {
+impl Uplink {
+    pub fn new(up: Connected, now: Instant) -> Uplink {
         Uplink {
             link: up.link,
-            io,
             tls: up.tls,
             plain: Vec::new(),
             out: Vec::new(),
@@ -115,6 +119,7 @@ impl<T> Uplink<T> {
             room: UPLINK_BUFFER,
             failed: false,
             dirty: true,
+            ready: false,
         }
     }
 
@@ -248,66 +253,6 @@ impl<T> Uplink<T> {
     }
 }
 
-/// A worker's links, in slots that keep their index for the link's life; a slot's
-/// generation tells a completion for an earlier link in it from one for the current.
-pub struct Uplinks<T> {
-    slots: Vec<Option<Uplink<T>>>,
-    generations: Vec<u32>,
-    /// The routing table version the links were last checked against.
-    pub(crate) version: u64,
-}
-
-impl<T> Default for Uplinks<T> {
-    fn default() -> Self {
-        Uplinks { slots: Vec::new(), generations: Vec::new(), version: 0 }
-    }
-}
-
-impl<T> Uplinks<T> {
-    pub fn insert(&mut self, uplink: Uplink<T>) -> u32 {
-        let index = match self.slots.iter().position(Option::is_none) {
-            Some(free) => free,
-            None => {
-                self.slots.push(None);
-                self.generations.push(0);
-                self.slots.len() - 1
-            }
-        };
-        self.generations[index] = self.generations[index].wrapping_add(1);
-        self.slots[index] = Some(uplink);
-        index as u32
-    }
-
-    pub fn get_mut(&mut self, index: u32) -> Option<&mut Uplink<T>> {
-        self.slots.get_mut(index as usize).and_then(Option::as_mut)
-    }
-
-    pub fn generation(&self, index: u32) -> u32 {
-        self.generations.get(index as usize).copied().unwrap_or(0)
-    }
-
-    pub fn remove(&mut self, index: u32) -> Option<Uplink<T>> {
-        self.slots.get_mut(index as usize).and_then(Option::take)
-    }
-
-    /// The live (not failed) link for `link`, if connected.
-    pub fn find(&self, link: &Arc<ShardLink>) -> Option<u32> {
-        self.slots
-            .iter()
-            .position(|slot| slot.as_ref().is_some_and(|u| !u.failed && Arc::ptr_eq(&u.link, link)))
-            .map(|index| index as u32)
-    }
-
-    /// Slots, used or not: an index past them is never a link.
-    pub fn slots(&self) -> u32 {
-        self.slots.len() as u32
-    }
-
-    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
-        self.slots.iter().enumerate().filter(|(_, s)| s.is_some()).map(|(i, _)| i as u32)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use meridian_cluster::ShardId;
@@ -316,14 +261,14 @@ mod tests {
 
     use super::*;
 
-    fn uplink() -> (Uplink<()>, tokio::sync::oneshot::Receiver<()>) {
+    fn uplink() -> (Uplink, tokio::sync::oneshot::Receiver<()>) {
         uplink_at(Instant::now())
     }
 
-    fn uplink_at(now: Instant) -> (Uplink<()>, tokio::sync::oneshot::Receiver<()>) {
+    fn uplink_at(now: Instant) -> (Uplink, tokio::sync::oneshot::Receiver<()>) {
         let link = Arc::new(ShardLink::registered(ShardId(1), 0, Default::default()));
         let (gone, released) = tokio::sync::oneshot::channel();
-        (Uplink::new(Connected { link, tls: None, gone }, (), now), released)
+        (Uplink::new(Connected { link, tls: None, gone: Box::new(gone) }, now), released)
     }
 
     fn delivery(session: u64) -> Delivery {
@@ -456,10 +401,10 @@ mod tests {
             pass(&mut wire, &mut client, &mut Vec::new());
         }
         let link = Arc::new(ShardLink::registered(ShardId(1), 0, Default::default()));
-        let (gone, _released) = tokio::sync::oneshot::channel();
+        let (gone, _released) = tokio::sync::oneshot::channel::<()>();
         let now = Instant::now();
-        let connected = Connected { link, tls: Some(Box::new(client)), gone };
-        let mut link = Uplink::new(connected, (), now);
+        let connected = Connected { link, tls: Some(Box::new(client)), gone: Box::new(gone) };
+        let mut link = Uplink::new(connected, now);
         let inputs = pings(20_000);
         link.queue(inputs);
         assert!(link.plain.len() > 64 * 1024, "more than rustls's default buffer");

@@ -4,8 +4,11 @@
 //! recv per connection drawing from a provided buffer ring (no buffer is tied up by an idle
 //! connection), sends straight from the connection's reusable output buffer, and one
 //! `io_uring_enter` per loop iteration that both submits everything queued and waits.
-//! The worker's relay links to the shards are driven the same way: a multishot recv each
-//! from the same buffer ring, and sends from the link's reusable output buffer. Mail (a
+//! The worker's relay links to the shards are endpoints like the clients (one id space,
+//! [`Endpoint`]), with one read path and one write path for both: a multishot recv each
+//! from the same buffer ring, and sends from the endpoint's reusable output buffer. The
+//! loop keeps only sockets and what is in flight on them; what the bytes mean is the
+//! core's ([`Core`]'s door). Mail (a
 //! newly connected link, a dead shard's restore, a player store answer) wakes the loop
 //! through an eventfd read that is always armed.
 
@@ -14,22 +17,22 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use io_uring::types::BufRingEntry;
 use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 use tracing::{debug, info, warn};
 
-use crate::core::{Closing, Core, LINGER};
-use crate::shared::{report_exit, WorkerStart};
+use crate::core::{Closing, Core, Endpoint, Front, Refused, LINGER, TICK};
+use crate::shared::{report_exit, Inbox, WorkerStart};
+use crate::shell;
 use crate::sockets::{configure_client_socket, is_resource_exhaustion, peer_ip, refuse_raw};
-use crate::uplink::LinkFailure;
+use crate::uplink::LinkUp;
 
 const RING_ENTRIES: u32 = 4096;
 const BUFFER_GROUP: u16 = 0;
 const BUFFER_COUNT: u16 = 2048;
 const BUFFER_SIZE: usize = 4096;
-const TICK: Duration = Duration::from_millis(250);
 
 const OP_ACCEPT: u64 = 1;
 const OP_RECV: u64 = 2;
@@ -40,9 +43,6 @@ const OP_TICK: u64 = 5;
 const OP_CANCEL: u64 = 6;
 /// Accepts on the WebSocket listener.
 const OP_ACCEPT_WS: u64 = 7;
-/// Receives and sends on a relay link to a shard (the slot is the link's).
-const OP_LINK_RECV: u64 = 8;
-const OP_LINK_SEND: u64 = 9;
 
 fn user_data(op: u64, slot: u32, generation: u32) -> u64 {
     (op << 56) | (u64::from(slot & 0x00ff_ffff) << 32) | u64::from(generation)
@@ -103,9 +103,12 @@ pub(crate) fn restricted_ring(entries: u32) -> io::Result<IoUring> {
     Ok(ring)
 }
 
-pub struct UringConn {
+/// The loop's part of one endpoint (a client connection or a relay link): its socket and
+/// what is in flight on it. Kept by the endpoint's index; the core keeps the rest.
+struct Io {
+    endpoint: Endpoint,
     fd: RawFd,
-    /// The buffer owned by an in-flight send; swapped with the core's `out` when idle.
+    /// The buffer owned by an in-flight send; swapped with the core's output when idle.
     sending: Vec<u8>,
     sent: usize,
     send_in_flight: bool,
@@ -120,9 +123,10 @@ pub struct UringConn {
     read_shut: bool,
 }
 
-impl UringConn {
-    fn new(fd: RawFd) -> UringConn {
-        UringConn {
+impl Io {
+    fn new(endpoint: Endpoint, fd: RawFd) -> Io {
+        Io {
+            endpoint,
             fd,
             sending: Vec::new(),
             sent: 0,
@@ -249,7 +253,9 @@ impl Drop for BufRing {
 
 struct Loop {
     ring: IoUring,
-    core: Core<UringConn>,
+    core: Core,
+    /// Each endpoint's socket, by the endpoint's index.
+    ios: Vec<Option<Io>>,
     /// The game listener, then the WebSocket listener if there is one.
     listeners: [Option<Listening>; 2],
     eventfd: RawFd,
@@ -258,13 +264,14 @@ struct Loop {
     stopping_since: Option<Instant>,
     /// The time of the current iteration's completions.
     now: Instant,
+    /// Endpoints whose completions came this iteration, driven at its end.
+    touched: Vec<Endpoint>,
 }
 
 /// A listener the loop accepts on.
 struct Listening {
     fd: RawFd,
-    /// Its connections speak WebSocket.
-    ws: bool,
+    front: Front,
     /// The multishot accept is armed (its last completion had the MORE flag).
     armed: bool,
     /// Accepting stopped after running out of descriptors or memory; the next tick re-arms.
@@ -276,7 +283,7 @@ impl Loop {
     fn push(&mut self, entry: squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: every buffer an entry points to is owned by `self` (wake_buf, tick,
-            // a connection's `sending`) or by the buffer ring, and outlives the operation.
+            // an endpoint's `sending`) or by the buffer ring, and outlives the operation.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
                 return Ok(());
             }
@@ -284,10 +291,15 @@ impl Loop {
         }
     }
 
+    fn io(&mut self, endpoint: Endpoint) -> Option<&mut Io> {
+        let io = self.ios.get_mut(endpoint.index() as usize)?.as_mut()?;
+        (io.endpoint == endpoint).then_some(io)
+    }
+
     fn arm_accept(&mut self, which: usize) -> io::Result<()> {
         let Some(listening) = self.listeners[which].as_mut() else { return Ok(()) };
         listening.armed = true;
-        let op = if listening.ws { OP_ACCEPT_WS } else { OP_ACCEPT };
+        let op = if which == 0 { OP_ACCEPT } else { OP_ACCEPT_WS };
         let entry = opcode::AcceptMulti::new(types::Fd(listening.fd))
             .flags(libc::SOCK_CLOEXEC)
             .build()
@@ -308,21 +320,19 @@ impl Loop {
         self.push(entry)
     }
 
-    fn arm_recv(&mut self, slot: u32) -> io::Result<()> {
-        let generation = self.core.generation(slot);
-        let Some(conn) = self.core.get_mut(slot) else {
-            return Ok(());
-        };
-        conn.io.recv_armed = true;
-        let entry = if conn.io.one_buffer_at_a_time {
-            opcode::Recv::new(types::Fd(conn.io.fd), std::ptr::null_mut(), BUFFER_SIZE as u32)
+    fn arm_recv(&mut self, endpoint: Endpoint) -> io::Result<()> {
+        let Some(io) = self.io(endpoint) else { return Ok(()) };
+        io.recv_armed = true;
+        let entry = if io.one_buffer_at_a_time {
+            opcode::Recv::new(types::Fd(io.fd), std::ptr::null_mut(), BUFFER_SIZE as u32)
                 .buf_group(BUFFER_GROUP)
                 .build()
                 .flags(squeue::Flags::BUFFER_SELECT)
         } else {
-            opcode::RecvMulti::new(types::Fd(conn.io.fd), BUFFER_GROUP).build()
+            opcode::RecvMulti::new(types::Fd(io.fd), BUFFER_GROUP).build()
         };
-        self.push(entry.user_data(user_data(OP_RECV, slot, generation)))
+        let data = user_data(OP_RECV, endpoint.index(), endpoint.generation());
+        self.push(entry.user_data(data))
     }
 
     fn cancel(&mut self, target: u64) -> io::Result<()> {
@@ -330,10 +340,20 @@ impl Loop {
         self.push(entry)
     }
 
+    /// Starts driving an endpoint's socket, with its recv armed.
+    fn open(&mut self, endpoint: Endpoint, fd: RawFd) -> io::Result<()> {
+        let index = endpoint.index() as usize;
+        if self.ios.len() <= index {
+            self.ios.resize_with(index + 1, || None);
+        }
+        self.ios[index] = Some(Io::new(endpoint, fd));
+        self.arm_recv(endpoint)
+    }
+
     fn on_accept(&mut self, which: usize, result: i32, flags: u32) -> io::Result<()> {
         let more = cqueue::more(flags);
         let Some(listening) = self.listeners[which].as_mut() else { return Ok(()) };
-        let ws = listening.ws;
+        let front = listening.front;
         if !more {
             listening.armed = false;
         }
@@ -348,7 +368,7 @@ impl Loop {
                 }
                 listening.backoff = true;
                 if more {
-                    let op = if ws { OP_ACCEPT_WS } else { OP_ACCEPT };
+                    let op = if which == 0 { OP_ACCEPT } else { OP_ACCEPT_WS };
                     self.cancel(user_data(op, 0, 0))?;
                 }
                 return Ok(());
@@ -368,40 +388,47 @@ impl Loop {
             return Ok(());
         }
         configure_client_socket(fd);
-        let conn = UringConn::new(fd);
-        if ws {
-            return match self.core.insert_ws(conn, peer_ip(fd), self.now) {
-                Ok(slot) => self.arm_recv(slot),
-                Err(conn) => {
-                    // SAFETY: closing the fd just accepted, which nothing else has.
-                    unsafe { libc::close(conn.fd) };
-                    Ok(())
-                }
-            };
-        }
-        match self.core.insert(conn, peer_ip(fd), self.now) {
-            Ok(slot) => self.arm_recv(slot),
-            Err((conn, refusal)) => {
-                refuse_raw(conn.fd, refusal);
+        match self.core.accept(self.now, peer_ip(fd), front) {
+            Ok(endpoint) => self.open(endpoint, fd),
+            Err(Refused::Tell(refusal)) => {
+                refuse_raw(fd, refusal);
+                Ok(())
+            }
+            Err(Refused::Close) => {
+                // SAFETY: closing the fd just accepted, which nothing else has.
+                unsafe { libc::close(fd) };
                 Ok(())
             }
         }
     }
 
+    /// A connected relay link: its socket joins the loop's endpoints.
+    fn open_link(&mut self, up: LinkUp) -> io::Result<()> {
+        let (stream, connected) = up.split();
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(stream);
+        match self.core.link_connected(self.now, connected) {
+            Some(endpoint) => self.open(endpoint, fd),
+            None => {
+                // SAFETY: the fd was just taken from its stream; nothing else has it.
+                unsafe { libc::close(fd) };
+                Ok(())
+            }
+        }
+    }
+
+    /// A receive on any endpoint completed (one buffer of it, for a multishot receive).
     fn on_recv(
         &mut self,
-        slot: u32,
-        generation: u32,
+        endpoint: Endpoint,
         result: i32,
         flags: u32,
         buffers: &mut BufRing,
     ) -> io::Result<()> {
         let buffer = cqueue::buffer_select(flags);
-        let current = self.core.generation(slot) == generation;
+        let current = self.io(endpoint).is_some();
         if current && result > 0 {
             if let Some(bid) = buffer {
-                let data = buffers.bytes(bid, result as usize);
-                self.core.on_data(slot, data, self.now);
+                self.core.handle_read(self.now, endpoint, buffers.bytes(bid, result as usize));
             }
         }
         if let Some(bid) = buffer {
@@ -410,82 +437,67 @@ impl Loop {
         if !current {
             return Ok(());
         }
+        self.touched.push(endpoint);
         let more = cqueue::more(flags);
-        let Some(conn) = self.core.get_mut(slot) else {
-            return Ok(());
-        };
+        let state = self.core.state(endpoint);
+        let Some(io) = self.io(endpoint) else { return Ok(()) };
         if !more {
-            conn.io.recv_armed = false;
-            conn.io.recv_cancelling = false;
+            io.recv_armed = false;
+            io.recv_cancelling = false;
         }
-        if conn.read_paused {
-            conn.io.one_buffer_at_a_time = true;
+        let paused = state.is_some_and(|s| s.paused);
+        if paused {
+            io.one_buffer_at_a_time = true;
         }
-        if conn.read_paused && conn.io.recv_armed && !conn.io.recv_cancelling {
+        if paused && io.recv_armed && !io.recv_cancelling {
             // Over its input budget: stop reading; `drive` re-arms once the core resumes.
-            conn.io.recv_cancelling = true;
-            self.cancel(user_data(OP_RECV, slot, generation))?;
+            io.recv_cancelling = true;
+            self.cancel(user_data(OP_RECV, endpoint.index(), endpoint.generation()))?;
         }
-        let Some(conn) = self.core.get_mut(slot) else {
-            return Ok(());
-        };
+        let read_shut = self.io(endpoint).is_some_and(|io| io.read_shut);
         match result {
             n if n > 0 || n == -libc::ENOBUFS || n == -libc::ECANCELED => {
                 // Out of buffers (or the kernel ended the multishot): arm again unless closing
                 // or paused.
-                if !more
-                    && conn.closing != Closing::Abort
-                    && !conn.io.read_shut
-                    && !conn.read_paused
-                {
-                    self.arm_recv(slot)?;
+                let readable = state.is_some_and(|s| s.closing != Closing::Abort && !s.paused);
+                if !more && readable && !read_shut {
+                    self.arm_recv(endpoint)?;
                 }
             }
-            _ => {
-                // EOF or error: the peer is gone, or it has read our close and closed too.
-                if conn.closing == Closing::No {
-                    self.core.on_peer_closed(slot);
-                } else {
-                    conn.closing = Closing::Abort;
-                    self.core.mark_dirty(slot);
-                }
+            // EOF: the peer is gone, or it has read our close and closed too.
+            0 => self.core.handle_closed(self.now, endpoint, None),
+            n => {
+                let error = io::Error::from_raw_os_error(-n);
+                self.core.handle_closed(self.now, endpoint, Some(error));
             }
         }
-        self.core.mark_dirty(slot);
         Ok(())
     }
 
-    fn on_send(&mut self, slot: u32, generation: u32, result: i32) {
-        if self.core.generation(slot) != generation {
-            return;
-        }
-        let metrics = Arc::clone(&self.core.shared().metrics);
-        let Some(conn) = self.core.get_mut(slot) else {
-            return;
-        };
-        conn.io.send_in_flight = false;
+    fn on_send(&mut self, endpoint: Endpoint, result: i32) {
+        let Some(io) = self.io(endpoint) else { return };
+        io.send_in_flight = false;
         if result < 0 {
-            self.core.on_peer_closed(slot);
+            let error = io::Error::from_raw_os_error(-result);
+            self.core.handle_closed(self.now, endpoint, Some(error));
         } else {
-            metrics.bytes_out.add(result as u64);
-            conn.io.sent += result as usize;
-            if conn.io.sent >= conn.io.sending.len() {
-                conn.io.sending.clear();
-                conn.io.sent = 0;
+            io.sent += result as usize;
+            if io.sent >= io.sending.len() {
+                io.sending.clear();
+                io.sent = 0;
             }
+            self.core.handle_sent(endpoint, result as usize);
         }
-        self.core.mark_dirty(slot);
+        self.touched.push(endpoint);
     }
 
-    /// Moves a connection forward: start a send if idle, or take the next closing step.
-    fn drive(&mut self, slot: u32) -> io::Result<()> {
-        let generation = self.core.generation(slot);
-        let Some(conn) = self.core.get_mut(slot) else {
-            return Ok(());
-        };
-        let io = &mut conn.io;
-        conn.sending = io.sending.len() - io.sent;
-        if conn.closing == Closing::Abort {
+    /// Moves an endpoint forward: re-arm its recv after a pause, start a send if idle, or
+    /// take the next closing step (the last one releases it).
+    fn drive(&mut self, endpoint: Endpoint) -> io::Result<()> {
+        let Some(state) = self.core.state(endpoint) else { return Ok(()) };
+        let slot = self.ios.get_mut(endpoint.index() as usize).and_then(Option::as_mut);
+        let Some(io) = slot.filter(|io| io.endpoint == endpoint) else { return Ok(()) };
+        if state.closing == Closing::Abort {
             if !io.read_shut {
                 io.read_shut = true;
                 // SAFETY: shutdown on our own open fd; this ends the multishot recv.
@@ -493,175 +505,51 @@ impl Loop {
             }
             if !io.recv_armed && !io.send_in_flight {
                 let fd = io.fd;
-                self.core.remove(slot);
-                // SAFETY: no operation on `fd` is in flight any more, and the slot is gone.
+                self.ios[endpoint.index() as usize] = None;
+                self.core.release(endpoint);
+                // SAFETY: no operation on `fd` is in flight any more, and the endpoint is gone.
                 unsafe { libc::close(fd) };
             }
             return Ok(());
         }
-        if conn.closing == Closing::No && !conn.read_paused && !io.recv_armed && !io.read_shut {
+        if state.closing == Closing::No && !state.paused && !io.recv_armed && !io.read_shut {
             // Reading resumes after a pause for the input budget.
-            self.arm_recv(slot)?;
-            return self.drive(slot);
+            self.arm_recv(endpoint)?;
+            return self.drive(endpoint);
         }
         if !io.send_in_flight {
-            if io.sending.is_empty() && !conn.out.is_empty() {
-                std::mem::swap(&mut io.sending, &mut conn.out);
+            if io.sending.is_empty() && state.output > 0 {
+                self.core.take_output(endpoint, &mut io.sending);
                 io.sent = 0;
-                conn.sending = io.sending.len();
             }
             if io.sent < io.sending.len() {
                 let pending = &io.sending[io.sent..];
+                let data = user_data(OP_SEND, endpoint.index(), endpoint.generation());
                 let entry =
                     opcode::Send::new(types::Fd(io.fd), pending.as_ptr(), pending.len() as u32)
                         .flags(libc::MSG_NOSIGNAL)
                         .build()
-                        .user_data(user_data(OP_SEND, slot, generation));
+                        .user_data(data);
                 io.send_in_flight = true;
                 return self.push(entry);
             }
         }
-        if conn.closing == Closing::AfterFlush
+        if state.closing == Closing::AfterFlush
             && !io.send_in_flight
             && io.sending.is_empty()
-            && conn.out.is_empty()
+            && state.output == 0
             && !io.write_shut
         {
-            if self.core.end_of_output(slot) {
+            if self.core.finish_output(endpoint) {
                 // A WebSocket close frame goes out first.
-                return self.drive(slot);
+                return self.drive(endpoint);
             }
-            let Some(conn) = self.core.get_mut(slot) else { return Ok(()) };
-            let io = &mut conn.io;
+            let Some(io) = self.io(endpoint) else { return Ok(()) };
             io.write_shut = true;
             // SAFETY: shutdown on our own open fd. The client reads what we sent, then EOF;
             // its own close ends our recv and the connection.
             unsafe { libc::shutdown(io.fd, libc::SHUT_WR) };
         }
-        Ok(())
-    }
-
-    /// Takes the sockets of links connected for this worker.
-    fn open_links(&mut self) -> io::Result<()> {
-        for up in self.core.take_link_ups() {
-            let (stream, connected) = up.split();
-            let fd = std::os::fd::IntoRawFd::into_raw_fd(stream);
-            match self.core.open_uplink(connected, UringConn::new(fd), self.now) {
-                Ok(index) => self.arm_link_recv(index)?,
-                // SAFETY: the fd was just taken from its stream; nothing else has it.
-                Err(io) => unsafe {
-                    libc::close(io.fd);
-                },
-            }
-        }
-        Ok(())
-    }
-
-    fn arm_link_recv(&mut self, index: u32) -> io::Result<()> {
-        let generation = self.core.uplink_generation(index);
-        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
-        uplink.io.recv_armed = true;
-        let entry = opcode::RecvMulti::new(types::Fd(uplink.io.fd), BUFFER_GROUP).build();
-        self.push(entry.user_data(user_data(OP_LINK_RECV, index, generation)))
-    }
-
-    fn on_link_recv(
-        &mut self,
-        index: u32,
-        generation: u32,
-        result: i32,
-        flags: u32,
-        buffers: &mut BufRing,
-    ) -> io::Result<()> {
-        let buffer = cqueue::buffer_select(flags);
-        let current = self.core.uplink_generation(index) == generation;
-        if current && result > 0 {
-            if let Some(bid) = buffer {
-                self.core.on_link_data(index, buffers.bytes(bid, result as usize), self.now);
-            }
-        }
-        if let Some(bid) = buffer {
-            buffers.give_back(bid);
-        }
-        if !current {
-            return Ok(());
-        }
-        let more = cqueue::more(flags);
-        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
-        if !more {
-            uplink.io.recv_armed = false;
-        }
-        let failed = uplink.failed;
-        match result {
-            n if n > 0 || n == -libc::ENOBUFS || n == -libc::ECANCELED => {
-                if !more && !failed {
-                    self.arm_link_recv(index)?;
-                }
-            }
-            0 => self.core.on_link_lost(index, LinkFailure::Closed),
-            n => {
-                self.core.on_link_lost(index, LinkFailure::Socket(io::Error::from_raw_os_error(-n)))
-            }
-        }
-        self.drive_link(index)
-    }
-
-    fn on_link_send(&mut self, index: u32, generation: u32, result: i32) -> io::Result<()> {
-        if self.core.uplink_generation(index) != generation {
-            return Ok(());
-        }
-        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
-        uplink.io.send_in_flight = false;
-        if result < 0 {
-            let error = io::Error::from_raw_os_error(-result);
-            self.core.on_link_lost(index, LinkFailure::Socket(error));
-        } else {
-            uplink.io.sent += result as usize;
-            if uplink.io.sent >= uplink.io.sending.len() {
-                uplink.io.sending.clear();
-                uplink.io.sent = 0;
-            }
-        }
-        self.drive_link(index)
-    }
-
-    /// Moves a link forward: start a send if idle, or close it once let go and idle.
-    fn drive_link(&mut self, index: u32) -> io::Result<()> {
-        let generation = self.core.uplink_generation(index);
-        let Some(uplink) = self.core.uplink_mut(index) else { return Ok(()) };
-        let io = &mut uplink.io;
-        if uplink.failed {
-            if !io.read_shut {
-                io.read_shut = true;
-                // SAFETY: shutdown on our own open fd; this ends the multishot recv.
-                unsafe { libc::shutdown(io.fd, libc::SHUT_RDWR) };
-            }
-            if !io.recv_armed && !io.send_in_flight {
-                if let Some(io) = self.core.remove_uplink(index) {
-                    // SAFETY: nothing is in flight on the fd any more, and the link is gone.
-                    unsafe { libc::close(io.fd) };
-                }
-            }
-            return Ok(());
-        }
-        if !io.send_in_flight {
-            if io.sending.is_empty() && !uplink.out.is_empty() {
-                std::mem::swap(&mut io.sending, &mut uplink.out);
-                io.sent = 0;
-            }
-            if io.sent < io.sending.len() {
-                let pending = &io.sending[io.sent..];
-                let entry =
-                    opcode::Send::new(types::Fd(io.fd), pending.as_ptr(), pending.len() as u32)
-                        .flags(libc::MSG_NOSIGNAL)
-                        .build()
-                        .user_data(user_data(OP_LINK_SEND, index, generation));
-                io.send_in_flight = true;
-                uplink.sending = io.sending.len() - io.sent;
-                return self.push(entry);
-            }
-        }
-        uplink.sending = io.sending.len() - io.sent;
         Ok(())
     }
 
@@ -675,14 +563,31 @@ impl Loop {
                 }
             }
         }
-        self.core.tick(self.now);
-        for slot in self.core.lingering_too_long() {
-            if let Some(conn) = self.core.get_mut(slot) {
-                conn.closing = Closing::Abort;
-            }
-            self.core.mark_dirty(slot);
-        }
+        self.core.handle_timeout(self.now);
         self.arm_tick()
+    }
+
+    /// The end of an iteration: mail, the core's turn, then every endpoint with news.
+    fn end_iteration(&mut self, mail: &Inbox, dirty: &mut Vec<Endpoint>) -> io::Result<()> {
+        let mut opened = Ok(());
+        let mut ups = Vec::new();
+        shell::take_mail(&mut self.core, mail, self.now, |_, up| ups.push(up));
+        for up in ups {
+            opened = opened.and(self.open_link(up));
+        }
+        opened?;
+        self.core.end_turn(self.now);
+        shell::send_account_requests(&mut self.core, self.now);
+        if self.core.shared().stopping.load(Ordering::Relaxed) && self.stopping_since.is_none() {
+            self.stopping_since = Some(self.now);
+            self.core.shut_down(self.now);
+        }
+        self.core.poll_dirty(dirty);
+        dirty.append(&mut self.touched);
+        for &endpoint in dirty.iter() {
+            self.drive(endpoint)?;
+        }
+        Ok(())
     }
 }
 
@@ -690,19 +595,22 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
     let WorkerStart { index, listener, ws_listener, shared, mail } = start;
     let ring = restricted_ring(RING_ENTRIES)?;
     let mut buffers = BufRing::new(&ring, BUFFER_COUNT, BUFFER_SIZE)?;
-    let listening = |fd, ws| Listening { fd, ws, armed: false, backoff: false };
+    let listening = |fd, front| Listening { fd, front, armed: false, backoff: false };
+    let now = Instant::now();
     let mut this = Loop {
         ring,
-        core: Core::new(index, Arc::clone(&shared), mail),
+        core: Core::new(index, Arc::clone(&shared), now),
+        ios: Vec::new(),
         listeners: [
-            Some(listening(listener.as_raw_fd(), false)),
-            ws_listener.as_ref().map(|l| listening(l.as_raw_fd(), true)),
+            Some(listening(listener.as_raw_fd(), Front::Stream)),
+            ws_listener.as_ref().map(|l| listening(l.as_raw_fd(), Front::WebSocket)),
         ],
         eventfd,
         wake_buf: Box::new(0),
         tick: Box::new(types::Timespec::new().nsec(TICK.as_nanos() as u32)),
         stopping_since: None,
-        now: Instant::now(),
+        now,
+        touched: Vec::new(),
     };
     this.arm_accept(0)?;
     this.arm_accept(1)?;
@@ -711,7 +619,6 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
     info!(worker = index, "io_uring worker started");
     let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(RING_ENTRIES as usize);
     let mut dirty = Vec::new();
-    let mut links = Vec::new();
     let result = loop {
         // The one system call of an iteration: submit all queued work, wait for one event.
         match this.ring.submit_and_wait(1) {
@@ -725,17 +632,16 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         this.now = Instant::now();
         let mut step = Ok(());
         for &(data, result, flags) in &completions {
-            let (op, slot, generation) = parse_user_data(data);
+            let (op, index, generation) = parse_user_data(data);
+            let endpoint = Endpoint::new(index, generation);
             step = match op {
                 OP_ACCEPT => this.on_accept(0, result, flags),
                 OP_ACCEPT_WS => this.on_accept(1, result, flags),
-                OP_RECV => this.on_recv(slot, generation, result, flags, &mut buffers),
+                OP_RECV => this.on_recv(endpoint, result, flags, &mut buffers),
                 OP_SEND => {
-                    this.on_send(slot, generation, result);
+                    this.on_send(endpoint, result);
                     Ok(())
                 }
-                OP_LINK_RECV => this.on_link_recv(slot, generation, result, flags, &mut buffers),
-                OP_LINK_SEND => this.on_link_send(slot, generation, result),
                 OP_WAKE => this.arm_wake(),
                 OP_TICK => this.on_tick(),
                 _ => Ok(()),
@@ -748,35 +654,8 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
             break Err(error);
         }
         buffers.publish();
-        this.core.process_mail(Instant::now());
-        if let Err(error) = this.open_links() {
-            break Err(error);
-        }
-        this.core.flush_inputs();
-        if shared.stopping.load(Ordering::Relaxed) && this.stopping_since.is_none() {
-            this.stopping_since = Some(Instant::now());
-            this.core.shut_down_all();
-        }
-        this.core.take_dirty(&mut dirty);
-        let mut step = Ok(());
-        for &slot in &dirty {
-            step = this.drive(slot);
-            if step.is_err() {
-                break;
-            }
-        }
-        if let Err(error) = step {
-            break Err(error);
-        }
-        // Every link with bytes to send: one send each, submitted with everything else.
-        this.core.take_dirty_uplinks(&mut links);
-        for &index in &links {
-            step = this.drive_link(index);
-            if step.is_err() {
-                break;
-            }
-        }
-        if let Err(error) = step {
+        this.now = Instant::now();
+        if let Err(error) = this.end_iteration(&mail, &mut dirty) {
             break Err(error);
         }
         if let Some(since) = this.stopping_since {
@@ -789,12 +668,9 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         warn!(worker = index, %error, "io_uring worker failed; its players leave the world");
         // Observers must not keep seeing frozen players: each leaves (parked on its shard
         // for the resume window), and the clients are cut so that they resume elsewhere.
-        this.core.abandon_all();
+        this.core.abandon_all(Instant::now());
     }
-    let open: Vec<u32> = this.core.slots().collect();
-    let mut fds: Vec<RawFd> =
-        open.iter().filter_map(|&s| this.core.get_mut(s).map(|c| c.io.fd)).collect();
-    fds.extend(this.core.uplink_fds(|io| io.fd));
+    let fds: Vec<RawFd> = this.ios.iter().flatten().map(|io| io.fd).collect();
     // The ring goes first: no operation may outlive the buffers it points into.
     drop(this);
     drop(buffers);

@@ -40,7 +40,7 @@ pub struct WsFront {
 
 impl WsFront {
     pub fn bind(addr: SocketAddr) -> io::Result<WsFront> {
-        Ok(WsFront { listener: crate::worker::bind_game_listener(addr)? })
+        Ok(WsFront { listener: crate::sockets::bind_game_listener(addr)? })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {

@@ -1,12 +1,10 @@
 //! Worker threads: one per core, each with its own listener and event loop.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use socket2::{Domain, Protocol, Socket, Type};
-
 use crate::shared::{mailbox, Mailbox, Shared, WorkerStart};
+use crate::sockets::bind_game_listener;
 use crate::{GatewayError, IoBackend};
 
 pub struct Workers {
@@ -77,7 +75,7 @@ pub fn spawn_workers(
 
 /// One listener per worker on the same address (SO_REUSEPORT lets the kernel spread new
 /// connections across them). The first is the one the caller bound; it must have been
-/// bound with SO_REUSEPORT (see [`bind_game_listener`]).
+/// bound with SO_REUSEPORT (see [`crate::sockets::bind_game_listener`]).
 pub fn reuseport_listeners(
     first: std::net::TcpListener,
     workers: usize,
@@ -91,14 +89,4 @@ pub fn reuseport_listeners(
         listener.set_nonblocking(true)?;
     }
     Ok(listeners)
-}
-
-/// Binds a game listener with SO_REUSEPORT and a deep accept queue.
-pub fn bind_game_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(4096)?;
-    Ok(socket.into())
 }

@@ -1,0 +1,37 @@
+//! What every event loop does around its core the same way: it drains the worker's mail
+//! (a connected link's socket it takes itself, everything else goes to the core) and sends
+//! the core's player store lookups. The loops call it; it calls only the core's door.
+
+use std::time::Instant;
+
+use crate::core::Core;
+use crate::shared::{AccountAnswer, CoreMail, Inbox, Mail};
+use crate::uplink::LinkUp;
+
+/// Hands the core everything in the worker's inbox; `link_up` takes each connected link.
+pub fn take_mail(
+    core: &mut Core,
+    inbox: &Inbox,
+    now: Instant,
+    mut link_up: impl FnMut(&mut Core, LinkUp),
+) {
+    inbox.drain_start();
+    while let Some(mail) = inbox.try_recv() {
+        match mail {
+            Mail::LinkUp(up) => link_up(core, up),
+            Mail::Core(mail) => core.handle_mail(now, mail),
+        }
+    }
+}
+
+/// Sends the player store lookups the core asked for. One the store's queue has no room
+/// for is answered `Busy` at once (the login is refused, and may be tried again).
+pub fn send_account_requests(core: &mut Core, now: Instant) {
+    while let Some(request) = core.poll_account_request() {
+        let session = request.session;
+        let sent = core.shared().accounts.as_ref().is_some_and(|a| a.try_send(request).is_ok());
+        if !sent {
+            core.handle_mail(now, CoreMail::Account { session, answer: AccountAnswer::Busy });
+        }
+    }
+}
