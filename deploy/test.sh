@@ -15,6 +15,8 @@ export MERIDIAN_PYTHON="$venv/bin/python"
 cargo test --workspace --all-targets "$@"
 # The benchmark scripts' parsing and verdicts (stdlib only, no load is run).
 PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py loadtest/bench/test_saves.py loadtest/bench/test_game.py
+# The rooms check's own tests (.ci/rooms: import circles and file sizes, on synthetic crates).
+PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s .ci -p 'test_*.py'
 # The TypeScript SDK (vitest against an in-process fake gateway; tsc), and the /play page's
 # committed bundle, which must be exactly what its sources make.
 (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && npm run -s lint && npm test && npm run -s check:play) ||

@@ -18,12 +18,14 @@
 //! - Events: [`BITE`] (1, from the wolf, payload the damage), [`DIED`] (2, to everyone
 //!   who saw the entity die; to the player itself when it dies), [`RESPAWNED`] (3).
 //!
-//! Tuning comes from the environment (read once per shard): `MERIDIAN_WOLVES_PER_SHARD`
-//! (default 40), the population each shard keeps.
+//! Tuning is configuration the binary hands in: the population each shard keeps
+//! ([`Wolves::per_shard`], default [`DEFAULT_PER_SHARD`]; the stock binary reads it from
+//! `MERIDIAN_WOLVES_PER_SHARD`). The library never reads the environment.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_game::{Action, Context, Direction, EntityId, Game, Position, Reply};
+use meridian_game::{Action, Context, Direction, EntityId, Game, GameFactory, Position, Reply};
 
 pub const WOLF: u32 = 1;
 
@@ -53,16 +55,23 @@ pub const WANDER_EVERY: Duration = Duration::from_millis(1500);
 /// travels with them); only how many wolves its shard should have.
 #[derive(Debug, Clone)]
 pub struct Wolves {
+    /// The wolves each shard keeps: it spawns one per tick while it has fewer.
     pub per_shard: usize,
 }
 
+/// The population a shard keeps unless told otherwise.
+pub const DEFAULT_PER_SHARD: usize = 40;
+
 impl Default for Wolves {
     fn default() -> Self {
-        let per_shard = std::env::var("MERIDIAN_WOLVES_PER_SHARD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(40);
-        Wolves { per_shard }
+        Wolves { per_shard: DEFAULT_PER_SHARD }
+    }
+}
+
+impl Wolves {
+    /// The factory a shard makes its game with: every shard keeps `per_shard` wolves.
+    pub fn factory(per_shard: usize) -> GameFactory {
+        Arc::new(move |_| Box::new(Wolves { per_shard }))
     }
 }
 

@@ -29,10 +29,15 @@ pub struct Games {
 }
 
 impl Games {
-    /// The stock binary's: no rules by default, and the example game `wolves`.
+    /// The stock binary's: no rules by default, and the example game `wolves`, keeping
+    /// `MERIDIAN_WOLVES_PER_SHARD` wolves per shard (read here, in the binary: the game's
+    /// library takes it as configuration).
     pub fn stock() -> Games {
-        Games { games: Vec::new(), default: "none".into() }
-            .with("wolves", meridian_game::factory::<meridian_wolves::Wolves>())
+        let per_shard = std::env::var("MERIDIAN_WOLVES_PER_SHARD").ok();
+        Games { games: Vec::new(), default: "none".into() }.with(
+            "wolves",
+            meridian_wolves::Wolves::factory(wolves_per_shard(per_shard.as_deref())),
+        )
     }
 
     /// Adds a game under `name`.
@@ -66,6 +71,12 @@ impl Games {
             .chain(self.games.iter().map(|(n, _)| n.clone()))
             .collect()
     }
+}
+
+/// The wolves each shard keeps, from `MERIDIAN_WOLVES_PER_SHARD`'s value: the game's
+/// default when it is unset or not a number.
+fn wolves_per_shard(value: Option<&str>) -> usize {
+    value.and_then(|v| v.parse().ok()).unwrap_or(meridian_wolves::DEFAULT_PER_SHARD)
 }
 
 static GAMES: OnceLock<Games> = OnceLock::new();
@@ -128,5 +139,20 @@ pub fn run_with(games: Games) -> std::process::ExitCode {
             eprintln!("meridian: {error:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wolves_per_shard;
+    use meridian_wolves::DEFAULT_PER_SHARD;
+
+    #[test]
+    fn wolves_per_shard_is_the_number_given_or_the_games_default() {
+        assert_eq!(wolves_per_shard(Some("6")), 6);
+        assert_eq!(wolves_per_shard(Some("0")), 0);
+        assert_eq!(wolves_per_shard(Some("many")), DEFAULT_PER_SHARD);
+        assert_eq!(wolves_per_shard(None), DEFAULT_PER_SHARD);
+        assert_eq!(DEFAULT_PER_SHARD, 40, "README and BENCHMARKS.md say 40");
     }
 }

@@ -58,7 +58,7 @@ pub fn run(args: PlayerArgs) -> anyhow::Result<()> {
             .with_context(|| format!("no account {account:?} in the player store"))?;
         let id = player.player_id;
         let keys = ClusterKeys::new(&args.cluster.cluster);
-        let token = args.cluster.admin_token.as_deref();
+        let token = args.cluster.token.admin_token.as_deref();
         let mut client = meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
             .await
             .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;

@@ -236,7 +236,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
 /// On a loopback address the map is open (the operator's own machine); on any other it
 /// names players to whoever can reach it, so it asks for the admin token.
 fn serve_map(args: &StatusArgs, addr: std::net::SocketAddr) -> anyhow::Result<()> {
-    let private = match (addr.ip().is_loopback(), args.cluster.admin_token.as_deref()) {
+    let private = match (addr.ip().is_loopback(), args.cluster.token.admin_token.as_deref()) {
         (true, _) => meridian_observe::Private::Open,
         (false, Some(token)) if !token.is_empty() => {
             meridian_observe::Private::Token(std::sync::Arc::from(token))
@@ -262,7 +262,7 @@ fn serve_map(args: &StatusArgs, addr: std::net::SocketAddr) -> anyhow::Result<()
             None,
             watch.view(),
             std::sync::Arc::new(|_| None),
-            args.cluster.admin_token.clone(),
+            args.cluster.token.admin_token.clone(),
         );
         println!("live map: http://{}/map (Ctrl-C stops)", listener.local_addr()?);
         let ready: meridian_observe::Readiness = std::sync::Arc::new(|| Ok(()));

@@ -177,12 +177,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
 
     // One random resume-token key for the whole local cluster, passed in the environment
     // (not on the command line, where `ps` would show it).
-    let resume_key = match &args.resume_key {
+    let resume_key = match &args.resume_keys.resume_key {
         Some(key) => key.clone(),
         None => random_hex_key()?,
     };
-    let previous = args.resume_key_previous.clone().unwrap_or_default();
-    let admin_token = args.admin_token.clone().unwrap_or_default();
+    let previous = args.resume_keys.resume_key_previous.clone().unwrap_or_default();
+    let admin_token = args.token.admin_token.clone().unwrap_or_default();
     // The secure path is the one every local cluster and test takes: a development CA
     // issues each node a certificate naming it, and every gRPC link is mutual TLS.
     let tls_dir = data_dir.join("tls");

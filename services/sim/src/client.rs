@@ -13,20 +13,7 @@ use prost::Message;
 use rand::rngs::SmallRng;
 use rand::Rng;
 
-use crate::{Ev, Settings, Sim};
-
-/// What the clients do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workload {
-    /// Walk in random directions from random cells.
-    RandomWalk,
-    /// A crowd around the middle of the map, where shards meet.
-    Corners,
-    /// Back and forth across a border.
-    ZigZag,
-    /// Random walks with logins, logouts, dropped connections and resumes.
-    Churn,
-}
+use crate::{Ev, Settings, Sim, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientState {
@@ -144,7 +131,7 @@ impl Sim {
             }
             ClientState::LoggingIn | ClientState::Resuming => {}
             ClientState::Playing => {
-                let churn = self.settings.workload == crate::Workload::Churn;
+                let churn = self.settings.workload == Workload::Churn;
                 let roll = self.rng.random_range(0..1000);
                 if churn && roll < 15 {
                     self.drop_and_resume(i);
@@ -170,7 +157,7 @@ impl Sim {
 
     fn send_move(&mut self, i: usize) {
         let map = self.settings.map;
-        let zigzag = self.settings.workload == crate::Workload::ZigZag;
+        let zigzag = self.settings.workload == Workload::ZigZag;
         let pick = self.rng.random_range(0..4);
         let client = &mut self.clients[i];
         let (x, y) = client.at;

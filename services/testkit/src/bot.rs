@@ -15,6 +15,7 @@ use meridian_protocol::pb::{
 };
 use meridian_protocol::{encode_frame, FrameReader, DEFAULT_MAX_FRAME};
 
+use crate::code::code_name;
 use crate::msg;
 use crate::quic::{QuicClient, QuicOptions, QuicRead, QuicTarget};
 use crate::stream::StreamCheck;
@@ -149,13 +150,6 @@ impl MoveAnswer {
             ),
         }
     }
-}
-
-/// `ErrorCode` from the wire value, for messages.
-pub(crate) fn code_name(code: i32) -> String {
-    ErrorCode::try_from(code)
-        .map(|c| c.as_str_name().to_string())
-        .unwrap_or_else(|_| format!("unknown error code {code}"))
 }
 
 impl Bot {

@@ -36,6 +36,7 @@ mod bot;
 pub mod browser;
 mod bystander;
 mod cluster;
+mod code;
 pub mod conservation;
 mod elastic;
 mod failures;

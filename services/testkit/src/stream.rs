@@ -278,7 +278,7 @@ impl StreamCheck {
             }
             S::Error(error) => bail!(
                 "an Error that answers nothing the client sent: {} {:?}",
-                crate::bot::code_name(error.code),
+                crate::code::code_name(error.code),
                 error.detail
             ),
             S::Entered(entered) => {
@@ -427,7 +427,7 @@ impl StreamCheck {
     }
 
     fn on_move_error(&mut self, client_time: u64, code: i32, detail: &str) -> anyhow::Result<()> {
-        let name = crate::bot::code_name(code);
+        let name = crate::code::code_name(code);
         let Some((expected_time, _)) = self.in_flight.pop_front() else {
             bail!("Error {name} ({detail:?}) with client_time {client_time}, but no move is unanswered");
         };

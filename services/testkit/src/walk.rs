@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 use meridian_protocol::pb::{server_message::Kind as S, Direction, ErrorCode, ServerMessage};
 
-use crate::bot::{code_name, Bot};
+use crate::bot::Bot;
+use crate::code::code_name;
 use crate::failures::{Failures, Stop};
 use crate::fleet::Player;
 use crate::rng::Rng;

@@ -1,0 +1,108 @@
+//! The check at quiescence: once the workload and the faults have stopped and the cluster
+//! has settled, every client's view is the truth within its sight, every player is local
+//! on exactly one shard, every ghost is where its owner has it, nothing waits in a queue.
+
+use std::collections::BTreeMap;
+
+use meridian_cluster::ShardId;
+
+use crate::client::ClientState;
+use crate::Sim;
+
+impl Sim {
+    pub(crate) fn check_quiescent(&mut self) {
+        // Truth: who is local where.
+        let mut owner: BTreeMap<u64, (u32, (u32, u32))> = BTreeMap::new();
+        let mut broken = None;
+        'shards: for (&s, node) in &self.shards {
+            let Some(core) = &node.core else { continue };
+            for (id, at) in core.local_players() {
+                if let Some((other, _)) = owner.insert(id.0, (s, (at.x, at.y))) {
+                    let what = format!("player {} is local on shards {other} and {s}", id.0);
+                    broken = Some((what, vec![id.0]));
+                    break 'shards;
+                }
+            }
+            let sizes = core.sizes();
+            if sizes.early > 0 || sizes.awaiting_gateway > 0 {
+                let what = format!("shard {s} still holds inputs or handoffs at rest: {sizes:?}");
+                let players = core.players_waited_for().into_iter().map(|p| p.0).collect();
+                broken = Some((what, players));
+                break;
+            }
+        }
+        if let Some((what, players)) = broken {
+            return self.fail(what, players);
+        }
+        // Every ghost is mirrored by its owner, where the owner has it.
+        for (&s, node) in &self.shards {
+            let Some(core) = &node.core else { continue };
+            for (id, at) in core.ghost_positions() {
+                let Some(&(o, truth)) = owner.get(&id.0) else {
+                    let what =
+                        format!("shard {s} shows a ghost of player {} who is in no shard", id.0);
+                    return self.fail(what, vec![id.0]);
+                };
+                let mirrored = self.shards[&o]
+                    .core
+                    .as_ref()
+                    .and_then(|c| c.ghosted_at(id))
+                    .is_some_and(|holders| holders.contains(&ShardId(s)));
+                if !mirrored {
+                    let what = format!(
+                        "shard {s} keeps a ghost of player {} that its owner {o} does not mirror there",
+                        id.0
+                    );
+                    return self.fail(what, vec![id.0]);
+                }
+                if (at.x, at.y) != truth {
+                    let what = format!(
+                        "shard {s}'s ghost of player {} is at {:?}, the player at {truth:?}",
+                        id.0,
+                        (at.x, at.y)
+                    );
+                    return self.fail(what, vec![id.0]);
+                }
+            }
+        }
+        let range = self.settings.view_range;
+        for i in 0..self.clients.len() {
+            let client = &self.clients[i];
+            let ClientState::Playing = client.state else { continue };
+            let me = client.id;
+            let Some(&(_, at)) = owner.get(&me) else {
+                return self.fail(format!("player {me} is connected but in no shard"), vec![me]);
+            };
+            if client.at != at {
+                let what =
+                    format!("player {me} believes it is at {:?}, but is at {at:?}", client.at);
+                return self.fail(what, vec![me]);
+            }
+            let truth: BTreeMap<u64, (u32, u32)> = owner
+                .iter()
+                .filter(|(id, (_, p))| {
+                    **id != me && p.0.abs_diff(at.0) <= range && p.1.abs_diff(at.1) <= range
+                })
+                .map(|(id, (_, p))| (*id, *p))
+                .collect();
+            if client.view != truth {
+                let extra: Vec<u64> =
+                    client.view.keys().filter(|id| !truth.contains_key(id)).copied().collect();
+                let missing: Vec<u64> =
+                    truth.keys().filter(|id| !client.view.contains_key(id)).copied().collect();
+                let wrong: Vec<u64> = client
+                    .view
+                    .iter()
+                    .filter(|(id, p)| truth.get(id).is_some_and(|t| t != *p))
+                    .map(|(id, _)| *id)
+                    .collect();
+                let what = format!(
+                    "player {me} at {at:?} sees wrongly: shows {extra:?} who are out of sight, misses {missing:?}, has {wrong:?} at stale cells"
+                );
+                let mut players = vec![me];
+                players.extend(extra.iter().chain(&missing).chain(&wrong));
+                return self.fail(what, players);
+            }
+        }
+    }
+}
