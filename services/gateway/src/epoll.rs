@@ -325,15 +325,11 @@ impl Loop {
         }
         let io = self.ios[endpoint.index() as usize].as_mut().expect("invariant: checked above");
         loop {
-            if io.written == io.out.len() {
-                io.out.clear();
-                io.written = 0;
-                self.core.take_output(endpoint, &mut io.out);
-                if io.out.is_empty() {
-                    break;
-                }
+            let unsent = shell::unwritten(&mut self.core, endpoint, &mut io.out, &mut io.written);
+            if unsent.is_empty() {
+                break;
             }
-            match io.stream.write(&io.out[io.written..]) {
+            match io.stream.write(unsent) {
                 Ok(n) => {
                     io.written += n;
                     self.core.handle_sent(endpoint, n);

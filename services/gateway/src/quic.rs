@@ -342,15 +342,10 @@ impl Loop {
         }
         let io = self.ios[endpoint.index() as usize].as_mut().expect("invariant: checked above");
         loop {
-            if io.written == io.out.len() {
-                io.out.clear();
-                io.written = 0;
-                self.core.take_output(endpoint, &mut io.out);
-                if io.out.is_empty() {
-                    break;
-                }
+            let unsent = shell::unwritten(&mut self.core, endpoint, &mut io.out, &mut io.written);
+            if unsent.is_empty() {
+                break;
             }
-            let unsent = &io.out[io.written..];
             let wrote = match &mut io.side {
                 Side::Session { send, .. } => AsyncWrite::poll_write(Pin::new(send), cx, unsent),
                 Side::Link { write, .. } => AsyncWrite::poll_write(Pin::new(write), cx, unsent),

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::core::Core;
+use crate::core::{Core, Endpoint};
 use crate::shared::{AccountAnswer, CoreMail, Inbox, Mail};
 use crate::uplink::LinkUp;
 
@@ -34,4 +34,21 @@ pub fn send_account_requests(core: &mut Core, now: Instant) {
             core.handle_mail(now, CoreMail::Account { session, answer: AccountAnswer::Busy });
         }
     }
+}
+
+/// What is still to be written to an endpoint: the rest of `out` past `written`, or, all of
+/// it written, the next bytes the core has for it (taken into `out`, reusing its buffer).
+/// Empty when there is nothing to write.
+pub fn unwritten<'a>(
+    core: &mut Core,
+    endpoint: Endpoint,
+    out: &'a mut Vec<u8>,
+    written: &mut usize,
+) -> &'a [u8] {
+    if *written == out.len() {
+        out.clear();
+        *written = 0;
+        core.take_output(endpoint, out);
+    }
+    &out[*written..]
 }
