@@ -158,7 +158,13 @@ impl WorldActor {
                     self.core.handle(Instant::now(), Event::Tick);
                 }
                 _ = game_tick.tick(), if self.game_tick.is_some() => {
-                    self.core.handle(Instant::now(), Event::GameTick);
+                    // The core reads no clock, so the game hook is timed here; a tick held
+                    // while the lease is in doubt runs later, untimed (the counter tells).
+                    let (started, ticks) = (Instant::now(), self.metrics.game_ticks.get());
+                    self.core.handle(started, Event::GameTick);
+                    if self.metrics.game_ticks.get() > ticks {
+                        self.metrics.game_tick_seconds.observe(started.elapsed().as_secs_f64());
+                    }
                 }
                 Some(ids) = self.ids.blocks.recv() => {
                     self.core.handle(Instant::now(), Event::Ids(ids));
