@@ -493,7 +493,7 @@ impl ShardCore {
                 let (me, live) = (self.id, &self.live);
                 self.ghosts.orphan_unless_live(player, |s| s == me || live.contains(&s), self.now);
                 self.route_envelopes();
-                for (owner, player, version) in std::mem::take(&mut self.ghosts.needed) {
+                for (owner, player, version) in self.ghosts.take_needed() {
                     let needed = PeerMessage {
                         player_id: player.0,
                         generation: version.0,
@@ -833,8 +833,8 @@ impl ShardCore {
             }
             self.resync_due = due;
         }
-        self.metrics.notifications.add(self.outbox.n_messages);
-        for (code, n) in self.outbox.n_errors.drain(..) {
+        self.metrics.notifications.add(self.outbox.n_messages());
+        for (code, n) in self.outbox.drain_errors() {
             self.metrics.errors.add(code.as_str_name(), n);
         }
         for (link, batches, bytes) in self.outbox.drain() {
