@@ -17,7 +17,8 @@
 //! needs as arguments: `Inputs` (inputs for players not here, `inputs.rs`), `Handoffs`
 //! (handed off from here, waiting to come in, `handoffs.rs`), `Ghosts` (`ghosts.rs`),
 //! `History` (`history.rs`), `Saves` (`saves.rs`), `Pause` (the lease in doubt,
-//! `pause.rs`), `GameSlot` (`game_slot.rs`), `Outbox` and `PeerRounds` (`outbox.rs`). Each
+//! `pause.rs`), `GameSlot` (`game_slot.rs`), `Outbox` and `PeerRounds` (`outbox.rs`),
+//! `GatewayLinks` (`gateway_links.rs`), `PeersSeen` (`peers_seen.rs`). Each
 //! owns its state behind private fields, and none of them imports this file. What needs
 //! several parts at once is `ShardCore`'s: events and housekeeping here, players joining,
 //! moving and changing hands in `players.rs`, the game's host in `game.rs`; client views
@@ -39,6 +40,7 @@ use rand::SeedableRng;
 use tracing::{debug, warn};
 
 use crate::game_slot::{game_notification, GameSlot};
+use crate::gateway_links::GatewayLinks;
 use crate::geometry::Geometry;
 use crate::ghosts::Ghosts;
 use crate::handoffs::Handoffs;
@@ -47,11 +49,12 @@ use crate::inputs::Inputs;
 use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
 use crate::pause::Pause;
+use crate::peers_seen::PeersSeen;
 use crate::reports;
 use crate::saves::Saves;
 use crate::sequence::Offered;
 use crate::types::{
-    CoreConfig, Event, GatewayLane, Link, LinkId, Parked, Seat, Transmit, FORWARDED_KEPT,
+    CoreConfig, Event, GatewayLane, LinkId, Parked, Seat, Transmit, FORWARDED_KEPT,
 };
 use crate::views;
 
@@ -62,26 +65,17 @@ pub struct ShardCore {
     pub(crate) id: ShardId,
     pub(crate) world: World,
     pub(crate) geometry: Geometry,
-    /// Registered shards (alive as far as etcd knows), from the last view.
-    live: FxHashSet<ShardId>,
-    /// Each live shard's registration as of the last view (see
-    /// `ShardRecord::incarnation`): a change means it was replaced.
-    pub(crate) incarnations: FxHashMap<ShardId, u64>,
-    /// This shard's own incarnation: its record in etcd says it (see [`ShardCore::incarnation`]).
-    incarnation: u64,
-    /// Peers whose stream from here is open, as the shell last reported.
-    peers_up: FxHashSet<ShardId>,
+    /// Live shards, their registrations, this shard's own, open peer streams (see
+    /// `peers_seen.rs`).
+    pub(crate) peers: PeersSeen,
     pub(crate) metrics: Arc<ShardMetrics>,
     /// The time of the event being handled.
     pub(crate) now: Instant,
     /// Whether the lease is in doubt after a pause, and what waits meanwhile (see
     /// [`ShardCore::handle`] and `pause.rs`).
     pause: Pause,
-    /// Gateway links the shell is to end ([`Transmit::CloseLink`]).
-    closing_links: Vec<LinkId>,
-    pub(crate) links: FxHashMap<LinkId, Link>,
-    /// The open link of each gateway lane (a session's output goes on its lane's link).
-    pub(crate) gateway_links: FxHashMap<GatewayLane, LinkId>,
+    /// Open gateway links, by lane, and those to end (see `gateway_links.rs`).
+    pub(crate) links: GatewayLinks,
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
     /// Players handed off from here, and handoffs and restores waiting to come in (see
     /// `handoffs.rs`).
@@ -136,20 +130,15 @@ impl ShardCore {
             id: config.id,
             world: World::new(config.world.clone()),
             geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
-            live: FxHashSet::default(),
-            incarnations: FxHashMap::default(),
-            incarnation: config.incarnation.max(1),
-            peers_up: FxHashSet::default(),
+            peers: PeersSeen::new(config.id, config.incarnation),
             metrics,
             now,
-            links: FxHashMap::default(),
-            gateway_links: FxHashMap::default(),
+            links: GatewayLinks::default(),
             seats: FxHashMap::default(),
             handoffs: Handoffs::default(),
             inputs: Inputs::default(),
             saves: Saves::new(config.save_interval, now),
             pause: Pause::new(config.lease_ttl),
-            closing_links: Vec::new(),
             orders_seen: FxHashSet::default(),
             ghosts: Ghosts::default(),
             outbox: Outbox::default(),
@@ -216,13 +205,13 @@ impl ShardCore {
                     // the death and the new registration in one view (seed 1643). So its
                     // streams end here, as a dead shard's would: the gateway answers what it
                     // sent on them, reconnects and restores its players where they live now.
-                    let mut links: Vec<LinkId> = self.links.keys().copied().collect();
+                    let mut links = self.links.ids();
                     let (opened, ended) = self.pause.void_for_new_life();
                     links.extend(opened);
                     for link in links {
                         self.drop_link(link);
                         if !ended.contains(&link) {
-                            self.closing_links.push(link);
+                            self.links.close(link);
                         }
                     }
                 }
@@ -246,9 +235,7 @@ impl ShardCore {
         self.now = self.now.max(now);
         match event {
             Event::LinkOpened { link, gateway, lane } => {
-                self.links.insert(link, Link { gateway, lane });
-                let opened = GatewayLane { gateway, lane };
-                self.gateway_links.insert(opened, link);
+                let opened = self.links.opened(link, gateway, lane);
                 self.metrics.links.set(self.links.len() as i64);
                 // Only the handoffs and restores of this lane's sessions: the gateway's other
                 // lanes may not have their links here yet.
@@ -277,7 +264,7 @@ impl ShardCore {
             }
             Event::View(view) => self.on_view(&view),
             Event::PeersUp(up) => {
-                self.peers_up = up.into_iter().collect();
+                self.peers.streams_up(up);
             }
             Event::LeaseExpired { partition } => {
                 let owns = partition.map(|p| p.regions_of(self.id).next().is_some());
@@ -309,7 +296,7 @@ impl ShardCore {
         // NPCs are handed off like players while another shard lives to take them; the
         // last shard of a cluster that stops goes without them (NPCs are not saved: the
         // game makes its world again when the cluster starts).
-        let others_live = self.live.iter().any(|s| *s != self.id);
+        let others_live = self.peers.others_live();
         let npcs_left = if others_live { 0 } else { self.world.n_npcs() };
         (self.seats.len() - npcs_left, unconfirmed, quiet)
     }
@@ -327,7 +314,7 @@ impl ShardCore {
     /// This shard's incarnation, for its etcd record: it changes when the shard drops
     /// everything it held after being taken for dead.
     pub fn incarnation(&self) -> u64 {
-        self.incarnation
+        self.peers.incarnation()
     }
 
     /// The partition epoch this core acts on.
@@ -363,18 +350,7 @@ impl ShardCore {
 
     fn on_view(&mut self, view: &ClusterView) {
         self.carry_out_orders(&view.orders);
-        self.live = view.shards.keys().copied().collect();
-        let replaced: Vec<ShardId> = view
-            .shards
-            .iter()
-            .filter(|(id, record)| {
-                **id != self.id
-                    && self.incarnations.get(id).is_some_and(|old| *old != record.incarnation)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        self.incarnations = view.shards.iter().map(|(id, r)| (*id, r.incarnation)).collect();
-        for peer in replaced {
+        for peer in self.peers.view(view) {
             self.peer_replaced(peer);
         }
         let epoch = view.partition.as_ref().map(|p| p.epoch).unwrap_or(0);
@@ -420,11 +396,11 @@ impl ShardCore {
     /// now standing in another shard's region is handed to it, exactly as if it had walked
     /// across a border.
     fn rebalance(&mut self) {
-        let (me, live) = (self.id, &self.live);
+        let peers = &self.peers;
         self.ghosts.sources_gone(
             &mut self.world,
             &mut self.history,
-            |s| s == me || live.contains(&s),
+            |s| peers.live_or_me(s),
             self.now,
             &mut self.envelopes,
         );
@@ -455,7 +431,7 @@ impl ShardCore {
             if let Some(handed) = self.handoffs.handed_mut(player) {
                 if message.generation > handed.generation && released.new_owner != self.id.0 {
                     handed.to = ShardId(released.new_owner);
-                    handed.incarnation = self.incarnations.get(&handed.to).copied().unwrap_or(0);
+                    handed.incarnation = self.peers.incarnation_of(handed.to);
                 }
             }
         }
@@ -490,8 +466,8 @@ impl ShardCore {
                     self.now,
                     &mut self.envelopes,
                 );
-                let (me, live) = (self.id, &self.live);
-                self.ghosts.orphan_unless_live(player, |s| s == me || live.contains(&s), self.now);
+                let peers = &self.peers;
+                self.ghosts.orphan_unless_live(player, |s| peers.live_or_me(s), self.now);
                 self.route_envelopes();
                 for (owner, player, version) in self.ghosts.take_needed() {
                     let needed = PeerMessage {
@@ -524,7 +500,7 @@ impl ShardCore {
                 // answering through its gateway lane's link, unless it went on from here.
                 if self.handoffs.handed(player).is_none() {
                     let lane = GatewayLane::of_session(join.gateway_id, input.session);
-                    if let Some(&link) = self.gateway_links.get(&lane) {
+                    if let Some(link) = self.links.of_lane(lane) {
                         return self.join(link, input);
                     }
                 }
@@ -536,7 +512,7 @@ impl ShardCore {
             // Session ids are unique per gateway only: an input straight from a gateway
             // other than the seat's is from a connection the player has left (a login on
             // another gateway took it over), whatever its session number.
-            let from = link.and_then(|link| self.links.get(&link)).map(|l| l.gateway);
+            let from = link.and_then(|link| self.links.gateway_of(link));
             if seat.gateway != 0 && from.is_some_and(|gateway| gateway != seat.gateway) {
                 debug!(%player, seq = input.seq, "input from another gateway's session dropped");
                 return;
@@ -803,13 +779,8 @@ impl ShardCore {
     }
 
     fn drop_link(&mut self, link: LinkId) {
-        if let Some(closed) = self.links.remove(&link) {
-            // Only this lane's: the gateway's other lanes keep their links and players.
-            let lane = GatewayLane { gateway: closed.gateway, lane: closed.lane };
-            if self.gateway_links.get(&lane) == Some(&link) {
-                self.gateway_links.remove(&lane);
-            }
-        }
+        // Only this link's players: the gateway's other lanes keep their links and players.
+        self.links.gone(link);
         self.outbox.forget_link(link);
         let gone: Vec<PlayerId> =
             self.seats.iter().filter(|(_, seat)| seat.link == link).map(|(id, _)| *id).collect();
@@ -838,7 +809,7 @@ impl ShardCore {
             self.metrics.errors.add(code.as_str_name(), n);
         }
         for (link, batches, bytes) in self.outbox.drain() {
-            if !self.links.contains_key(&link) {
+            if !self.links.is_open(link) {
                 continue;
             }
             self.metrics.delivery_bytes.add(bytes);
@@ -853,7 +824,7 @@ impl ShardCore {
         if let Some(saves) = self.saves.take_round() {
             out.push(Transmit::Save(saves));
         }
-        out.extend(self.closing_links.drain(..).map(|link| Transmit::CloseLink { link }));
+        out.extend(self.links.take_closing().into_iter().map(|link| Transmit::CloseLink { link }));
         self.flush_game(out);
     }
 
@@ -888,7 +859,7 @@ impl ShardCore {
         warn!(shard = %self.id, players = self.seats.len(), "taken for dead and replaced; dropping stale players");
         // A new life: peers and gateways that see it in the record know that what they gave
         // the old one is gone, even if their watch never showed this shard gone.
-        self.incarnation = self.incarnation.saturating_add(1);
+        self.peers.new_life();
         let config = self.world.config().clone();
         self.world = World::new(config);
         self.seats.clear();
@@ -907,7 +878,7 @@ impl ShardCore {
     /// etcd knows) and its peer stream is open. Otherwise the player stays here, served,
     /// until the next move, tick or partition.
     pub(crate) fn peer_ready(&self, to: ShardId) -> bool {
-        self.live.contains(&to) && self.peers_up.contains(&to)
+        self.peers.ready(to)
     }
 
     /// Where this shard's players stand, for the coordinator's load-aware borders.

@@ -44,7 +44,7 @@ impl ShardCore {
         if join.restore {
             return self.restore(link, input.seq, session, player, join);
         }
-        let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        let gateway = self.links.gateway_of(link).unwrap_or(0);
         // The gateway sends a spawn only where the player must go: a dev-mode Login's own,
         // or the cell its account was saved at.
         let spawn = match join.spawn {
@@ -486,7 +486,7 @@ impl ShardCore {
             warn!(%player, %error, "cannot demote a player being handed off");
         }
         let next_generation = seat.generation + 1;
-        let incarnation = self.incarnations.get(&to).copied().unwrap_or(0);
+        let incarnation = self.peers.incarnation_of(to);
         debug!(%player, %to, next_generation, ?at, epoch = self.geometry.epoch, "hand off");
         self.ghosts.demoted(player, next_generation, to, self.now);
         for other in self.geometry.peers() {
@@ -580,7 +580,7 @@ impl ShardCore {
         }
         // The player's output goes on the link of its session's lane of its gateway.
         let lane = GatewayLane::of_session(handoff.gateway_id, handoff.session);
-        let Some(&link) = self.gateway_links.get(&lane) else {
+        let Some(link) = self.links.of_lane(lane) else {
             // That lane has not opened its link here yet (this shard just joined): take the
             // player over when it does.
             let (gateway, lane_id) = (lane.gateway, lane.lane);
@@ -720,7 +720,7 @@ impl ShardCore {
             let (old_link, old_session) = (seat.link, seat.session);
             // Session ids are unique per gateway only: the same number from another gateway
             // is another connection.
-            let gateway = self.links.get(&link).map(|l| l.gateway);
+            let gateway = self.links.gateway_of(link);
             if old_session == input.session && gateway == Some(seat.gateway) {
                 // This resume placed the player here already (it reached this shard twice,
                 // say passed on and sent again): the seat is the resuming session's own.
@@ -840,11 +840,10 @@ impl ShardCore {
             return;
         }
         let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
-        let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        let gateway = self.links.gateway_of(link).unwrap_or(0);
         if !self.seats.contains_key(&player) {
             if let Some(handed) = self.handoffs.handed(player) {
-                let same_registration =
-                    self.incarnations.get(&handed.to).copied().unwrap_or(0) == handed.incarnation;
+                let same_registration = self.peers.incarnation_of(handed.to) == handed.incarnation;
                 if join.generation <= handed.generation
                     && self.peer_ready(handed.to)
                     && same_registration
@@ -859,7 +858,7 @@ impl ShardCore {
                     let (to, next) = (handed.to, handed.generation + 1);
                     debug!(%player, %to, "restore of a player handed off from here passed on");
                     self.outbox.release(link, session, to.0, handed.incarnation);
-                    let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+                    let gateway = self.links.gateway_of(link).unwrap_or(0);
                     let join =
                         Join { gateway_id: gateway, generation: join.generation.max(next), ..join };
                     let kind = Some(Input::Join(join));
