@@ -2,8 +2,9 @@
 //!
 //! Only `gateway` and `shard` depend on this crate (and `meridian-tls`, for the relay link's
 //! ALPN); the generated types never leave them.
-//! This crate holds no logic beyond the generated code, the limits both ends agree on, and
-//! the one function that keeps a batch within them ([`split_entries`]).
+//! This crate holds no logic beyond the generated code, the limits both ends agree on, the
+//! one function that keeps a batch within them ([`split_entries`]), and the one reconnect
+//! backoff of relay links and peer streams ([`backoff::Backoff`], sans-IO).
 
 /// Types and services generated from `proto/cluster.proto` (package `meridian.cluster.v1`).
 #[allow(clippy::all, missing_docs)]
@@ -11,6 +12,7 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/meridian.cluster.v1.rs"));
 }
 
+pub mod backoff;
 pub mod link;
 
 /// Encoded size of any batch (`GatewayBatch`, `ShardBatch`, `PeerBatch`) at most. Far

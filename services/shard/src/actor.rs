@@ -11,81 +11,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use meridian_cluster::{ClusterView, ShardId};
-use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
-use tokio::sync::{mpsc, oneshot, watch};
+use meridian_rpc::pb::{PeerMessage, ShardBatch};
+use tokio::sync::{mpsc, watch};
 use tonic::Status;
 use tracing::{debug, warn};
 
+use crate::command::Command;
 use crate::core::{ShardCore, TICK};
 use crate::peer::PeerSenders;
 use crate::types::{CoreConfig, Event, LinkId, Transmit};
 use crate::ShardMetrics;
 
-/// Batches a gateway link may have queued before it counts as not keeping up and is cut.
-pub const LINK_QUEUE: usize = 1024;
 /// Commands queued for the world task before gateway and peer streams are slowed down.
 const COMMAND_QUEUE: usize = 4096;
 /// Commands applied per round before output is flushed.
 const ROUND: usize = 512;
 /// Messages kept for a peer the partition names but that has no stream yet.
 const PENDING_FOR_UNKNOWN_PEER: usize = 65_536;
-
-pub enum Command {
-    /// A gateway lane's link is open; its output goes to `out`.
-    Open {
-        link: LinkId,
-        gateway: u32,
-        lane: u32,
-        out: mpsc::Sender<Result<ShardBatch, Status>>,
-    },
-    Inputs {
-        link: LinkId,
-        inputs: Vec<PlayerInput>,
-    },
-    Closed {
-        link: LinkId,
-    },
-    Peer {
-        from: ShardId,
-        messages: Vec<PeerMessage>,
-    },
-    /// The `/players` report: JSON of the players this shard owns.
-    Report {
-        reply: oneshot::Sender<String>,
-    },
-    /// Where this shard's players stand (for the coordinator's load-aware borders), and
-    /// its incarnation, for its etcd record.
-    Load {
-        reply: oneshot::Sender<(meridian_cluster::LoadProfile, u64)>,
-    },
-    /// Where this shard's players stand on the coarse grid of the live map.
-    Density {
-        reply: oneshot::Sender<meridian_cluster::DensityReport>,
-    },
-    /// etcd let this shard's lease expire: the cluster took it for dead (with the partition
-    /// read from etcd then, see [`Event::LeaseExpired`]).
-    LeaseExpired {
-        partition: Option<meridian_cluster::PartitionMap>,
-    },
-    /// etcd answered a keep-alive sent at `asked` with the lease alive.
-    LeaseConfirmed {
-        asked: Instant,
-    },
-    /// The player store has these players' latest saves.
-    Saved {
-        players: Vec<u64>,
-    },
-    /// The shard is about to exit: save every local player now. Answered once the saves
-    /// are queued for the writer.
-    SaveAll {
-        reply: oneshot::Sender<()>,
-    },
-    /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
-    /// for handed-off players have stopped arriving).
-    DrainStatus {
-        reply: oneshot::Sender<(usize, usize, bool)>,
-    },
-}
 
 pub struct WorldActor {
     core: ShardCore,
@@ -216,7 +158,13 @@ impl WorldActor {
                     self.core.handle(Instant::now(), Event::Tick);
                 }
                 _ = game_tick.tick(), if self.game_tick.is_some() => {
-                    self.core.handle(Instant::now(), Event::GameTick);
+                    // The core reads no clock, so the game hook is timed here; a tick held
+                    // while the lease is in doubt runs later, untimed (the counter tells).
+                    let (started, ticks) = (Instant::now(), self.metrics.game_ticks.get());
+                    self.core.handle(started, Event::GameTick);
+                    if self.metrics.game_ticks.get() > ticks {
+                        self.metrics.game_tick_seconds.observe(started.elapsed().as_secs_f64());
+                    }
                 }
                 Some(ids) = self.ids.blocks.recv() => {
                     self.core.handle(Instant::now(), Event::Ids(ids));

@@ -12,9 +12,20 @@
 //! Local players' inputs are applied in their sequence order; players near a border are
 //! mirrored to neighbours as ghosts; players who step out of the region are handed off
 //! (see `players.rs`).
+//!
+//! `ShardCore` composes the core's parts and orchestrates them, handing each the others it
+//! needs as arguments: `Inputs` (inputs for players not here, `inputs.rs`), `Handoffs`
+//! (handed off from here, waiting to come in, `handoffs.rs`), `Ghosts` (`ghosts.rs`),
+//! `History` (`history.rs`), `Saves` (`saves.rs`), `Pause` (the lease in doubt,
+//! `pause.rs`), `GameSlot` (`game_slot.rs`), `Outbox` and `PeerRounds` (`outbox.rs`),
+//! `GatewayLinks` (`gateway_links.rs`), `PeersSeen` (`peers_seen.rs`). Each
+//! owns its state behind private fields, and none of them imports this file. What needs
+//! several parts at once is `ShardCore`'s: events and housekeeping here, players joining,
+//! moving and changing hands in `players.rs`, the game's host in `game.rs`; client views
+//! across a handoff and the admin reports are functions of the parts they read
+//! (`views.rs`, `reports.rs`).
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,96 +39,53 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, warn};
 
+use crate::game_slot::{game_notification, GameSlot};
+use crate::gateway_links::GatewayLinks;
 use crate::geometry::Geometry;
 use crate::ghosts::Ghosts;
+use crate::handoffs::Handoffs;
 use crate::history::{Divergent, History};
+use crate::inputs::Inputs;
 use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
-use crate::sequence::{Offered, Refused};
+use crate::pause::Pause;
+use crate::peers_seen::PeersSeen;
+use crate::reports;
+use crate::saves::Saves;
+use crate::sequence::Offered;
 use crate::types::{
-    CoreConfig, EarlyInputs, Event, GatewayLane, HandedOff, Link, LinkId, Parked, SaveRecord, Seat,
-    Transmit, FORWARDED_KEPT,
+    CoreConfig, Event, GatewayLane, LinkId, Parked, Seat, Transmit, FORWARDED_KEPT,
 };
+use crate::views;
 
 /// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
 /// simulator) hands the core [`Event::Tick`] this often.
 pub const TICK: Duration = Duration::from_millis(100);
-/// Inputs held for a player not (yet) here, waiting for its handoff to arrive; beyond
-/// that, new ones are refused (a `Leave` is always held).
-const EARLY_LIMIT: usize = 256;
-/// How long inputs from a gateway wait for their player before they are refused. Forwarded
-/// inputs, which cannot be answered here without their gateway's link, wait `FORWARD_FOR`:
-/// the shard that forwarded them handed their player here.
-const EARLY_WAIT: Duration = Duration::from_secs(2);
-/// A handed-off player stays listed by the old owner this long after the new owner
-/// confirmed (so a sequential sample of all shards always finds it somewhere), and its
-/// late inputs are forwarded this long.
-const LISTED_AFTER_ACK: Duration = Duration::from_secs(1);
-const FORWARD_FOR: Duration = Duration::from_secs(30);
-/// How long a logout waits for its save before its connection is closed anyway.
-const CLOSE_AFTER_SAVE_WITHIN: Duration = Duration::from_secs(5);
-/// A draining shard stops only once no input for a handed-off player has arrived (and no
-/// handoff happened) for this long: the gateways have all switched.
-const FORWARD_QUIET: Duration = Duration::from_secs(1);
-/// Handoffs waiting for their player's gateway to open a stream here, at most; and how
-/// long one waits. Past either, the handoff is given up with a warning, and its player is
-/// in no shard: nothing tells its gateway (a gateway that cannot reach a region owner
-/// for 10 s has lost that region's players already).
-const AWAITING_GATEWAY_LIMIT: usize = 65_536;
-const AWAITING_GATEWAY_FOR: Duration = Duration::from_secs(10);
-
-/// A handoff waiting for its gateway's stream: from whom, which player, its generation,
-/// the handoff, and since when.
-type AwaitingHandoff = (ShardId, PlayerId, u64, meridian_rpc::pb::Handoff, Instant);
-
 pub struct ShardCore {
     pub(crate) id: ShardId,
     pub(crate) world: World,
     pub(crate) geometry: Geometry,
-    /// Registered shards (alive as far as etcd knows), from the last view.
-    live: FxHashSet<ShardId>,
-    /// Each live shard's registration as of the last view (see
-    /// `ShardRecord::incarnation`): a change means it was replaced.
-    pub(crate) incarnations: FxHashMap<ShardId, u64>,
-    /// This shard's own incarnation: its record in etcd says it (see [`ShardCore::incarnation`]).
-    incarnation: u64,
-    /// Peers whose stream from here is open, as the shell last reported.
-    peers_up: FxHashSet<ShardId>,
+    /// Live shards, their registrations, this shard's own, open peer streams (see
+    /// `peers_seen.rs`).
+    pub(crate) peers: PeersSeen,
     pub(crate) metrics: Arc<ShardMetrics>,
     /// The time of the event being handled.
     pub(crate) now: Instant,
-    /// See [`ShardCore::handle`]: the lease TTL, since when the lease is in doubt, and what
-    /// arrived meanwhile.
-    pub(crate) lease_ttl: Duration,
-    suspect_since: Option<Instant>,
-    held_while_suspect: VecDeque<Event>,
-    /// Gateway links the shell is to end ([`Transmit::CloseLink`]).
-    closing_links: Vec<LinkId>,
-    pub(crate) links: FxHashMap<LinkId, Link>,
-    /// The open link of each gateway lane (a session's output goes on its lane's link).
-    pub(crate) gateway_links: FxHashMap<GatewayLane, LinkId>,
+    /// Whether the lease is in doubt after a pause, and what waits meanwhile (see
+    /// [`ShardCore::handle`] and `pause.rs`).
+    pause: Pause,
+    /// Open gateway links, by lane, and those to end (see `gateway_links.rs`).
+    pub(crate) links: GatewayLinks,
     pub(crate) seats: FxHashMap<PlayerId, Seat>,
-    pub(crate) handed_off: FxHashMap<PlayerId, HandedOff>,
-    /// Sessions whose player left the world here (a Leave or a logout), with when, kept
-    /// `FORWARD_FOR`: that session's inputs still arriving (forwarded copies coming back
-    /// from a shard the player was handed to) were all applied before its Leave, and are
-    /// dropped rather than held for a player that will not come back on that session.
-    pub(crate) ended: FxHashMap<PlayerId, (u64, Instant)>,
-    /// With a player store: how often changed players are saved, when they last were, the
-    /// cell and generation each was last saved at, and this round's saves.
-    pub(crate) save_interval: Option<Duration>,
-    /// Logged-out sessions whose connection closes once their player's save is in the
-    /// store (at most [`CLOSE_AFTER_SAVE_WITHIN`] later).
-    pub(crate) closing_after_save: Vec<(PlayerId, LinkId, u64, Instant)>,
-    last_save_round: Instant,
-    saved: FxHashMap<PlayerId, (meridian_world::Position, u64, u64)>,
+    /// Players handed off from here, and handoffs and restores waiting to come in (see
+    /// `handoffs.rs`).
+    pub(crate) handoffs: Handoffs,
+    /// Inputs for players not seated here (see `inputs.rs`).
+    pub(crate) inputs: Inputs,
+    /// What goes to the player store, and the logouts waiting for it (see `saves.rs`).
+    pub(crate) saves: Saves,
     /// Operators' orders seen (carried out if the player was here), of those still in etcd.
     pub(crate) orders_seen: FxHashSet<u64>,
-    pub(crate) saves: Vec<SaveRecord>,
-    pub(crate) early: FxHashMap<PlayerId, EarlyInputs>,
-    /// Inputs refused while their player was not here, by player and session, with when
-    /// the last was: kept `FORWARD_FOR`, so a player that arrives late steps over them.
-    pub(crate) refused: FxHashMap<(PlayerId, u64), (Instant, Refused)>,
     pub(crate) ghosts: Ghosts,
     pub(crate) outbox: Outbox,
     pub(crate) peer_out: PeerRounds,
@@ -130,11 +98,6 @@ pub struct ShardCore {
     /// `Seat::resume_previous`).
     pub(crate) resumed_with: Option<u64>,
     pub(crate) parked: FxHashMap<PlayerId, Parked>,
-    /// Restores a gateway chose this shard for by a newer partition than this shard has
-    /// seen: they wait for the watch to catch up (see `ShardCore::restore_as`).
-    pub(crate) behind_view: Vec<crate::players::BehindView>,
-    /// Handoffs whose player's gateway lane has no link here yet, by that lane.
-    pub(crate) awaiting_gateway: FxHashMap<GatewayLane, Vec<AwaitingHandoff>>,
     /// Versions and recent positions of everyone in this world.
     pub(crate) history: History,
     /// Clients just handed in whose view is still derived from what they were told.
@@ -143,13 +106,9 @@ pub struct ShardCore {
     /// the end of the round (a resync looks at everyone in view; once per message it
     /// would be quadratic in a crowd).
     resync_due: Vec<PlayerId>,
-    /// When an input for a handed-off player was last forwarded to its new owner.
-    last_forward: Option<Instant>,
     pub(crate) resume_window: Duration,
     /// The game and its NPC ids, mail and changed states (see `game.rs`).
-    pub(crate) game: crate::game::GameSlot,
-    /// The core wants a block of entity ids ([`Transmit::WantIds`] at the next flush).
-    pub(crate) want_ids_out: bool,
+    pub(crate) game: GameSlot,
 }
 
 impl ShardCore {
@@ -167,38 +126,20 @@ impl ShardCore {
         game: Box<dyn meridian_game::Game>,
     ) -> ShardCore {
         ShardCore {
-            game: crate::game::GameSlot::new(
-                game,
-                config.max_npcs,
-                config.seed ^ u64::from(config.id.0),
-            ),
-            want_ids_out: false,
+            game: GameSlot::new(game, config.max_npcs, config.seed ^ u64::from(config.id.0)),
             id: config.id,
             world: World::new(config.world.clone()),
             geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
-            live: FxHashSet::default(),
-            incarnations: FxHashMap::default(),
-            incarnation: config.incarnation.max(1),
-            peers_up: FxHashSet::default(),
+            peers: PeersSeen::new(config.id, config.incarnation),
             metrics,
             now,
-            links: FxHashMap::default(),
-            gateway_links: FxHashMap::default(),
+            links: GatewayLinks::default(),
             seats: FxHashMap::default(),
-            handed_off: FxHashMap::default(),
-            ended: FxHashMap::default(),
-            save_interval: config.save_interval,
-            lease_ttl: config.lease_ttl,
-            suspect_since: None,
-            held_while_suspect: VecDeque::new(),
-            closing_links: Vec::new(),
-            closing_after_save: Vec::new(),
-            last_save_round: now,
-            saved: FxHashMap::default(),
+            handoffs: Handoffs::default(),
+            inputs: Inputs::default(),
+            saves: Saves::new(config.save_interval, now),
+            pause: Pause::new(config.lease_ttl),
             orders_seen: FxHashSet::default(),
-            saves: Vec::new(),
-            early: FxHashMap::default(),
-            refused: FxHashMap::default(),
             ghosts: Ghosts::default(),
             outbox: Outbox::default(),
             peer_out: PeerRounds::default(),
@@ -209,12 +150,9 @@ impl ShardCore {
             resume_keys: config.resume_keys.clone(),
             resumed_with: None,
             parked: FxHashMap::default(),
-            behind_view: Vec::new(),
-            awaiting_gateway: FxHashMap::default(),
             history: Default::default(),
             divergent: FxHashMap::default(),
             resync_due: Vec::new(),
-            last_forward: None,
             resume_window: config.resume_window,
         }
     }
@@ -236,20 +174,15 @@ impl ShardCore {
     /// applies moves it held and hands players off as if it still owned them (found by
     /// `meridian-sim --pauses`).
     pub fn handle(&mut self, now: Instant, event: Event) {
-        if self.suspect_since.is_none()
-            && now.saturating_duration_since(self.now) > self.lease_ttl
-            && !matches!(event, Event::LeaseExpired { .. })
-        {
-            let gap = now.saturating_duration_since(self.now);
+        if let Some(gap) = self.pause.woke(self.now, now, &event) {
             warn!(
                 shard = %self.id,
                 ?gap,
                 "did not run for longer than its lease; acting on nothing until etcd says whether the lease is alive"
             );
             self.metrics.pauses.inc();
-            self.suspect_since = Some(now);
         }
-        let Some(since) = self.suspect_since else { return self.take(now, event) };
+        let Some(since) = self.pause.suspect_since() else { return self.take(now, event) };
         match event {
             Event::LeaseConfirmed { asked } if asked >= since => {
                 debug!(shard = %self.id, "lease confirmed after the pause");
@@ -260,10 +193,7 @@ impl ShardCore {
                 // now, or failing that read, by the newest one the watch brought meanwhile
                 // (it waits in the queue), never by the one from before the pause: the watch
                 // may not have brought the reassignment yet (seed 1643).
-                let newest = self.held_while_suspect.iter().rev().find_map(|event| match event {
-                    Event::View(view) => view.partition.as_ref(),
-                    _ => None,
-                });
+                let newest = self.pause.newest_partition();
                 let owns =
                     partition.as_ref().or(newest).map(|p| p.regions_of(self.id).next().is_some());
                 self.now = self.now.max(now);
@@ -275,24 +205,13 @@ impl ShardCore {
                     // the death and the new registration in one view (seed 1643). So its
                     // streams end here, as a dead shard's would: the gateway answers what it
                     // sent on them, reconnects and restores its players where they live now.
-                    let mut links: Vec<LinkId> = self.links.keys().copied().collect();
-                    let mut ended = Vec::new();
-                    self.held_while_suspect.retain(|event| match event {
-                        Event::Peer { .. } | Event::Inputs { .. } => false,
-                        Event::LinkOpened { link, .. } => {
-                            links.push(*link);
-                            false
-                        }
-                        Event::LinkClosed { link } | Event::LinkCut { link } => {
-                            ended.push(*link);
-                            false
-                        }
-                        _ => true,
-                    });
+                    let mut links = self.links.ids();
+                    let (opened, ended) = self.pause.void_for_new_life();
+                    links.extend(opened);
                     for link in links {
                         self.drop_link(link);
                         if !ended.contains(&link) {
-                            self.closing_links.push(link);
+                            self.links.close(link);
                         }
                     }
                 }
@@ -300,14 +219,13 @@ impl ShardCore {
             }
             Event::LeaseConfirmed { .. } => {}
             Event::Tick => self.now = self.now.max(now),
-            other => self.held_while_suspect.push_back(other),
+            other => self.pause.hold(other),
         }
     }
 
     /// Takes what waited while the lease was in doubt, in arrival order.
     fn resume_after_pause(&mut self, now: Instant) {
-        self.suspect_since = None;
-        while let Some(event) = self.held_while_suspect.pop_front() {
+        for event in self.pause.resume() {
             self.take(now, event);
         }
     }
@@ -317,15 +235,11 @@ impl ShardCore {
         self.now = self.now.max(now);
         match event {
             Event::LinkOpened { link, gateway, lane } => {
-                self.links.insert(link, Link { gateway, lane });
-                let opened = GatewayLane { gateway, lane };
-                self.gateway_links.insert(opened, link);
+                let opened = self.links.opened(link, gateway, lane);
                 self.metrics.links.set(self.links.len() as i64);
                 // Only the handoffs and restores of this lane's sessions: the gateway's other
                 // lanes may not have their links here yet.
-                for (from, player, generation, handoff, _) in
-                    self.awaiting_gateway.remove(&opened).unwrap_or_default()
-                {
+                for (from, player, generation, handoff, _) in self.handoffs.lane_opened(opened) {
                     self.handoff_in(from, player, generation, handoff);
                 }
                 self.restores_for(opened);
@@ -350,23 +264,14 @@ impl ShardCore {
             }
             Event::View(view) => self.on_view(&view),
             Event::PeersUp(up) => {
-                self.peers_up = up.into_iter().collect();
+                self.peers.streams_up(up);
             }
             Event::LeaseExpired { partition } => {
                 let owns = partition.map(|p| p.regions_of(self.id).next().is_some());
                 self.after_lease_expiry(owns);
             }
             Event::LeaseConfirmed { .. } => {}
-            Event::Saved { players } => {
-                let outbox = &mut self.outbox;
-                self.closing_after_save.retain(|(player, link, session, _)| {
-                    let saved = players.contains(&player.0);
-                    if saved {
-                        outbox.close(*link, *session);
-                    }
-                    !saved
-                });
-            }
+            Event::Saved { players } => self.saves.stored(&players, &mut self.outbox),
             Event::SaveAll => {
                 let players: Vec<PlayerId> =
                     self.seats.iter().filter(|(_, s)| !s.npc).map(|(p, _)| *p).collect();
@@ -383,20 +288,15 @@ impl ShardCore {
     /// How far a drain has got: (local players, handoffs not yet confirmed, whether inputs
     /// for handed-off players have stopped arriving).
     pub fn drain_status(&self, now: Instant) -> (usize, usize, bool) {
-        let unconfirmed = self.handed_off.values().filter(|h| h.acked.is_none()).count();
+        let unconfirmed = self.handoffs.unconfirmed();
         // Gateways switch a player's route when they read its `released_to` marker;
         // inputs they sent before that still arrive here and are forwarded. A shard that
         // stopped now would leave them unanswered.
-        let quiet =
-            self.last_forward.is_none_or(|at| now.saturating_duration_since(at) >= FORWARD_QUIET)
-                && self
-                    .handed_off
-                    .values()
-                    .all(|h| now.saturating_duration_since(h.since) >= FORWARD_QUIET);
+        let quiet = self.inputs.forwarding_quiet(now) && self.handoffs.quiet(now);
         // NPCs are handed off like players while another shard lives to take them; the
         // last shard of a cluster that stops goes without them (NPCs are not saved: the
         // game makes its world again when the cluster starts).
-        let others_live = self.live.iter().any(|s| *s != self.id);
+        let others_live = self.peers.others_live();
         let npcs_left = if others_live { 0 } else { self.world.n_npcs() };
         (self.seats.len() - npcs_left, unconfirmed, quiet)
     }
@@ -414,7 +314,7 @@ impl ShardCore {
     /// This shard's incarnation, for its etcd record: it changes when the shard drops
     /// everything it held after being taken for dead.
     pub fn incarnation(&self) -> u64 {
-        self.incarnation
+        self.peers.incarnation()
     }
 
     /// The partition epoch this core acts on.
@@ -429,20 +329,20 @@ impl ShardCore {
 
     /// Players with inputs held for them here (their handoff has not arrived).
     pub fn players_waited_for(&self) -> Vec<PlayerId> {
-        let mut players: Vec<PlayerId> = self.early.keys().copied().collect();
-        players.sort_unstable();
-        players
+        self.inputs.players_waited_for()
     }
 
     /// Sizes of the core's internal maps and queues, for bounds checks.
     pub fn sizes(&self) -> CoreSizes {
+        let (early, refused) = self.inputs.sizes();
+        let (handed_off, awaiting_gateway) = self.handoffs.sizes();
         CoreSizes {
             seats: self.seats.len(),
-            handed_off: self.handed_off.len(),
-            early: self.early.values().map(|(_, inputs)| inputs.len()).sum(),
-            refused: self.refused.len(),
+            handed_off,
+            early,
+            refused,
             parked: self.parked.len(),
-            awaiting_gateway: self.awaiting_gateway.values().map(Vec::len).sum(),
+            awaiting_gateway,
             divergent: self.divergent.len(),
             ghost_tracks: self.ghosts.tracks(),
         }
@@ -450,18 +350,7 @@ impl ShardCore {
 
     fn on_view(&mut self, view: &ClusterView) {
         self.carry_out_orders(&view.orders);
-        self.live = view.shards.keys().copied().collect();
-        let replaced: Vec<ShardId> = view
-            .shards
-            .iter()
-            .filter(|(id, record)| {
-                **id != self.id
-                    && self.incarnations.get(id).is_some_and(|old| *old != record.incarnation)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        self.incarnations = view.shards.iter().map(|(id, r)| (*id, r.incarnation)).collect();
-        for peer in replaced {
+        for peer in self.peers.view(view) {
             self.peer_replaced(peer);
         }
         let epoch = view.partition.as_ref().map(|p| p.epoch).unwrap_or(0);
@@ -507,11 +396,11 @@ impl ShardCore {
     /// now standing in another shard's region is handed to it, exactly as if it had walked
     /// across a border.
     fn rebalance(&mut self) {
-        let (me, live) = (self.id, &self.live);
+        let peers = &self.peers;
         self.ghosts.sources_gone(
             &mut self.world,
             &mut self.history,
-            |s| s == me || live.contains(&s),
+            |s| peers.live_or_me(s),
             self.now,
             &mut self.envelopes,
         );
@@ -539,10 +428,10 @@ impl ShardCore {
             // The player moved on from the shard it was handed to: late inputs follow it
             // (the shard it was handed to may be draining, gone before they arrive). The
             // Released is then applied to the ghost like any update.
-            if let Some(handed) = self.handed_off.get_mut(&player) {
+            if let Some(handed) = self.handoffs.handed_mut(player) {
                 if message.generation > handed.generation && released.new_owner != self.id.0 {
                     handed.to = ShardId(released.new_owner);
-                    handed.incarnation = self.incarnations.get(&handed.to).copied().unwrap_or(0);
+                    handed.incarnation = self.peers.incarnation_of(handed.to);
                 }
             }
         }
@@ -562,7 +451,7 @@ impl ShardCore {
                 self.ghost_needed(holder, player, message.generation);
             }
             Some(Peer::HandoffAck(_)) => {
-                if let Some(handed) = self.handed_off.get_mut(&player) {
+                if let Some(handed) = self.handoffs.handed_mut(player) {
                     handed.acked.get_or_insert(self.now);
                 }
             }
@@ -577,10 +466,10 @@ impl ShardCore {
                     self.now,
                     &mut self.envelopes,
                 );
-                let (me, live) = (self.id, &self.live);
-                self.ghosts.orphan_unless_live(player, |s| s == me || live.contains(&s), self.now);
+                let peers = &self.peers;
+                self.ghosts.orphan_unless_live(player, |s| peers.live_or_me(s), self.now);
                 self.route_envelopes();
-                for (owner, player, version) in std::mem::take(&mut self.ghosts.needed) {
+                for (owner, player, version) in self.ghosts.take_needed() {
                     let needed = PeerMessage {
                         player_id: player.0,
                         generation: version.0,
@@ -609,9 +498,9 @@ impl ShardCore {
                 }
                 // Not here any more either (its link here broke too, say): restored here,
                 // answering through its gateway lane's link, unless it went on from here.
-                if !self.handed_off.contains_key(&player) {
+                if self.handoffs.handed(player).is_none() {
                     let lane = GatewayLane::of_session(join.gateway_id, input.session);
-                    if let Some(&link) = self.gateway_links.get(&lane) {
+                    if let Some(link) = self.links.of_lane(lane) {
                         return self.join(link, input);
                     }
                 }
@@ -623,7 +512,7 @@ impl ShardCore {
             // Session ids are unique per gateway only: an input straight from a gateway
             // other than the seat's is from a connection the player has left (a login on
             // another gateway took it over), whatever its session number.
-            let from = link.and_then(|link| self.links.get(&link)).map(|l| l.gateway);
+            let from = link.and_then(|link| self.links.gateway_of(link));
             if seat.gateway != 0 && from.is_some_and(|gateway| gateway != seat.gateway) {
                 debug!(%player, seq = input.seq, "input from another gateway's session dropped");
                 return;
@@ -635,13 +524,13 @@ impl ShardCore {
             }
             return self.sequence(player, input);
         }
-        if let Some(handed) = self.handed_off.get_mut(&player) {
+        if let Some(handed) = self.handoffs.handed_mut(player) {
             if handed.forwarded.len() == FORWARDED_KEPT {
                 handed.forwarded.remove(0);
             }
             handed.forwarded.push(input.clone());
             self.metrics.inputs_forwarded.inc();
-            self.last_forward = Some(self.now);
+            self.inputs.forwarded(self.now);
             debug!(%player, seq = input.seq, to = %handed.to, "input forwarded");
             let message = PeerMessage {
                 player_id: player.0,
@@ -652,17 +541,11 @@ impl ShardCore {
             self.peer_out.push(handed.to, message);
             return;
         }
-        if self.ended.get(&player).is_some_and(|(session, _)| *session == input.session) {
+        if self.inputs.ended(player, input.session) {
             debug!(%player, seq = input.seq, "input of a session that left the world here dropped");
             return;
         }
-        let now = self.now;
-        let entry = self.early.entry(player).or_insert_with(|| (now, Vec::new()));
-        let leave = matches!(input.kind, Some(Input::Leave(_)));
-        if entry.1.len() < EARLY_LIMIT || leave {
-            entry.1.push((link, input));
-        } else {
-            let link = link.or_else(|| self.early_link(player, input.session));
+        if let Some((link, input)) = self.inputs.hold(player, link, input, self.now) {
             self.refuse_unplaced(link, input);
         }
     }
@@ -704,24 +587,13 @@ impl ShardCore {
         }
     }
 
-    /// The gateway link that inputs of `session` for a player not here came through, if
-    /// any did: forwarded inputs of that connection are answered through it.
-    fn early_link(&self, player: PlayerId, session: u64) -> Option<LinkId> {
-        let (_, inputs) = self.early.get(&player)?;
-        inputs.iter().find(|(link, input)| link.is_some() && input.session == session)?.0
-    }
-
     /// Gives up on an input for a player this shard does not have: answers it when the
     /// connection's link is known (a forwarded input on its own cannot be), and records
     /// its seq so that the player, should it arrive after all, steps over it. A `Leave` is
     /// kept instead, for such a player to leave the world.
     fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
         let (player, session) = (PlayerId(input.player_id), input.session);
-        let now = self.now;
-        let entry = self.refused.entry((player, session));
-        let (since, refused) = entry.or_insert_with(|| (now, Refused::default()));
-        *since = now;
-        let Some(input) = refused.record(input) else {
+        let Some(input) = self.inputs.refuse(input, self.now) else {
             return;
         };
         match link {
@@ -768,8 +640,8 @@ impl ShardCore {
     /// over, a `Leave` among them is applied in its turn, and the inputs held for it are
     /// offered in arrival order.
     pub(crate) fn take_early_inputs(&mut self, player: PlayerId, session: u64) {
-        let mut inputs = self.early.remove(&player).map(|(_, inputs)| inputs).unwrap_or_default();
-        if let Some((_, refused)) = self.refused.remove(&(player, session)) {
+        let (mut inputs, refused) = self.inputs.arrived(player, session);
+        if let Some(refused) = refused {
             if let Some(seat) = self.seats.get_mut(&player) {
                 seat.inputs.consume(&refused.seqs);
             }
@@ -783,17 +655,7 @@ impl ShardCore {
     fn housekeeping(&mut self) {
         self.save_changed();
         self.restores_behind_view();
-        let now = self.now;
-        let outbox = &mut self.outbox;
-        self.closing_after_save.retain(|(_, link, session, since)| {
-            // The store is slow or down: the client is not kept waiting; its save goes on
-            // being retried.
-            let waited = now.saturating_duration_since(*since) > CLOSE_AFTER_SAVE_WITHIN;
-            if waited {
-                outbox.close(*link, *session);
-            }
-            !waited
-        });
+        self.saves.expire(self.now, &mut self.outbox);
         self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
         self.route_envelopes();
         let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();
@@ -814,23 +676,18 @@ impl ShardCore {
         let now = self.now;
         self.history.expire(now);
         self.metrics.ghosts.set(self.ghosts.len() as i64);
-        self.expire_awaiting_gateway(now);
+        self.handoffs.expire_awaiting_gateway(now);
         self.expire_actions(now);
-        if self.game.orphans_waiting {
+        if self.game.orphans_waiting() {
             self.restore_orphaned_npcs();
         }
-        let expired: Vec<PlayerId> = self
-            .early
-            .iter()
-            .filter(|(_, (since, _))| now - *since > EARLY_WAIT)
-            .map(|(id, _)| *id)
-            .collect();
-        for player in expired {
-            self.expire_early(player, now);
+        for player in self.inputs.overdue(now) {
+            for (link, input) in self.inputs.expire(player, now) {
+                self.refuse_unplaced(link, input);
+            }
         }
-        self.refused.retain(|_, (since, _)| now - *since < FORWARD_FOR);
-        self.handed_off.retain(|_, h| now - h.since < FORWARD_FOR);
-        self.ended.retain(|_, (_, since)| now - *since < FORWARD_FOR);
+        self.inputs.expire_memory(now);
+        self.handoffs.expire_handed_off(now);
         let window = self.resume_window;
         self.parked.retain(|_, p| now - p.since <= window);
     }
@@ -838,89 +695,23 @@ impl ShardCore {
     /// Restores passed on to this shard that waited for the link of `opened` (see
     /// `on_input`) are taken now, with what was held behind them, in seq order.
     fn restores_for(&mut self, opened: GatewayLane) {
-        let waiting: Vec<PlayerId> = self
-            .early
-            .iter()
-            .filter(|(_, (_, inputs))| {
-                inputs.iter().any(|(link, input)| {
-                    link.is_none()
-                        && matches!(&input.kind, Some(Input::Join(join))
-                            if join.restore
-                                && GatewayLane::of_session(join.gateway_id, input.session) == opened)
-                })
-            })
-            .map(|(player, _)| *player)
-            .collect();
-        for player in waiting {
-            let Some((_, mut inputs)) = self.early.remove(&player) else { continue };
-            inputs.sort_by_key(|(_, input)| input.seq);
+        for inputs in self.inputs.restores_for(opened) {
             for (link, input) in inputs {
                 self.on_input(link, input);
             }
         }
     }
 
-    /// Handoffs that waited too long for their gateway's stream are given up, and so is
-    /// the oldest beyond [`AWAITING_GATEWAY_LIMIT`]: a gateway that never opens a stream
-    /// here must not make this shard hold handoffs for ever.
-    fn expire_awaiting_gateway(&mut self, now: Instant) {
-        let mut waiting = 0;
-        self.awaiting_gateway.retain(|waits_for, handoffs| {
-            handoffs.retain(|(from, player, .., since)| {
-                let keep = now.saturating_duration_since(*since) < AWAITING_GATEWAY_FOR;
-                if !keep {
-                    let (gateway, lane) = (waits_for.gateway, waits_for.lane);
-                    warn!(%player, %from, gateway, lane, "handoff gave up waiting for its gateway lane's link");
-                }
-                keep
-            });
-            waiting += handoffs.len();
-            !handoffs.is_empty()
-        });
-        while waiting > AWAITING_GATEWAY_LIMIT {
-            let oldest = self
-                .awaiting_gateway
-                .iter()
-                .filter_map(|(waits_for, handoffs)| Some((handoffs.first()?.4, *waits_for)))
-                .min();
-            let Some((_, waits_for)) = oldest else { break };
-            if let Some(handoffs) = self.awaiting_gateway.get_mut(&waits_for) {
-                let (from, player, ..) = handoffs.remove(0);
-                let (gateway, lane) = (waits_for.gateway, waits_for.lane);
-                warn!(%player, %from, gateway, lane, "too many handoffs waiting for gateways; oldest given up");
-                if handoffs.is_empty() {
-                    self.awaiting_gateway.remove(&waits_for);
-                }
-            }
-            waiting -= 1;
-        }
-    }
-
-    /// Inputs for a player that has not arrived in time are refused in seq order, each
-    /// answered through its connection's gateway link. Forwarded ones no link is known for
-    /// wait until `FORWARD_FOR`: they cannot be answered, and applied late beats never.
-    fn expire_early(&mut self, player: PlayerId, now: Instant) {
-        let Some((since, mut inputs)) = self.early.remove(&player) else {
-            return;
-        };
-        inputs.sort_by_key(|(_, input)| input.seq);
-        let links: FxHashMap<u64, LinkId> =
-            inputs.iter().filter_map(|(link, input)| Some((input.session, (*link)?))).collect();
-        let give_up = now - since > FORWARD_FOR;
-        let mut waiting = Vec::new();
-        let n = inputs.len();
-        for (link, input) in inputs {
-            match link.or_else(|| links.get(&input.session).copied()) {
-                None if !give_up => waiting.push((None, input)),
-                link => self.refuse_unplaced(link, input),
-            }
-        }
-        if waiting.len() < n {
-            let refused = n - waiting.len();
-            warn!(%player, refused, "inputs for a player that has not arrived refused");
-        }
-        if !waiting.is_empty() {
-            self.early.insert(player, (since, waiting));
+    /// Brings a divergent client's view toward the world (see `views.rs`); it stays
+    /// divergent while something waits.
+    pub(crate) fn resync(&mut self, observer: PlayerId) {
+        let Some(divergent) = self.divergent.remove(&observer) else { return };
+        let Some(seat) = self.seats.get(&observer) else { return };
+        let (parts, out) = ((&self.world, &self.history), &mut self.outbox);
+        let still =
+            views::resync(observer, divergent, (seat.link, seat.session), parts, out, self.now);
+        if let Some(still) = still {
+            self.divergent.insert(observer, still);
         }
     }
 
@@ -977,7 +768,7 @@ impl ShardCore {
                 Notification::Left { subject } => server::left(subject.0),
                 Notification::Chat { speaker, text } => server::chat(speaker.0, &*text),
                 note @ (Notification::StateChanged { .. } | Notification::Event { .. }) => {
-                    match crate::game::game_notification(&note) {
+                    match game_notification(&note) {
                         Some(message) => message,
                         None => continue,
                     }
@@ -988,13 +779,8 @@ impl ShardCore {
     }
 
     fn drop_link(&mut self, link: LinkId) {
-        if let Some(closed) = self.links.remove(&link) {
-            // Only this lane's: the gateway's other lanes keep their links and players.
-            let lane = GatewayLane { gateway: closed.gateway, lane: closed.lane };
-            if self.gateway_links.get(&lane) == Some(&link) {
-                self.gateway_links.remove(&lane);
-            }
-        }
+        // Only this link's players: the gateway's other lanes keep their links and players.
+        self.links.gone(link);
         self.outbox.forget_link(link);
         let gone: Vec<PlayerId> =
             self.seats.iter().filter(|(_, seat)| seat.link == link).map(|(id, _)| *id).collect();
@@ -1018,12 +804,12 @@ impl ShardCore {
             }
             self.resync_due = due;
         }
-        self.metrics.notifications.add(self.outbox.n_messages);
-        for (code, n) in self.outbox.n_errors.drain(..) {
+        self.metrics.notifications.add(self.outbox.n_messages());
+        for (code, n) in self.outbox.drain_errors() {
             self.metrics.errors.add(code.as_str_name(), n);
         }
         for (link, batches, bytes) in self.outbox.drain() {
-            if !self.links.contains_key(&link) {
+            if !self.links.is_open(link) {
                 continue;
             }
             self.metrics.delivery_bytes.add(bytes);
@@ -1035,55 +821,26 @@ impl ShardCore {
         for (to, messages) in self.peer_out.drain() {
             out.push(Transmit::Peer { to, messages });
         }
-        if !self.saves.is_empty() {
-            out.push(Transmit::Save(std::mem::take(&mut self.saves)));
+        if let Some(saves) = self.saves.take_round() {
+            out.push(Transmit::Save(saves));
         }
-        out.extend(self.closing_links.drain(..).map(|link| Transmit::CloseLink { link }));
+        out.extend(self.links.take_closing().into_iter().map(|link| Transmit::CloseLink { link }));
         self.flush_game(out);
     }
 
     /// Queues a save of a local player where it stands now (with a player store).
     pub(crate) fn save(&mut self, player: PlayerId) {
-        if self.save_interval.is_none() {
-            return;
+        if let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) {
+            self.saves.save(player, seat, at);
         }
-        let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) else {
-            return;
-        };
-        if seat.npc {
-            return;
-        }
-        let generation = seat.generation;
-        self.saved.insert(player, (at, generation, state_hash(&seat.private)));
-        let state = seat.private.clone();
-        self.saves.push(SaveRecord { player: player.0, generation, at: (at.x, at.y), state });
     }
 
-    /// Every `save_interval`: saves the local players whose cell changed since their last
+    /// Every save interval: saves the local players whose cell changed since their last
     /// save (or who were never saved).
     fn save_changed(&mut self) {
-        let Some(interval) = self.save_interval else { return };
-        if self.now.saturating_duration_since(self.last_save_round) < interval {
-            return;
-        }
-        self.last_save_round = self.now;
-        let changed: Vec<PlayerId> = self
-            .seats
-            .iter()
-            .filter(|(player, seat)| {
-                let now = self
-                    .world
-                    .position(**player)
-                    .map(|at| (at, seat.generation, state_hash(&seat.private)));
-                !seat.npc && now.is_some() && self.saved.get(*player).copied() != now
-            })
-            .map(|(player, _)| *player)
-            .collect();
-        for player in changed {
+        for player in self.saves.changed(&self.seats, &self.world, self.now) {
             self.save(player);
         }
-        let seats = &self.seats;
-        self.saved.retain(|player, _| seats.contains_key(player));
     }
 
     /// Back from being taken for dead (a hang, or cut off from etcd past the TTL). If the
@@ -1102,13 +859,12 @@ impl ShardCore {
         warn!(shard = %self.id, players = self.seats.len(), "taken for dead and replaced; dropping stale players");
         // A new life: peers and gateways that see it in the record know that what they gave
         // the old one is gone, even if their watch never showed this shard gone.
-        self.incarnation = self.incarnation.saturating_add(1);
+        self.peers.new_life();
         let config = self.world.config().clone();
         self.world = World::new(config);
         self.seats.clear();
-        self.handed_off.clear();
-        self.early.clear();
-        self.refused.clear();
+        self.handoffs.clear_handed_off();
+        self.inputs.clear();
         self.parked.clear();
         self.divergent.clear();
         self.history = Default::default();
@@ -1122,79 +878,29 @@ impl ShardCore {
     /// etcd knows) and its peer stream is open. Otherwise the player stays here, served,
     /// until the next move, tick or partition.
     pub(crate) fn peer_ready(&self, to: ShardId) -> bool {
-        self.live.contains(&to) && self.peers_up.contains(&to)
+        self.peers.ready(to)
     }
 
+    /// Where this shard's players stand, for the coordinator's load-aware borders.
     pub fn load_profile(&self) -> meridian_cluster::LoadProfile {
-        let config = self.world.config();
-        let band = meridian_cluster::LOAD_BAND;
-        let mut load = meridian_cluster::LoadProfile {
-            x: vec![0; config.width.div_ceil(band) as usize],
-            y: vec![0; config.height.div_ceil(band) as usize],
-        };
-        for (_, at) in self.world.local_players() {
-            load.x[(at.x / band) as usize] += 1;
-            load.y[(at.y / band) as usize] += 1;
-        }
-        load
+        reports::load_profile(&self.world)
     }
 
     /// Players per square of [`meridian_cluster::DENSITY_CELL`] cells, squares with
     /// players only (`ready` is filled in by the admin route).
     pub fn density(&self) -> meridian_cluster::DensityReport {
-        let cell = meridian_cluster::DENSITY_CELL;
-        let mut squares: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
-        for (_, at) in self.world.local_players() {
-            *squares.entry((at.x / cell, at.y / cell)).or_default() += 1;
-        }
-        let mut npcs: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
-        for (_, at, _) in self.world.npcs() {
-            *npcs.entry((at.x / cell, at.y / cell)).or_default() += 1;
-        }
-        meridian_cluster::DensityReport {
-            npcs: npcs.into_iter().map(|((column, row), n)| [column, row, n]).collect(),
-            shard: self.id.0,
-            epoch: self.geometry.epoch,
-            ready: false,
-            cell,
-            counts: squares.into_iter().map(|((column, row), n)| [column, row, n]).collect(),
-        }
+        reports::density(&self.world, self.id, self.geometry.epoch)
     }
 
+    /// The `/players` report: JSON of the players this shard owns (and those handed off
+    /// lately), and its NPCs.
     pub fn report(&self, now: Instant) -> String {
-        let mut players: Vec<String> = self
-            .seats
-            .iter()
-            .filter(|(_, seat)| !seat.npc)
-            .filter_map(|(id, seat)| {
-                let at = self.world.position(*id)?;
-                Some(format!(
-                    "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
-                    id.0, seat.generation, at.x, at.y
-                ))
-            })
-            .collect();
-        for (id, handed) in &self.handed_off {
-            if !handed.npc && handed.acked.is_none_or(|acked| now - acked < LISTED_AFTER_ACK) {
-                players.push(format!(
-                    "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
-                    id.0, handed.generation, handed.at.x, handed.at.y
-                ));
-            }
-        }
-        let npcs: Vec<String> = self
-            .world
-            .npcs()
-            .map(|(id, at, kind)| {
-                format!("{{\"id\":{},\"kind\":{kind},\"x\":{},\"y\":{}}}", id.0, at.x, at.y)
-            })
-            .collect();
-        format!(
-            "{{\"shard\":{},\"epoch\":{},\"players\":[{}],\"npcs\":[{}]}}",
-            self.id.0,
-            self.geometry.epoch,
-            players.join(","),
-            npcs.join(",")
+        reports::players(
+            &self.world,
+            &self.seats,
+            &self.handoffs,
+            (self.id, self.geometry.epoch),
+            now,
         )
     }
 }
@@ -1215,11 +921,3 @@ pub struct CoreSizes {
 #[cfg(test)]
 #[path = "core_tests.rs"]
 mod tests;
-
-/// A cheap fingerprint of a private state, to save players whose state changed.
-fn state_hash(state: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = rustc_hash::FxHasher::default();
-    state.hash(&mut hasher);
-    hasher.finish()
-}

@@ -36,6 +36,16 @@ impl Harness {
 
     /// The same, saving its players every `save_interval` (a player store).
     fn saving(save_interval: Option<Duration>) -> Harness {
+        // Tests jump the clock by seconds at a time (the real shell ticks every 100 ms).
+        Harness::with(save_interval, Duration::from_secs(3600))
+    }
+
+    /// The same, with a lease of 3 s, for the tests about pauses.
+    fn pausing() -> Harness {
+        Harness::with(None, Duration::from_secs(3))
+    }
+
+    fn with(save_interval: Option<Duration>, lease_ttl: Duration) -> Harness {
         let config = CoreConfig {
             id: ME,
             incarnation: 1,
@@ -44,9 +54,7 @@ impl Harness {
             resume_window: Duration::from_secs(30),
             resume_keys: TokenKey::new(vec![7; 32]).expect("invariant: a 32-byte key").into(),
             save_interval,
-            // Tests jump the clock by seconds at a time (the real shell ticks every 100 ms);
-            // the one about pauses sets its own.
-            lease_ttl: Duration::from_secs(3600),
+            lease_ttl,
             max_npcs: crate::types::DEFAULT_MAX_NPCS,
         };
         let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
@@ -109,7 +117,7 @@ impl Harness {
 
     /// Lets the inputs held for a player not here wait past their limit.
     fn expire_early(&mut self) {
-        self.wait(super::EARLY_WAIT * 2);
+        self.wait(crate::inputs::EARLY_WAIT * 2);
     }
 
     /// Ends the round; what the test connection received in it, in order.
@@ -244,7 +252,7 @@ fn a_forwarded_input_waits_for_its_player_longer_than_one_from_a_gateway() {
 fn a_forwarded_input_whose_player_never_came_in_time_leaves_no_gap() {
     let mut shard = Harness::new();
     shard.forwarded(23, 3, a_move(3));
-    shard.wait(super::FORWARD_FOR * 2);
+    shard.wait(crate::inputs::FORWARD_FOR * 2);
     assert_eq!(answers(&shard.received()), vec![], "nothing to answer through");
     shard.handoff(23, 2);
     shard.forwarded(23, 2, a_move(2));
@@ -259,7 +267,7 @@ fn a_forwarded_input_whose_player_never_came_in_time_leaves_no_gap() {
 #[test]
 fn past_the_early_limit_inputs_are_answered_and_consumed() {
     let mut shard = Harness::new();
-    let limit = super::EARLY_LIMIT as u64;
+    let limit = crate::inputs::EARLY_LIMIT as u64;
     for seq in 3..=limit + 3 {
         shard.direct(13, seq, ping(seq));
     }
@@ -378,8 +386,7 @@ fn a_logout_closes_once_its_save_is_stored() {
 /// only after the keep-alive sent after the pause is confirmed (not by one sent before it).
 #[test]
 fn a_shard_that_did_not_run_past_its_lease_waits_for_etcd_before_it_acts() {
-    let mut h = Harness::new();
-    h.actor.lease_ttl = Duration::from_secs(3);
+    let mut h = Harness::pausing();
     h.join(11, 1);
     h.received();
     let before_the_pause = h.now;
@@ -404,8 +411,7 @@ fn a_shard_that_did_not_run_past_its_lease_waits_for_etcd_before_it_acts() {
 /// end, so a gateway that missed the death still answers and restores (seed 1643).
 #[test]
 fn a_shard_taken_for_dead_drops_the_inputs_sent_to_its_old_incarnation() {
-    let mut h = Harness::new();
-    h.actor.lease_ttl = Duration::from_secs(3);
+    let mut h = Harness::pausing();
     h.join(11, 1);
     h.received();
     h.now += Duration::from_secs(5);
@@ -439,8 +445,7 @@ fn a_shard_taken_for_dead_drops_the_inputs_sent_to_its_old_incarnation() {
 /// etcd with the expiry decides, not the lagging views that waited (`meridian-sim` seed 1643).
 #[test]
 fn a_shard_taken_for_dead_judges_by_the_partition_read_with_the_expiry() {
-    let mut h = Harness::new();
-    h.actor.lease_ttl = Duration::from_secs(3);
+    let mut h = Harness::pausing();
     h.join(11, 1);
     h.received();
     h.now += Duration::from_secs(5);
@@ -790,5 +795,5 @@ fn a_handoff_waits_for_the_link_of_its_own_lane() {
     h.actor.handle(h.now, Event::LinkOpened { link: LinkId(2), gateway: GATEWAY, lane: 1 });
     let seat = h.actor.seats.get(&PlayerId(13)).expect("taken when lane 1's link opened");
     assert_eq!(seat.link, LinkId(2));
-    assert!(h.actor.awaiting_gateway.is_empty());
+    assert_eq!(h.actor.sizes().awaiting_gateway, 0);
 }

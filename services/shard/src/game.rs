@@ -9,7 +9,6 @@
 //! it: what a hook causes for another hook (a message to an entity owned here, an arrival)
 //! waits in `game_mail` and is handled after the hook returns.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,13 +18,15 @@ use meridian_protocol::pb::{Action as ClientAction, ErrorCode, ServerMessage};
 use meridian_protocol::{server, validate_name, MAX_GAME_BYTES};
 use meridian_rpc::pb::{
     peer_message::Kind as Peer, ActionAnswer, ActionRequest, EntityEvent, EntityMessage,
-    PeerMessage, PlayerInput, StateChange,
+    PlayerInput, StateChange,
 };
-use meridian_world::{Direction, Look, Notification, PlayerId, Position, WorldError};
+use meridian_world::{Direction, Look, PlayerId, Position, WorldError};
 use rand::RngCore;
 use tracing::{debug, warn};
 
 use crate::core::ShardCore;
+use crate::game_slot::GameMail;
+use crate::messages::peer_at;
 use crate::types::{Awaiting, LinkId, Seat, Transmit, PENDING_LIMIT};
 
 /// How long an action sent to its target's owner waits for the answer before it is
@@ -34,62 +35,6 @@ pub(crate) const ACTION_ANSWER_WITHIN: Duration = Duration::from_secs(2);
 /// Game mail handled per round at most: a game whose messages keep making messages
 /// (entities answering each other without end) must not stall the shard.
 const MAIL_PER_ROUND: usize = 65_536;
-/// Entity ids asked for when fewer than this many are left.
-const IDS_LOW: u64 = 256;
-
-/// Something for a hook that must wait until the current one returns.
-pub(crate) enum GameMail {
-    Message { to: PlayerId, from: PlayerId, kind: u32, payload: Vec<u8> },
-    Arrived(PlayerId),
-}
-
-/// The game and what the core keeps for it.
-pub(crate) struct GameSlot {
-    /// Taken out while a hook runs.
-    pub game: Option<Box<dyn Game>>,
-    pub mail: VecDeque<GameMail>,
-    /// Entities whose public state changed since the last game tick.
-    pub dirty: Vec<PlayerId>,
-    /// Blocks of entity ids for NPCs, and whether more were asked for.
-    pub ids: VecDeque<std::ops::Range<u64>>,
-    pub ids_asked: bool,
-    pub max_npcs: usize,
-    pub rng: rand::rngs::SmallRng,
-    /// Orphaned NPCs (their owner died) that could not be restored yet: the shard owning
-    /// their cell was not reachable. Tried again every tick while set.
-    pub orphans_waiting: bool,
-}
-
-impl GameSlot {
-    pub fn new(game: Box<dyn Game>, max_npcs: usize, seed: u64) -> GameSlot {
-        use rand::SeedableRng;
-        GameSlot {
-            game: Some(game),
-            mail: VecDeque::new(),
-            dirty: Vec::new(),
-            ids: VecDeque::new(),
-            ids_asked: false,
-            max_npcs,
-            rng: rand::rngs::SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
-            orphans_waiting: false,
-        }
-    }
-
-    fn ids_left(&self) -> u64 {
-        self.ids.iter().map(|r| r.end - r.start).sum()
-    }
-
-    fn take_id(&mut self) -> Option<u64> {
-        loop {
-            let block = self.ids.front_mut()?;
-            if let Some(id) = block.next() {
-                return Some(id);
-            }
-            self.ids.pop_front();
-        }
-    }
-}
-
 fn id(entity: EntityId) -> PlayerId {
     PlayerId(entity.0)
 }
@@ -105,15 +50,6 @@ fn checked_state(state: &[u8]) -> Result<(), GameError> {
     Ok(())
 }
 
-fn peer_message(subject: PlayerId, version: (u64, u64), kind: Peer) -> PeerMessage {
-    PeerMessage {
-        player_id: subject.0,
-        generation: version.0,
-        subject_seq: version.1,
-        kind: Some(kind),
-    }
-}
-
 impl ShardCore {
     /// Runs one hook with the game taken out of the core, then what it left in the mail.
     /// A hook called while another runs (it cannot happen by the core's own paths) is
@@ -122,7 +58,7 @@ impl ShardCore {
         &mut self,
         hook: impl FnOnce(&mut dyn Game, &mut Context<'_>) -> R,
     ) -> Option<R> {
-        let Some(mut game) = self.game.game.take() else {
+        let Some(mut game) = self.game.take_game() else {
             warn!("a game hook was called from inside another; skipped");
             return None;
         };
@@ -132,7 +68,7 @@ impl ShardCore {
             // that panics did what it did up to the panic, and is counted.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&mut *game, &mut ctx)))
         };
-        self.game.game = Some(game);
+        self.game.put_game(game);
         let Ok(result) = result else {
             self.metrics.game_panics.inc();
             tracing::error!("a game hook panicked; the shard goes on");
@@ -150,10 +86,10 @@ impl ShardCore {
     fn game_mail(&mut self) {
         let mut handled = 0;
         while handled < MAIL_PER_ROUND {
-            let Some(mail) = self.game.mail.pop_front() else { return };
+            let Some(mail) = self.game.next_mail() else { return };
             handled += 1;
-            let Some(mut game) = self.game.game.take() else {
-                self.game.mail.push_front(mail);
+            let Some(mut game) = self.game.take_game() else {
+                self.game.mail_first(mail);
                 return;
             };
             let handled = {
@@ -165,51 +101,44 @@ impl ShardCore {
                     GameMail::Arrived(entity) => game.arrived(&mut ctx, entity_id(entity)),
                 }))
             };
-            self.game.game = Some(game);
+            self.game.put_game(game);
             if handled.is_err() {
                 self.metrics.game_panics.inc();
                 tracing::error!("a game hook panicked; the shard goes on");
             }
         }
-        if !self.game.mail.is_empty() {
+        if self.game.mail_waiting() > 0 {
             warn!(
-                waiting = self.game.mail.len(),
+                waiting = self.game.mail_waiting(),
                 "game mail keeps making mail; the rest waits for the next round"
             );
         }
     }
 
     /// The game's tick: its hook, then every public state that changed since the last one
-    /// is told (once per entity per tick).
+    /// is told (once per entity per tick). How long it took is the shell's to measure (the
+    /// core reads no clock): it reads `game_ticks` before and after an event to know whether
+    /// a tick ran in it.
     pub(crate) fn game_tick(&mut self) {
-        let started = std::time::Instant::now();
         self.run_game(|game, ctx| game.tick(ctx));
         self.game_mail();
         self.announce_states();
         self.metrics.game_ticks.inc();
-        self.metrics.game_tick_seconds.observe(started.elapsed().as_secs_f64());
         self.metrics.npcs.set(self.world.n_npcs() as i64);
         self.want_ids();
     }
 
     /// Asks the shell for entity ids when few are left (once until they come).
     pub(crate) fn want_ids(&mut self) {
-        if !self.game.ids_asked && self.game.ids_left() < IDS_LOW {
-            self.game.ids_asked = true;
-            self.want_ids_out = true;
-        }
+        self.game.want_ids();
     }
 
     pub(crate) fn ids_arrived(&mut self, ids: std::ops::Range<u64>) {
-        self.game.ids_asked = false;
-        if !ids.is_empty() {
-            self.game.ids.push_back(ids);
-        }
-        self.want_ids();
+        self.game.ids_arrived(ids);
     }
 
     pub(crate) fn flush_game(&mut self, out: &mut Vec<Transmit>) {
-        if std::mem::take(&mut self.want_ids_out) {
+        if self.game.take_ids_wanted() {
             out.push(Transmit::WantIds);
         }
     }
@@ -217,12 +146,10 @@ impl ShardCore {
     /// Tells everyone who sees them the new public state of the entities whose state
     /// changed: observers here, and every shard mirroring them.
     fn announce_states(&mut self) {
-        if self.game.dirty.is_empty() {
-            return;
+        let mut dirty = self.game.take_changed();
+        if dirty.is_empty() {
+            return self.game.reuse_changed(dirty);
         }
-        let mut dirty = std::mem::take(&mut self.game.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
         for entity in dirty.drain(..) {
             let Some(seat) = self.seats.get(&entity) else { continue };
             let version = (seat.generation, seat.subject_seq);
@@ -233,12 +160,12 @@ impl ShardCore {
             let Some(state) = self.world.state(entity).map(|s| s.to_vec()) else { continue };
             for holder in holders {
                 let change = Peer::State(StateChange { state: state.clone() });
-                self.peer_out.push(holder, peer_message(entity, version, change));
+                self.peer_out.push(holder, peer_at(entity, version, change));
             }
             self.metrics.state_changes.inc();
         }
         self.route_envelopes();
-        self.game.dirty = dirty;
+        self.game.reuse_changed(dirty);
     }
 
     /// The `Entered` a client gets for `subject` at `at`: with its kind and public state
@@ -274,7 +201,7 @@ impl ShardCore {
                 let client_time = action.client_time;
                 let request =
                     ActionRequest { actor: player.0, action: Some(action), origin: self.id.0 };
-                self.peer_out.push(owner, peer_message(target, (0, 0), Peer::Action(request)));
+                self.peer_out.push(owner, peer_at(target, (0, 0), Peer::Action(request)));
                 self.metrics.actions_forwarded.inc();
                 if let Some(seat) = self.seats.get_mut(&player) {
                     seat.awaiting = Some(Awaiting { since: self.now, client_time });
@@ -321,10 +248,10 @@ impl ShardCore {
         let origin = if request.origin == 0 { from } else { ShardId(request.origin) };
         let actor = PlayerId(request.actor);
         if self.world.is_local(target) != Some(true) {
-            if let Some(handed) = self.handed_off.get(&target) {
+            if let Some(handed) = self.handoffs.handed(target) {
                 let request =
                     ActionRequest { actor: actor.0, action: Some(action), origin: origin.0 };
-                self.peer_out.push(handed.to, peer_message(target, (0, 0), Peer::Action(request)));
+                self.peer_out.push(handed.to, peer_at(target, (0, 0), Peer::Action(request)));
                 return;
             }
             let answer = ActionAnswer {
@@ -333,7 +260,7 @@ impl ShardCore {
                 payload: Vec::new(),
                 rejected: "the target is gone".into(),
             };
-            self.peer_out.push(origin, peer_message(actor, (0, 0), Peer::Answer(answer)));
+            self.peer_out.push(origin, peer_at(actor, (0, 0), Peer::Answer(answer)));
             return;
         }
         let reply = self.run_action(actor, &action);
@@ -351,7 +278,7 @@ impl ShardCore {
                 rejected: why,
             },
         };
-        self.peer_out.push(origin, peer_message(actor, (0, 0), Peer::Answer(answer)));
+        self.peer_out.push(origin, peer_at(actor, (0, 0), Peer::Answer(answer)));
     }
 
     /// The answer to an action this shard sent to its target's owner: to the player, then
@@ -431,25 +358,24 @@ impl ShardCore {
     /// owner if it is a ghost here (or was handed off from here), dropped otherwise.
     fn route_message(&mut self, to: PlayerId, message: EntityMessage) {
         match self.world.is_local(to) {
-            Some(true) => self.game.mail.push_back(GameMail::Message {
+            Some(true) => self.game.mail(GameMail::Message {
                 to,
                 from: PlayerId(message.from),
                 kind: message.kind,
                 payload: message.payload,
             }),
             Some(false) => match self.ghosts.source(to) {
-                Some(owner) => self
-                    .peer_out
-                    .push(owner, peer_message(to, (0, 0), Peer::EntityMessage(message))),
+                Some(owner) => {
+                    self.peer_out.push(owner, peer_at(to, (0, 0), Peer::EntityMessage(message)))
+                }
                 None => {
                     debug!(entity = %to, "game message for a ghost with no known owner dropped")
                 }
             },
-            None => match self.handed_off.get(&to) {
+            None => match self.handoffs.handed(to) {
                 Some(handed) => {
                     let to_shard = handed.to;
-                    self.peer_out
-                        .push(to_shard, peer_message(to, (0, 0), Peer::EntityMessage(message)))
+                    self.peer_out.push(to_shard, peer_at(to, (0, 0), Peer::EntityMessage(message)))
                 }
                 None => debug!(entity = %to, "game message for an entity not here dropped"),
             },
@@ -474,11 +400,11 @@ impl ShardCore {
         }
         let owner = match self.world.is_local(to) {
             Some(false) => self.ghosts.source(to),
-            _ => self.handed_off.get(&to).map(|h| h.to),
+            _ => self.handoffs.handed(to).map(|h| h.to),
         };
         match owner {
             Some(owner) if owner != self.id => {
-                self.peer_out.push(owner, peer_message(source, (0, 0), Peer::Event(event)))
+                self.peer_out.push(owner, peer_at(source, (0, 0), Peer::Event(event)))
             }
             _ => debug!(player = %to, "game event for a player not here dropped"),
         }
@@ -508,7 +434,7 @@ impl ShardCore {
         self.history.record(npc, (generation, subject_seq), at);
         self.route_envelopes();
         self.mirror(npc);
-        self.game.mail.push_back(GameMail::Arrived(npc));
+        self.game.mail(GameMail::Arrived(npc));
         Ok(())
     }
 
@@ -518,7 +444,7 @@ impl ShardCore {
     /// first). Their private state died with their owner; their public state is the last the
     /// owner sent.
     pub(crate) fn restore_orphaned_npcs(&mut self) {
-        self.game.orphans_waiting = false;
+        self.game.set_orphans_waiting(false);
         let orphans: Vec<(PlayerId, Position)> = self
             .world
             .ghosts()
@@ -539,7 +465,7 @@ impl ShardCore {
                     self.metrics.npcs_restored.inc();
                 }
             } else if !self.peer_ready(owner) {
-                self.game.orphans_waiting = true;
+                self.game.set_orphans_waiting(true);
             } else {
                 let handoff = meridian_rpc::pb::Handoff {
                     name: look.name.to_string(),
@@ -549,8 +475,7 @@ impl ShardCore {
                     state: look.state.to_vec(),
                     ..Default::default()
                 };
-                self.peer_out
-                    .push(owner, peer_message(npc, (generation, 0), Peer::Handoff(handoff)));
+                self.peer_out.push(owner, peer_at(npc, (generation, 0), Peer::Handoff(handoff)));
             }
         }
         self.game_mail();
@@ -604,11 +529,11 @@ impl Host for ShardCore {
     }
 
     fn random_cell(&mut self) -> Option<Position> {
-        self.geometry.random_cell(&mut self.game.rng)
+        self.geometry.random_cell(self.game.rng())
     }
 
     fn random(&mut self) -> u64 {
-        self.game.rng.next_u64()
+        self.game.rng().next_u64()
     }
 
     fn spawn(
@@ -628,8 +553,8 @@ impl Host for ShardCore {
         if !self.geometry.owns(at) {
             return Err(GameError::NotHere(at));
         }
-        if self.world.n_npcs() >= self.game.max_npcs {
-            return Err(GameError::TooMany(self.game.max_npcs));
+        if self.world.n_npcs() >= self.game.max_npcs() {
+            return Err(GameError::TooMany(self.game.max_npcs()));
         }
         let Some(raw) = self.game.take_id() else {
             self.want_ids();
@@ -685,7 +610,7 @@ impl Host for ShardCore {
             return Ok(());
         }
         self.world.set_state(subject, Arc::from(state)).map_err(|_| GameError::NotOwned(entity))?;
-        self.game.dirty.push(subject);
+        self.game.state_changed(subject);
         Ok(())
     }
 
@@ -729,26 +654,13 @@ impl Host for ShardCore {
         let version = (seat.generation, seat.subject_seq);
         for holder in seat.ghosted_at.clone() {
             let event = EntityEvent { to: 0, kind, payload: payload.to_vec() };
-            self.peer_out.push(holder, peer_message(subject, version, Peer::Event(event)));
+            self.peer_out.push(holder, peer_at(subject, version, Peer::Event(event)));
         }
     }
 
     fn send(&mut self, to: EntityId, from: EntityId, kind: u32, payload: &[u8]) {
         let message = EntityMessage { from: from.0, kind, payload: payload.to_vec() };
         self.route_message(id(to), message);
-    }
-}
-
-/// What a notification about the game becomes on the wire (`None`: not a game one).
-pub(crate) fn game_notification(note: &Notification) -> Option<ServerMessage> {
-    match note {
-        Notification::StateChanged { subject, state } => {
-            Some(server::state_changed(subject.0, state))
-        }
-        Notification::Event { source, kind, payload } => {
-            Some(server::game_event(source.0, *kind, payload))
-        }
-        _ => None,
     }
 }
 

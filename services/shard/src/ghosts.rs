@@ -51,10 +51,16 @@ pub struct Ghosts {
     /// Copies an owner stopped mirroring here that local players still see: kept, and
     /// the owner is to be asked to go on mirroring them (`GhostNeeded`), by owner, player
     /// and the version the copy is at. Drained by the core after each message.
-    pub needed: Vec<(ShardId, PlayerId, (u64, u64))>,
+    needed: Vec<(ShardId, PlayerId, (u64, u64))>,
 }
 
 impl Ghosts {
+    /// The owners to ask to go on mirroring a copy (see `needed`), by owner, player and
+    /// version.
+    pub fn take_needed(&mut self) -> Vec<(ShardId, PlayerId, (u64, u64))> {
+        std::mem::take(&mut self.needed)
+    }
+
     /// Players with a track (present, held, or remembered to drop late messages).
     pub fn tracks(&self) -> usize {
         self.tracks.len()

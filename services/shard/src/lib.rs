@@ -11,18 +11,28 @@
 //! sockets are behind bounded channels.
 
 mod actor;
+mod command;
 pub mod core;
 mod game;
+mod game_slot;
+mod gateway_links;
 mod geometry;
 mod ghosts;
+mod handoffs;
 mod history;
+mod inputs;
 mod link;
+mod messages;
 mod metrics;
 mod outbox;
+mod pause;
 mod peer;
+mod peers_seen;
 mod players;
 mod port;
+mod reports;
 mod saver;
+mod saves;
 mod sequence;
 mod service;
 pub mod types;
@@ -341,7 +351,7 @@ pub async fn run(
         // Whatever the drain could not hand off (the last shard, or a whole cluster
         // stopping at once) is saved where it stands before the shard goes.
         let (reply, queued) = tokio::sync::oneshot::channel();
-        if commands.send(actor::Command::SaveAll { reply }).await.is_ok() {
+        if commands.send(command::Command::SaveAll { reply }).await.is_ok() {
             let _ = queued.await;
         }
         match saves.settle(FINAL_SAVES_WITHIN).await {
@@ -374,7 +384,7 @@ pub async fn run(
 /// The shard's own admin pages: `/players` (who it owns, for conservation checks) and
 /// `/density` (where they stand, for the gateways' live map).
 fn admin_routes(
-    commands: tokio::sync::mpsc::Sender<actor::Command>,
+    commands: tokio::sync::mpsc::Sender<command::Command>,
     readiness: Readiness,
 ) -> Routes {
     Arc::new(move |path: &str| {
@@ -382,7 +392,7 @@ fn admin_routes(
         let reply: ReplyFuture = match path {
             "/players" => Box::pin(async move {
                 let (reply, answer) = tokio::sync::oneshot::channel();
-                if commands.send(actor::Command::Report { reply }).await.is_err() {
+                if commands.send(command::Command::Report { reply }).await.is_err() {
                     return Reply::json("{}".to_string());
                 }
                 Reply::json(answer.await.unwrap_or_else(|_| "{}".to_string()))
@@ -392,7 +402,7 @@ fn admin_routes(
                 Box::pin(async move {
                     let (reply, answer) = tokio::sync::oneshot::channel();
                     let mut density = Default::default();
-                    if commands.send(actor::Command::Density { reply }).await.is_ok() {
+                    if commands.send(command::Command::Density { reply }).await.is_ok() {
                         density = answer.await.unwrap_or_default();
                     }
                     let density = meridian_cluster::DensityReport { ready, ..density };
@@ -408,7 +418,7 @@ fn admin_routes(
 /// Waits until every local player has been handed off, every handoff confirmed, and the
 /// gateways have stopped sending inputs for them here.
 async fn drain(
-    commands: &tokio::sync::mpsc::Sender<actor::Command>,
+    commands: &tokio::sync::mpsc::Sender<command::Command>,
     deadline: Duration,
     me: ShardId,
 ) -> Result<(), ShardError> {
@@ -416,7 +426,7 @@ async fn drain(
     let mut last_report = started;
     loop {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        if commands.send(actor::Command::DrainStatus { reply }).await.is_err() {
+        if commands.send(command::Command::DrainStatus { reply }).await.is_err() {
             return Ok(());
         }
         let (players, unconfirmed, quiet) = answer.await.unwrap_or((0, 0, true));
@@ -440,7 +450,7 @@ async fn drain(
 /// Keeps the player count in the shard's etcd record fresh (placement and `status`).
 async fn publish_load(
     mut record: ShardRecord,
-    commands: tokio::sync::mpsc::Sender<actor::Command>,
+    commands: tokio::sync::mpsc::Sender<command::Command>,
     draining: Arc<std::sync::atomic::AtomicBool>,
     update: impl Fn(String) + Send + 'static,
 ) {
@@ -448,7 +458,7 @@ async fn publish_load(
     loop {
         tick.tick().await;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        if commands.send(actor::Command::Load { reply }).await.is_err() {
+        if commands.send(command::Command::Load { reply }).await.is_err() {
             return;
         }
         let Ok((load, incarnation)) = answer.await else { return };
@@ -478,7 +488,7 @@ async fn watch_expiry(
     status: meridian_cluster::RegistrationStatus,
     mut client: meridian_cluster::EtcdClient,
     keys: ClusterKeys,
-    commands: tokio::sync::mpsc::Sender<actor::Command>,
+    commands: tokio::sync::mpsc::Sender<command::Command>,
 ) {
     let mut seen = status.expirations();
     let mut confirmed = status.confirmed();
@@ -497,7 +507,7 @@ async fn watch_expiry(
                     None
                 }
             };
-            if commands.send(actor::Command::LeaseExpired { partition }).await.is_err() {
+            if commands.send(command::Command::LeaseExpired { partition }).await.is_err() {
                 return;
             }
         }
@@ -507,7 +517,7 @@ async fn watch_expiry(
         if latest != confirmed {
             confirmed = latest;
             if let Some(asked) = latest {
-                if commands.send(actor::Command::LeaseConfirmed { asked }).await.is_err() {
+                if commands.send(command::Command::LeaseConfirmed { asked }).await.is_err() {
                     return;
                 }
             }

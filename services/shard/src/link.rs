@@ -12,7 +12,7 @@
 //!   a byte (a gateway sends a heartbeat each [`HEARTBEAT`] it has nothing to say);
 //! - the writer takes what the world task queued for the link, everything ready at once,
 //!   and writes it as one buffer of frames; a heartbeat when it wrote nothing for
-//!   [`HEARTBEAT`]. The world task cuts a link whose queue is full (`actor::LINK_QUEUE`).
+//!   [`HEARTBEAT`]. The world task cuts a link whose queue is full (`command::LINK_QUEUE`).
 //!
 //! Whatever ends the link (the gateway hanging up, silence, an error, the world task, the
 //! shard stopping), the world task is told once (`Command::Closed`). Bytes the gateway got
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_rpc::link::{self, FrameTooLong, HEARTBEAT, MAGIC, SILENCE};
+use meridian_rpc::link::{self, HEARTBEAT, MAGIC, SILENCE};
 use meridian_rpc::pb::{GatewayBatch, ShardBatch};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -35,7 +35,7 @@ use tonic::transport::CertificateDer;
 use tonic::Status;
 use tracing::{info, warn};
 
-use crate::actor::{Command, LINK_QUEUE};
+use crate::command::{Command, LinkRefused, LINK_QUEUE};
 use crate::types::LinkId;
 use crate::ShardMetrics;
 
@@ -53,44 +53,6 @@ const KEEP_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 const CLOSE_WITHIN: Duration = Duration::from_secs(1);
 /// Bytes a closing link reads and drops at most while waiting for the gateway to hang up.
 const CLOSE_DRAIN_BYTES: usize = 1024 * 1024;
-
-/// Why a link was refused. Each is a label of `meridian_shard_relay_links_refused_total`
-/// ([`LinkRefused::label`]); the message is what the gateway is told.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum LinkRefused {
-    #[error("not a relay link: it does not start with the relay magic")]
-    WrongMagic,
-    #[error("no hello in time")]
-    NoHello,
-    #[error("the link ended before its hello")]
-    EndedBeforeHello,
-    #[error("{0}")]
-    TooLong(#[from] FrameTooLong),
-    #[error("a frame that is not a GatewayBatch: {0}")]
-    Undecodable(#[from] prost::DecodeError),
-    #[error("the client certificate does not name gateway-{0}")]
-    NotThatGateway(u32),
-    /// The world task ended the link with a reason.
-    #[error("{0}")]
-    ByShard(String),
-}
-
-impl LinkRefused {
-    /// Every label, for the metric.
-    pub(crate) const LABELS: [&'static str; 6] =
-        ["wrong magic", "no hello", "frame too long", "undecodable", "certificate", "shard"];
-
-    pub(crate) fn label(&self) -> &'static str {
-        match self {
-            LinkRefused::WrongMagic => "wrong magic",
-            LinkRefused::NoHello | LinkRefused::EndedBeforeHello => "no hello",
-            LinkRefused::TooLong(_) => "frame too long",
-            LinkRefused::Undecodable(_) => "undecodable",
-            LinkRefused::NotThatGateway(_) => "certificate",
-            LinkRefused::ByShard(_) => "shard",
-        }
-    }
-}
 
 /// How a link ended.
 #[derive(Debug)]

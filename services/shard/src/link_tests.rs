@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::Links;
-use crate::actor::Command;
+use crate::command::Command;
 use crate::outbox::tests::{big_round, drained};
 use crate::outbox::Outbox;
 use crate::service::ShardService;

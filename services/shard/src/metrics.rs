@@ -28,7 +28,7 @@ pub struct ShardMetrics {
     /// Open relay links (one per gateway lane).
     pub links: Arc<Gauge>,
     pub links_cut: Arc<Counter>,
-    /// Relay links refused, by reason (`link::LinkRefused::label`).
+    /// Relay links refused, by reason (`command::LinkRefused::label`).
     pub relay_links_refused: CounterFamily,
     /// Relay links closed because the gateway said nothing for `meridian_rpc::link::SILENCE`.
     pub relay_links_silent: Arc<Counter>,
@@ -137,7 +137,7 @@ impl ShardMetrics {
                  another gateway, or the shard itself.",
                 l,
                 "reason",
-                crate::link::LinkRefused::LABELS,
+                crate::command::LinkRefused::LABELS,
             ),
             relay_links_silent: registry.counter(
                 "meridian_shard_relay_links_silent_total",

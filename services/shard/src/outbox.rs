@@ -48,12 +48,23 @@ struct LinkOut {
 #[derive(Default)]
 pub struct Outbox {
     links: FxHashMap<LinkId, LinkOut>,
-    pub n_messages: u64,
+    /// Messages pushed since the last drain.
+    n_messages: u64,
     /// Errors among them, by code (for the errors-by-code metric).
-    pub n_errors: Vec<(ErrorCode, u64)>,
+    n_errors: Vec<(ErrorCode, u64)>,
 }
 
 impl Outbox {
+    /// Messages pushed since the last [`Outbox::drain`] (for the notifications metric).
+    pub fn n_messages(&self) -> u64 {
+        self.n_messages
+    }
+
+    /// Errors pushed since the last call, by code.
+    pub fn drain_errors(&mut self) -> std::vec::Drain<'_, (ErrorCode, u64)> {
+        self.n_errors.drain(..)
+    }
+
     fn slot(&mut self, link: LinkId, session: u64) -> (&mut LinkOut, usize) {
         let out = self.links.entry(link).or_default();
         let index = *out.by_session.entry(session).or_insert_with(|| {

@@ -102,7 +102,9 @@ async fn run_peer(
     let name = format!("shard-{}", peer.0);
     let incarnation = rand::random::<u64>();
     let mut sender = PeerSender { me, unconfirmed: VecDeque::new(), next_seq: 1, incarnation };
-    let mut backoff = Duration::from_millis(50);
+    // Not reset after a stream that was up: a peer whose streams keep failing is tried
+    // again once a second at most, however long each lasted.
+    let mut backoff = meridian_rpc::backoff::Backoff::RECONNECT;
     loop {
         let endpoint = meridian_tls::endpoint(&addr, tls.as_deref(), &name);
         let result = match endpoint {
@@ -126,8 +128,7 @@ async fn run_peer(
             }
             Err(error) => warn!(%peer, %addr, %error, "peer stream failed; reconnecting"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

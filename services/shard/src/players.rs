@@ -17,47 +17,22 @@ use meridian_cluster::{OrderKind, PlayerOrder, ShardId};
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
-    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, GhostStep,
-    GhostUpsert, Handoff, HandoffAck, Join, MoveRefused, PeerMessage, PlayerInput, Released,
-    ViewEntry,
+    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, Handoff,
+    HandoffAck, Join, MoveRefused, PlayerInput, Released, ViewEntry,
 };
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::{debug, info, warn};
 
 use crate::core::ShardCore;
+use crate::game_slot::GameMail;
+use crate::handoffs::told_view;
+use crate::handoffs::{Answer, BehindView};
 use crate::history::{Divergent, Told};
+use crate::messages::{peer, peer_at, recent_steps, upsert_of, wire};
 use crate::sequence::InputSequence;
 use crate::types::{
     world_direction, GatewayLane, HandedOff, LinkId, Parked, SaveRecord, Seat, PENDING_LIMIT,
 };
-
-/// How long a restore chosen by a newer partition waits for this shard's watch to catch up
-/// before it is taken by the map this shard has.
-const BEHIND_VIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A restore waiting for this shard's view to reach the gateway's epoch.
-pub(crate) struct BehindView {
-    since: std::time::Instant,
-    link: LinkId,
-    seq: u64,
-    session: u64,
-    player: PlayerId,
-    join: Join,
-    answer: Answer,
-}
-
-/// What a player seated on a new session is told first.
-#[derive(Clone, Copy)]
-enum Answer {
-    /// A restore or resume: the client's view starts over.
-    ViewReset,
-    /// A login that took the player over from another connection.
-    LoginOk,
-}
-
-fn wire(at: Position) -> Option<client_pb::Position> {
-    Some(client_pb::Position { x: at.x, y: at.y })
-}
 
 impl ShardCore {
     pub(crate) fn join(&mut self, link: LinkId, input: PlayerInput) {
@@ -69,7 +44,7 @@ impl ShardCore {
         if join.restore {
             return self.restore(link, input.seq, session, player, join);
         }
-        let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        let gateway = self.links.gateway_of(link).unwrap_or(0);
         // The gateway sends a spawn only where the player must go: a dev-mode Login's own,
         // or the cell its account was saved at.
         let spawn = match join.spawn {
@@ -111,7 +86,7 @@ impl ShardCore {
                 seat.private = join_state;
                 seat.resume_nonce = nonce;
                 self.seats.insert(player, seat);
-                self.ended.remove(&player);
+                self.inputs.back(player);
                 self.history.record(player, (generation, 0), at);
                 self.metrics.logins.inc();
                 self.metrics.players.set(self.world.n_local() as i64);
@@ -206,9 +181,7 @@ impl ShardCore {
                 at: (at.x, at.y),
                 state: parked.private.clone(),
             };
-            if self.save_interval.is_some() {
-                self.saves.push(save);
-            }
+            self.saves.save_record(save);
         } else {
             return;
         }
@@ -308,10 +281,10 @@ impl ShardCore {
                 // A dropped connection parks the player for the resume window; a logout ends it.
                 self.remove(player, !leave.logout);
                 if leave.logout {
-                    if self.save_interval.is_some() {
+                    if self.saves.enabled() {
                         // Closed once its save is in the store, so that a login right after
                         // the logout finds it there.
-                        self.closing_after_save.push((player, link, session, self.now));
+                        self.saves.close_after_save(player, link, session, self.now);
                     } else {
                         self.outbox.close(link, session);
                     }
@@ -361,7 +334,7 @@ impl ShardCore {
         let Some(seat) = self.seats.remove(&player) else {
             return;
         };
-        self.ended.insert(player, (seat.session, self.now));
+        self.inputs.session_ended(player, seat.session, self.now);
         if park {
             if let (Some(name), Some(at)) = (self.world.name(player), self.world.position(player)) {
                 let parked = Parked {
@@ -472,7 +445,7 @@ impl ShardCore {
             self.peer_out.push(holder, peer_at(player, version, upsert));
             return;
         }
-        if let Some(handed) = self.handed_off.get(&player) {
+        if let Some(handed) = self.handoffs.handed(player) {
             if handed.to != holder {
                 let needed = Peer::Needed(GhostNeeded { holder: holder.0 });
                 self.peer_out.push(handed.to, peer(player, generation, needed));
@@ -504,69 +477,16 @@ impl ShardCore {
         };
         let look = self.world.look(player);
         let name = look.as_ref().map(|l| l.name.to_string()).unwrap_or_default();
-        // What the player has been told: the world's view, or, if its view is still being
-        // reconciled after an earlier handoff, exactly what it was told so far. An NPC has
-        // no view.
-        let mut view: Vec<ViewEntry> = match self.divergent.remove(&player) {
+        // What the player has been told: an NPC has no view.
+        let view = match self.divergent.remove(&player) {
             _ if seat.npc => Vec::new(),
-            Some(divergent) => divergent
-                .told
-                .iter()
-                .map(|(id, told)| ViewEntry {
-                    player_id: id.0,
-                    position: wire(told.at),
-                    generation: told.version.0,
-                    subject_seq: told.version.1,
-                    seen: told.seen,
-                    gone: told.gone,
-                })
-                .collect(),
-            None => {
-                // Everyone within two cells beyond sight: those in view, and those that may
-                // come into view while the new owner's copies of them are catching up.
-                let range = self.world.config().view_range;
-                let mut near = Vec::new();
-                self.world.within(at, range + 2, &mut near);
-                near.iter()
-                    .filter(|id| **id != player)
-                    .filter_map(|id| {
-                        let position = self.world.position(*id)?;
-                        let (generation, subject_seq) =
-                            self.history.version(*id).unwrap_or_default();
-                        let seen = position.x.abs_diff(at.x) <= range
-                            && position.y.abs_diff(at.y) <= range;
-                        Some(ViewEntry {
-                            player_id: id.0,
-                            position: wire(position),
-                            generation,
-                            subject_seq,
-                            seen,
-                            gone: false,
-                        })
-                    })
-                    .collect()
-            }
+            divergent => told_view(player, at, divergent, &self.world, &self.history),
         };
-        // Those that left the world lately near here: the client was told so, and the new
-        // owner may not have removed them yet.
-        let range = self.world.config().view_range + 2;
-        for (id, left, (generation, subject_seq)) in self.history.departed_near(at, range) {
-            if !seat.npc && id != player && !view.iter().any(|entry| entry.player_id == id.0) {
-                view.push(ViewEntry {
-                    player_id: id.0,
-                    position: wire(left),
-                    generation,
-                    subject_seq,
-                    seen: false,
-                    gone: true,
-                });
-            }
-        }
         if let Err(error) = self.world.demote_to_ghost(player) {
             warn!(%player, %error, "cannot demote a player being handed off");
         }
         let next_generation = seat.generation + 1;
-        let incarnation = self.incarnations.get(&to).copied().unwrap_or(0);
+        let incarnation = self.peers.incarnation_of(to);
         debug!(%player, %to, next_generation, ?at, epoch = self.geometry.epoch, "hand off");
         self.ghosts.demoted(player, next_generation, to, self.now);
         for other in self.geometry.peers() {
@@ -602,7 +522,7 @@ impl ShardCore {
             self.outbox.release(seat.link, seat.session, to.0, incarnation);
         }
         let now = self.now;
-        self.handed_off.insert(
+        self.handoffs.handed_off(
             player,
             HandedOff {
                 to,
@@ -645,7 +565,7 @@ impl ShardCore {
             self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));
             return;
         }
-        let passed_on = self.handed_off.get(&player).is_some_and(|h| h.generation >= generation);
+        let passed_on = self.handoffs.handed(player).is_some_and(|h| h.generation >= generation);
         if passed_on || self.ghosts.generation(player).is_some_and(|g| g > generation) {
             // Stale: the player has been here at this generation or later already and moved
             // on (this handoff was held up on its stream while the player was restored here
@@ -660,15 +580,12 @@ impl ShardCore {
         }
         // The player's output goes on the link of its session's lane of its gateway.
         let lane = GatewayLane::of_session(handoff.gateway_id, handoff.session);
-        let Some(&link) = self.gateway_links.get(&lane) else {
+        let Some(link) = self.links.of_lane(lane) else {
             // That lane has not opened its link here yet (this shard just joined): take the
             // player over when it does.
             let (gateway, lane_id) = (lane.gateway, lane.lane);
             warn!(%player, gateway, lane = lane_id, "handoff waits for its gateway lane's link");
-            self.awaiting_gateway
-                .entry(lane)
-                .or_default()
-                .push((from, player, generation, handoff, self.now));
+            self.handoffs.wait_for_lane(lane, (from, player, generation, handoff, self.now));
             return;
         };
         let at = handoff.position.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
@@ -713,10 +630,10 @@ impl ShardCore {
                 ..seat
             },
         );
-        self.game.mail.push_back(crate::game::GameMail::Arrived(player));
-        self.ended.remove(&player);
+        self.game.mail(GameMail::Arrived(player));
+        self.inputs.back(player);
         self.history.record(player, (generation, handoff.subject_seq), at);
-        let returned = self.handed_off.remove(&player);
+        let returned = self.handoffs.returned(player);
         self.route_envelopes();
         self.outbox.track(link, handoff.session, at.x, at.y, generation);
         // ...and the player's view follows this world from what it was told: replayed where
@@ -748,19 +665,7 @@ impl ShardCore {
         // They join the inputs that waited here, one of each (the same input may have come
         // back already), in seq order.
         let forwarded = returned.map(|r| r.forwarded).unwrap_or_default();
-        if forwarded.iter().any(|input| input.seq >= handoff.next_seq) {
-            let now = self.now;
-            let (_, waiting) = self.early.entry(player).or_insert_with(|| (now, Vec::new()));
-            for input in forwarded.into_iter().filter(|i| i.seq >= handoff.next_seq) {
-                let known = |(_, w): &(Option<LinkId>, PlayerInput)| {
-                    w.session == input.session && w.seq == input.seq
-                };
-                if !waiting.iter().any(known) {
-                    waiting.push((None, input));
-                }
-            }
-            waiting.sort_by_key(|(_, input)| input.seq);
-        }
+        self.inputs.hold_returned(player, forwarded, handoff.next_seq, self.now);
         self.take_early_inputs(player, handoff.session);
         self.run_game_mail();
         if !self.geometry.owns(at) {
@@ -777,8 +682,7 @@ impl ShardCore {
             state: Arc::from(handoff.state),
         };
         debug!(%npc, %from, generation, ?at, "NPC handoff in");
-        let returned = self.handed_off.remove(&npc);
-        let _ = returned;
+        let _ = self.handoffs.returned(npc);
         let private = handoff.private_state;
         if let Err(error) = self.npc_in(npc, look, at, generation, handoff.subject_seq, private) {
             warn!(%npc, %error, "cannot take over an NPC");
@@ -816,7 +720,7 @@ impl ShardCore {
             let (old_link, old_session) = (seat.link, seat.session);
             // Session ids are unique per gateway only: the same number from another gateway
             // is another connection.
-            let gateway = self.links.get(&link).map(|l| l.gateway);
+            let gateway = self.links.gateway_of(link);
             if old_session == input.session && gateway == Some(seat.gateway) {
                 // This resume placed the player here already (it reached this shard twice,
                 // say passed on and sent again): the seat is the resuming session's own.
@@ -870,16 +774,10 @@ impl ShardCore {
     /// Takes the restores that waited for this shard's view and now may go: the view has
     /// reached their epoch, or they waited long enough.
     pub(crate) fn restores_behind_view(&mut self) {
-        if self.behind_view.is_empty() {
-            return;
-        }
-        let (epoch, now) = (self.geometry.epoch, self.now);
-        let (due, waiting): (Vec<BehindView>, Vec<BehindView>) =
-            std::mem::take(&mut self.behind_view).into_iter().partition(|w| {
-                w.join.epoch <= epoch || now.saturating_duration_since(w.since) >= BEHIND_VIEW_WAIT
-            });
-        self.behind_view = waiting;
-        for BehindView { link, seq, session, player, mut join, answer, .. } in due {
+        let epoch = self.geometry.epoch;
+        for BehindView { link, seq, session, player, mut join, answer, .. } in
+            self.handoffs.due_behind_view(epoch, self.now)
+        {
             join.epoch = join.epoch.min(epoch);
             self.restore_as(link, seq, session, player, join, answer);
         }
@@ -938,15 +836,14 @@ impl ShardCore {
             // gateway meanwhile (it refuses them until the ViewReset).
             let since = self.now;
             let waiting = BehindView { since, link, seq, session, player, join, answer };
-            self.behind_view.push(waiting);
+            self.handoffs.wait_for_view(waiting);
             return;
         }
         let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
-        let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+        let gateway = self.links.gateway_of(link).unwrap_or(0);
         if !self.seats.contains_key(&player) {
-            if let Some(handed) = self.handed_off.get(&player) {
-                let same_registration =
-                    self.incarnations.get(&handed.to).copied().unwrap_or(0) == handed.incarnation;
+            if let Some(handed) = self.handoffs.handed(player) {
+                let same_registration = self.peers.incarnation_of(handed.to) == handed.incarnation;
                 if join.generation <= handed.generation
                     && self.peer_ready(handed.to)
                     && same_registration
@@ -961,7 +858,7 @@ impl ShardCore {
                     let (to, next) = (handed.to, handed.generation + 1);
                     debug!(%player, %to, "restore of a player handed off from here passed on");
                     self.outbox.release(link, session, to.0, handed.incarnation);
-                    let gateway = self.links.get(&link).map(|l| l.gateway).unwrap_or(0);
+                    let gateway = self.links.gateway_of(link).unwrap_or(0);
                     let join =
                         Join { gateway_id: gateway, generation: join.generation.max(next), ..join };
                     let kind = Some(Input::Join(join));
@@ -1026,7 +923,7 @@ impl ShardCore {
         seat.resume_nonce = nonce;
         seat.resume_previous = self.resumed_with.take();
         self.seats.insert(player, seat);
-        self.ended.remove(&player);
+        self.inputs.back(player);
         self.divergent.remove(&player);
         self.history.record(player, (generation, 0), at);
         self.route_envelopes();
@@ -1080,55 +977,5 @@ impl ShardCore {
                 self.outbox.push(link, session, &server::left(*id));
             }
         }
-    }
-}
-
-/// A ghost's full state: name, cell, game kind, public state, and its last steps (see
-/// `GhostUpsert.recent`).
-fn upsert_of(
-    look: &meridian_world::Look,
-    at: Position,
-    history: &crate::history::History,
-    player: PlayerId,
-) -> GhostUpsert {
-    GhostUpsert {
-        name: look.name.to_string(),
-        position: wire(at),
-        kind: look.kind,
-        state: look.state.to_vec(),
-        recent: recent_steps(history, player),
-    }
-}
-
-/// How many of an entity's last steps a `GhostUpsert` or a `Handoff` carries (a second of
-/// steady walking at 16 moves/s). A copy further behind than that leaves and enters again
-/// instead of walking (see the world's view diffs).
-const STEPS_SENT: usize = 16;
-
-/// The entity's last steps this shard's history holds, for a `GhostUpsert` or a `Handoff`.
-pub(crate) fn recent_steps(history: &crate::history::History, player: PlayerId) -> Vec<GhostStep> {
-    let kept = history.steps(player).count();
-    history
-        .steps(player)
-        .skip(kept.saturating_sub(STEPS_SENT))
-        .map(|((generation, subject_seq), at)| GhostStep {
-            generation,
-            subject_seq,
-            position: wire(at),
-        })
-        .collect()
-}
-
-fn peer(player: PlayerId, generation: u64, kind: Peer) -> PeerMessage {
-    PeerMessage { player_id: player.0, generation, subject_seq: 0, kind: Some(kind) }
-}
-
-/// A message about a player's state at `version` (generation, position counter).
-fn peer_at(player: PlayerId, version: (u64, u64), kind: Peer) -> PeerMessage {
-    PeerMessage {
-        player_id: player.0,
-        generation: version.0,
-        subject_seq: version.1,
-        kind: Some(kind),
     }
 }

@@ -4,9 +4,10 @@
 //! Plain, a connection is told by its first 8 bytes: `meridian_rpc::link::MAGIC` makes it a
 //! relay link; anything else (an HTTP/2 preface) goes to tonic. With mutual TLS, by the
 //! protocol its client chose in the handshake (ALPN, `meridian_tls::incoming`). Either way
-//! at most [`SORTING_MAX`] connections are being sorted (or shaking hands) at once (past it,
-//! new ones wait in the kernel's accept queue), and one that shows nothing within
-//! `link::HELLO_WITHIN` (10 s) is dropped and counted.
+//! at most [`SORTING_MAX`] connections are being sorted (or shaking hands) at once (both
+//! accept through `meridian_tls::accept_bounded`: past it, new ones wait in the kernel's
+//! accept queue), and one that shows nothing within `link::HELLO_WITHIN` (10 s) is dropped
+//! and counted.
 
 use std::future::Future;
 use std::io;
@@ -15,11 +16,11 @@ use std::time::Duration;
 
 use meridian_rpc::link::MAGIC;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Router;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::link::Links;
 
@@ -99,25 +100,7 @@ async fn opening(tcp: &TcpStream) -> io::Result<Opening> {
 fn sort_plain(listener: TcpListener, links: Arc<Links>) -> ReceiverStream<io::Result<TcpStream>> {
     let (grpc, streams) = mpsc::channel(FOR_TONIC);
     tokio::spawn(async move {
-        let room = Arc::new(Semaphore::new(SORTING_MAX));
-        loop {
-            let Ok(permit) = Arc::clone(&room).acquire_owned().await else { return };
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = grpc.closed() => return,
-            };
-            let (tcp, from) = match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of descriptors or memory: wait a little rather than spin.
-                    warn!(%error, "gRPC port accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            // Both protocols carry small batches both ways: without this every one waits
-            // for the peer's delayed ACK (twice the delay at p50 and p99).
-            let _ = tcp.set_nodelay(true);
+        let sorting = |tcp: TcpStream, from, permit: OwnedSemaphorePermit| {
             let (grpc, links) = (grpc.clone(), Arc::clone(&links));
             tokio::spawn(async move {
                 match tokio::time::timeout(links.hello_within(), opening(&tcp)).await {
@@ -137,7 +120,8 @@ fn sort_plain(listener: TcpListener, links: Arc<Links>) -> ReceiverStream<io::Re
                     }
                 }
             });
-        }
+        };
+        meridian_tls::accept_bounded(&listener, SORTING_MAX, grpc.closed(), "gRPC", sorting).await;
     });
     ReceiverStream::new(streams)
 }

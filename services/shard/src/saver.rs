@@ -28,7 +28,7 @@ pub struct Saves {
     wake: Arc<Notify>,
     metrics: Arc<ShardMetrics>,
     /// Told which players' saves are in the store (logouts close after theirs).
-    saved: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::actor::Command>>>,
+    saved: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<crate::command::Command>>>,
 }
 
 impl Saves {
@@ -43,7 +43,7 @@ impl Saves {
     }
 
     /// Where to say which players' saves are in the store: the world task's commands.
-    pub fn report_to(&self, commands: tokio::sync::mpsc::Sender<crate::actor::Command>) {
+    pub fn report_to(&self, commands: tokio::sync::mpsc::Sender<crate::command::Command>) {
         let _ = self.saved.set(commands);
     }
 
@@ -124,7 +124,7 @@ impl Saves {
                     *self.writing.lock().unwrap_or_else(|p| p.into_inner()) = 0;
                     if let Some(commands) = self.saved.get() {
                         let players = batch.iter().map(|s| s.player).collect();
-                        let _ = commands.send(crate::actor::Command::Saved { players }).await;
+                        let _ = commands.send(crate::command::Command::Saved { players }).await;
                     }
                 }
                 Err(error) => {

@@ -10,7 +10,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::actor::Command;
+use crate::command::Command;
 use crate::peer::EPOCH_HEADER;
 use crate::ShardMetrics;
 

@@ -25,7 +25,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 pub use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
@@ -293,23 +293,7 @@ pub fn incoming(
 ) -> ReceiverStream<Result<TlsStream<TcpStream>, io::Error>> {
     let (done, streams) = mpsc::channel(64);
     tokio::spawn(async move {
-        let room = Arc::new(Semaphore::new(HANDSHAKES_MAX));
-        loop {
-            let Ok(permit) = Arc::clone(&room).acquire_owned().await else { return };
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = done.closed() => return,
-            };
-            let (tcp, from) = match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of descriptors or memory: wait a little rather than spin.
-                    warn!(%error, "gRPC accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
+        accept_bounded(&listener, HANDSHAKES_MAX, done.closed(), "gRPC", |tcp, from, permit| {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             let (done, tls, relay_links) = (done.clone(), Arc::clone(&tls), relay_links.clone());
             tokio::spawn(async move {
@@ -331,9 +315,46 @@ pub fn incoming(
                     }
                 }
             });
-        }
+        })
+        .await;
     });
     ReceiverStream::new(streams)
+}
+
+/// Accepts connections on `listener` until `stop` resolves, with at most `max` of them
+/// being worked on at once: each goes to `each` with `TCP_NODELAY` set and a permit that
+/// frees its place when dropped (past `max`, new connections wait in the kernel's accept
+/// queue). A failed accept (out of descriptors or memory) is logged as `what`'s and
+/// retried 100 ms later rather than in a spin. The shard's plain port and [`incoming`] both
+/// accept this way.
+pub async fn accept_bounded(
+    listener: &TcpListener,
+    max: usize,
+    stop: impl std::future::Future<Output = ()>,
+    what: &'static str,
+    mut each: impl FnMut(TcpStream, std::net::SocketAddr, OwnedSemaphorePermit),
+) {
+    let room = Arc::new(Semaphore::new(max));
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let Ok(permit) = Arc::clone(&room).acquire_owned().await else { return };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => return,
+        };
+        let (tcp, from) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                warn!(%error, port = what, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Both protocols on these ports carry small batches both ways: without this every
+        // one waits for the peer's delayed ACK.
+        let _ = tcp.set_nodelay(true);
+        each(tcp, from, permit);
+    }
 }
 
 /// Whether the client certificate of a request (tonic's `Request::peer_certs`) names

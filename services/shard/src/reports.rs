@@ -1,0 +1,96 @@
+//! What the core tells about itself: the `/players` report, the load profile the
+//! coordinator draws borders by, and the live map's density. Pure functions of the parts
+//! they read; only `ShardCore` calls them, for the shell's admin routes.
+
+use rustc_hash::FxHashMap;
+use std::time::{Duration, Instant};
+
+use meridian_cluster::{DensityReport, LoadProfile, ShardId};
+use meridian_world::{PlayerId, World};
+
+use crate::handoffs::Handoffs;
+use crate::types::Seat;
+
+/// A handed-off player stays listed by the old owner this long after the new owner
+/// confirmed (so a sequential sample of all shards always finds it somewhere).
+const LISTED_AFTER_ACK: Duration = Duration::from_secs(1);
+
+/// Where this shard's players stand, by band of `LOAD_BAND` columns and rows.
+pub(crate) fn load_profile(world: &World) -> LoadProfile {
+    let config = world.config();
+    let band = meridian_cluster::LOAD_BAND;
+    let mut load = LoadProfile {
+        x: vec![0; config.width.div_ceil(band) as usize],
+        y: vec![0; config.height.div_ceil(band) as usize],
+    };
+    for (_, at) in world.local_players() {
+        load.x[(at.x / band) as usize] += 1;
+        load.y[(at.y / band) as usize] += 1;
+    }
+    load
+}
+
+/// Players per square of [`meridian_cluster::DENSITY_CELL`] cells, squares with
+/// players only (`ready` is filled in by the admin route).
+pub(crate) fn density(world: &World, shard: ShardId, epoch: u64) -> DensityReport {
+    let cell = meridian_cluster::DENSITY_CELL;
+    let mut squares: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
+    for (_, at) in world.local_players() {
+        *squares.entry((at.x / cell, at.y / cell)).or_default() += 1;
+    }
+    let mut npcs: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
+    for (_, at, _) in world.npcs() {
+        *npcs.entry((at.x / cell, at.y / cell)).or_default() += 1;
+    }
+    DensityReport {
+        npcs: npcs.into_iter().map(|((column, row), n)| [column, row, n]).collect(),
+        shard: shard.0,
+        epoch,
+        ready: false,
+        cell,
+        counts: squares.into_iter().map(|((column, row), n)| [column, row, n]).collect(),
+    }
+}
+
+/// The `/players` report: JSON of the players this shard owns, those handed off lately,
+/// and its NPCs.
+pub(crate) fn players(
+    world: &World,
+    seats: &FxHashMap<PlayerId, Seat>,
+    handoffs: &Handoffs,
+    (shard, epoch): (ShardId, u64),
+    now: Instant,
+) -> String {
+    let mut players: Vec<String> = seats
+        .iter()
+        .filter(|(_, seat)| !seat.npc)
+        .filter_map(|(id, seat)| {
+            let at = world.position(*id)?;
+            Some(format!(
+                "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
+                id.0, seat.generation, at.x, at.y
+            ))
+        })
+        .collect();
+    for (id, handed) in handoffs.iter() {
+        if !handed.npc && handed.acked.is_none_or(|acked| now - acked < LISTED_AFTER_ACK) {
+            players.push(format!(
+                "{{\"id\":{},\"generation\":{},\"x\":{},\"y\":{}}}",
+                id.0, handed.generation, handed.at.x, handed.at.y
+            ));
+        }
+    }
+    let npcs: Vec<String> = world
+        .npcs()
+        .map(|(id, at, kind)| {
+            format!("{{\"id\":{},\"kind\":{kind},\"x\":{},\"y\":{}}}", id.0, at.x, at.y)
+        })
+        .collect();
+    format!(
+        "{{\"shard\":{},\"epoch\":{},\"players\":[{}],\"npcs\":[{}]}}",
+        shard.0,
+        epoch,
+        players.join(","),
+        npcs.join(",")
+    )
+}
