@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meridian_cluster::{ClusterView, GatewayId, ShardId};
+use meridian_rpc::backoff::Backoff;
 use meridian_rpc::link::{put_frame, MAGIC};
 use meridian_rpc::pb::GatewayBatch;
 use tokio::io::AsyncWriteExt;
@@ -168,7 +169,7 @@ async fn keep_connected(
     link: Arc<ShardLink>,
     mailboxes: Arc<Vec<Mailbox>>,
 ) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::RECONNECT;
     loop {
         let connected = tokio::time::timeout(CONNECT_WITHIN, connect(&dialer, &addr, lane, &link));
         match connected.await {
@@ -178,7 +179,7 @@ async fn keep_connected(
                 mailboxes[lane as usize].link_up(LinkUp { gone, ..up }).await;
                 // The worker drops its end when it lets the link go (or refuses it).
                 let _ = released.await;
-                backoff = Duration::from_millis(50);
+                backoff.reset();
             }
             Ok(Err(error)) => {
                 dialer.metrics.relay_connect_failures.inc();
@@ -189,8 +190,7 @@ async fn keep_connected(
                 warn!(shard = %link.id, lane, %addr, "relay link did not connect in time");
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
