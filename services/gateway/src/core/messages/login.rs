@@ -63,7 +63,7 @@ impl Ctx {
         }
         debug!(account = %account.id, name = %login.name, "login");
         let spawn = login.spawn.filter(|_| dev_mode);
-        if self.shared.accounts.is_some() {
+        if self.shared.config.accounts.is_some() {
             let pending = PendingLogin { account: account.id, name: login.name, spawn, tries: 0 };
             return self.ask_store(conn, slot, pending);
         }
