@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-test}
 case $mode in
     run | test) ;;
-    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "usage: deploy/install-deps.sh [run|test]" >&2; exit 2 ;;
 esac
 
