@@ -13,8 +13,9 @@
 #                                 unit tests, .ci/chart-check), pip, venv and unzip (the chart
 #                                 check fetches Helm and kubernetes-validate from PyPI), flock,
 #                                 PostgreSQL's server (the player store's tests start their own),
-#                                 rustfmt and clippy (.ci/run), node >= 18 and npm (the
-#                                 TypeScript SDK's tests and the /play bundle check).
+#                                 rustfmt and clippy (.ci/run), cargo-nextest (the Rust
+#                                 tests), node >= 18 and npm (the TypeScript SDK's tests and
+#                                 the /play bundle check).
 #
 # Without an argument it checks everything (`test`). No crate needs the pkg-config tool or a
 # C++ compiler (Cargo.lock has no cmake or bindgen; its pkg-config crate is libsqlite3-sys's,
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-test}
 case $mode in
     run | test) ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "usage: deploy/install-deps.sh [run|test]" >&2; exit 2 ;;
 esac
 
@@ -103,6 +104,8 @@ check_postgres() {
 # .ci/run: `cargo fmt --check` and `cargo clippy`.
 check_rustfmt() { cargo fmt --version >/dev/null 2>&1; }
 check_clippy() { cargo clippy --version >/dev/null 2>&1; }
+# deploy/test.sh runs the Rust tests with cargo-nextest (this machine kind ships it).
+check_nextest() { cargo nextest --version >/dev/null 2>&1; }
 
 # need CHECK FIX WHAT: CHECK is a function above; FIX is "apt:PACKAGE..." or
 # "rustup:COMPONENT..." or "" (cannot be installed here: WHAT says how); WHAT names it.
@@ -135,6 +138,7 @@ if [ "$mode" = test ]; then
     need check_postgres "apt:postgresql util-linux" "PostgreSQL's server binaries /usr/lib/postgresql/*/bin (initdb, pg_ctl) and, as root, the postgres user and runuser (the player store's tests)"
     need check_rustfmt "rustup:rustfmt" "rustfmt (cargo fmt in .ci/run)"
     need check_clippy "rustup:clippy" "clippy (cargo clippy in .ci/run)"
+    need check_nextest "" "cargo-nextest (deploy/test.sh runs the tests with it): this machine kind ships it; elsewhere 'cargo install --locked cargo-nextest' or the prebuilt binary from https://get.nexte.st"
 fi
 
 # ------------------------------------------------------------------------ check, install

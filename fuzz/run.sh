@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for a bounded time from the committed seed corpora.
 #
-#   fuzz/run.sh                  30 s per target
+#   fuzz/run.sh                  30 s per target, as many side by side as there are cores
 #   FUZZ_SECONDS=300 fuzz/run.sh longer
 #   fuzz/run.sh frame            one target (any of: frame resume_token gateway_core websocket)
 #
@@ -37,37 +37,62 @@ echo "--- built in $(( $(date +%s) - started )) s"
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/meridian-fuzz.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
-failed=()
-for target in "${targets[@]}"; do
-    corpus="$scratch/corpus/$target"
-    artifacts="fuzz/artifacts/$target"
+# The targets run side by side, as many at a time as there are cores (FUZZ_JOBS to change
+# it): each is one single-threaded libFuzzer process, so each still gets a core for its
+# FUZZ_SECONDS, and the wall time is seconds x targets / cores instead of seconds x targets.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+fuzz_one() {
+    local target=$1 corpus="$scratch/corpus/$1" artifacts="fuzz/artifacts/$1"
     mkdir -p "$corpus" "$artifacts"
     cp fuzz/corpus/"$target"/* "$corpus"/
-    before="$scratch/before-$target"
-    ls "$artifacts" > "$before"
-    extra=()
+    ls "$artifacts" > "$scratch/before-$target"
+    local extra=()
     if [[ "$target" == gateway_core ]]; then
         # crossbeam-epoch (the routing table) frees memory after the input that released
         # it, so LeakSanitizer would scan the heap after every input: 20x slower.
         extra+=(-detect_leaks=0)
     fi
-    echo "--- fuzzing $target for $seconds s"
-    if cargo +nightly fuzz run --fuzz-dir fuzz "$target" "$corpus" -- \
+    cargo +nightly fuzz run --fuzz-dir fuzz "$target" "$corpus" -- \
         -max_total_time="$seconds" -timeout=10 -print_final_stats=1 "${extra[@]}" \
-        > "$scratch/$target.log" 2>&1; then
+        > "$scratch/$target.log" 2>&1
+}
+# report TARGET STATUS: what the target's run printed that matters, and its crashes.
+report() {
+    local target=$1 status=$2 artifacts="fuzz/artifacts/$1"
+    echo "--- fuzzed $target for $seconds s"
+    if (( status == 0 )); then
         grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' \
             "$scratch/$target.log" || true
-    else
-        tail -40 "$scratch/$target.log"
-        new=$(ls "$artifacts" | comm -13 "$before" - || true)
-        for file in $new; do
-            echo "CRASH in $target: $artifacts/$file"
-            echo "  replay: cargo +nightly fuzz run --fuzz-dir fuzz $target $artifacts/$file"
-        done
-        [[ -n "$new" ]] || echo "FAILED: $target exited non-zero without an artifact (see above)"
-        failed+=("$target")
+        return 0
     fi
+    tail -40 "$scratch/$target.log"
+    local new file
+    new=$(ls "$artifacts" | comm -13 "$scratch/before-$target" - || true)
+    for file in $new; do
+        echo "CRASH in $target: $artifacts/$file"
+        echo "  replay: cargo +nightly fuzz run --fuzz-dir fuzz $target $artifacts/$file"
+    done
+    [[ -n "$new" ]] || echo "FAILED: $target exited non-zero without an artifact (see above)"
+    return 1
+}
+failed=()
+running=()
+# wait_first: waits for the oldest running target and reports it.
+wait_first() {
+    local target=${running[0]} status=0
+    running=("${running[@]:1}")
+    wait "${pid_of[$target]}" || status=$?
+    report "$target" "$status" || failed+=("$target")
+}
+declare -A pid_of=()
+echo "--- fuzzing ${targets[*]} for $seconds s each, $jobs at a time"
+for target in "${targets[@]}"; do
+    (( ${#running[@]} < jobs )) || wait_first
+    fuzz_one "$target" &
+    pid_of[$target]=$!
+    running+=("$target")
 done
+while (( ${#running[@]} > 0 )); do wait_first; done
 
 echo "--- fuzzing took $(( $(date +%s) - started )) s in all"
 if (( ${#failed[@]} > 0 )); then

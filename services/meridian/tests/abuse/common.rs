@@ -14,6 +14,9 @@ pub const SCHEDULING_SLACK: Duration = Duration::from_millis(500);
 /// The gateway's periodic check (deadlines, paused reads): deadlines fire on it.
 pub const GATEWAY_TICK: Duration = Duration::from_millis(250);
 
+/// In-process, so it holds under `cargo test`; under cargo-nextest (deploy/test.sh), where
+/// each test is a process of its own, the test group `abuse-alone` in .config/nextest.toml
+/// does the same and must name every test that calls [`with_cluster_alone`].
 static ALONE: Mutex<()> = Mutex::new(());
 
 /// [`with_cluster`] with no other `alone` scenario running: the floods, which load both
