@@ -94,7 +94,9 @@ fn run(poll: Poll, start: WorkerStart) -> io::Result<()> {
     };
     let mut events = Events::with_capacity(1024);
     let mut dirty = Vec::new();
-    let mut touched = Vec::new();
+    // Endpoints whose socket became writable: the core does not know, so they are written
+    // along with the ones it lists.
+    let mut writable = Vec::new();
     let mut stopping_since: Option<Instant> = None;
     // Endpoints with bytes left unread (edge-triggered readiness will not report them
     // again): read on the next iterations, in turn, a bounded amount each.
@@ -136,7 +138,7 @@ fn run(poll: Poll, start: WorkerStart) -> io::Result<()> {
                         reading.push(endpoint);
                     }
                     if event.is_writable() {
-                        touched.push(endpoint);
+                        writable.push(endpoint);
                     }
                 }
             }
@@ -147,11 +149,10 @@ fn run(poll: Poll, start: WorkerStart) -> io::Result<()> {
             if this.read(endpoint, now) {
                 unread.push(endpoint);
             }
-            touched.push(endpoint);
         }
         let now = Instant::now();
         let mut ups = Vec::new();
-        shell::take_mail(&mut this.core, &mail, now, |_, up| ups.push(up));
+        shell::take_mail(&mut this.core, &mail, now, |up| ups.push(up));
         for up in ups {
             this.open_link(up, now);
         }
@@ -175,7 +176,7 @@ fn run(poll: Poll, start: WorkerStart) -> io::Result<()> {
             }
         }
         this.core.poll_dirty(&mut dirty);
-        dirty.append(&mut touched);
+        dirty.append(&mut writable);
         for &endpoint in &dirty {
             // Reading resumed after a pause for the input budget: what the kernel holds
             // was never reported again, so it is read now.

@@ -198,7 +198,6 @@ async fn serve(
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut dirty = Vec::new();
-    let mut touched = Vec::new();
     let mut stopping_since: Option<Instant> = None;
     info!(worker = index, %addr, idle_timeout = ?front.timeouts.idle, keep_alive = ?front.timeouts.keep_alive, "QUIC front started");
     loop {
@@ -207,12 +206,12 @@ async fn serve(
         tokio::select! {
             event = events.recv() => {
                 if let Some(event) = event {
-                    this.on_event(event, &mut touched);
+                    this.on_event(event);
                 }
                 // Take what else is queued, bounded so mail and output are not starved.
                 for _ in 0..EVENTS {
                     match events.try_recv() {
-                        Ok(event) => this.on_event(event, &mut touched),
+                        Ok(event) => this.on_event(event),
                         Err(_) => break,
                     }
                 }
@@ -223,7 +222,7 @@ async fn serve(
         }
         let now = Instant::now();
         let mut ups = Vec::new();
-        shell::take_mail(&mut this.core, &mail, now, |_, up| ups.push(up));
+        shell::take_mail(&mut this.core, &mail, now, |up| ups.push(up));
         for up in ups {
             this.open_link(up, now);
         }
@@ -236,7 +235,6 @@ async fn serve(
             this.core.shut_down(now);
         }
         this.core.poll_dirty(&mut dirty);
-        dirty.append(&mut touched);
         if !dirty.is_empty() {
             poll_fn(|cx| {
                 for &endpoint in &dirty {
@@ -282,7 +280,7 @@ impl Loop {
         self.open(endpoint, Side::Link { write, reader });
     }
 
-    fn on_event(&mut self, event: Event, touched: &mut Vec<Endpoint>) {
+    fn on_event(&mut self, event: Event) {
         let now = Instant::now();
         match event {
             Event::Opened { connection, send, recv } => {
@@ -316,13 +314,11 @@ impl Loop {
             Event::Data { endpoint, bytes } => {
                 if self.io(endpoint).is_some() {
                     self.core.handle_read(now, endpoint, &bytes);
-                    touched.push(endpoint);
                 }
             }
             Event::Ended { endpoint, error } => {
                 if self.io(endpoint).is_some() {
                     self.core.handle_closed(now, endpoint, error);
-                    touched.push(endpoint);
                 }
             }
         }

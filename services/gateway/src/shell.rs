@@ -9,16 +9,11 @@ use crate::shared::{AccountAnswer, CoreMail, Inbox, Mail};
 use crate::uplink::LinkUp;
 
 /// Hands the core everything in the worker's inbox; `link_up` takes each connected link.
-pub fn take_mail(
-    core: &mut Core,
-    inbox: &Inbox,
-    now: Instant,
-    mut link_up: impl FnMut(&mut Core, LinkUp),
-) {
+pub fn take_mail(core: &mut Core, inbox: &Inbox, now: Instant, mut link_up: impl FnMut(LinkUp)) {
     inbox.drain_start();
     while let Some(mail) = inbox.try_recv() {
         match mail {
-            Mail::LinkUp(up) => link_up(core, up),
+            Mail::LinkUp(up) => link_up(up),
             Mail::Core(mail) => core.handle_mail(now, mail),
         }
     }

@@ -571,7 +571,7 @@ impl Loop {
     fn end_iteration(&mut self, mail: &Inbox, dirty: &mut Vec<Endpoint>) -> io::Result<()> {
         let mut opened = Ok(());
         let mut ups = Vec::new();
-        shell::take_mail(&mut self.core, mail, self.now, |_, up| ups.push(up));
+        shell::take_mail(&mut self.core, mail, self.now, |up| ups.push(up));
         for up in ups {
             opened = opened.and(self.open_link(up));
         }

@@ -40,6 +40,7 @@ fn wait_writable(stream: &TcpStream, within: Duration) {
 fn ack_rate(bystander: &Bystander, over: Duration) -> f64 {
     let before = bystander.acks();
     let started = Instant::now();
+    // The window the rate is measured over: waits for nothing.
     std::thread::sleep(over);
     (bystander.acks() - before) as f64 / started.elapsed().as_secs_f64()
 }
@@ -86,6 +87,7 @@ pub fn ping_flood(front: Front) {
         // A flood cut off at once (io_uring may read megabytes before its reading stops, and
         // then cuts the client) still gets its bystander measured over two seconds.
         if let Some(rest) = MEASURE_AT_LEAST.checked_sub(flooded) {
+            // The rest of the measuring window: waits for nothing.
             std::thread::sleep(rest);
         }
         let during = (bystander.acks() - acks_at_start) as f64 / started.elapsed().as_secs_f64();
