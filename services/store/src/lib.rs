@@ -67,7 +67,7 @@ pub struct SaveReport {
     pub refused: Vec<u64>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum StoreError {
     /// The store cannot be reached or failed; worth trying again.
     Unavailable(String),

@@ -1,9 +1,18 @@
 //! The embedded store: one SQLite file, in WAL mode with full syncs (a save reported
 //! written survives a crash of the machine, not only of the process). Each call runs on
-//! the blocking pool, one transaction each.
+//! the blocking pool, one transaction each, except logins: those that arrive while one
+//! commits are committed together in the next transaction (group commit).
+//!
+//! Why logins are grouped: SQLite has one writer at a time for the whole file, shared by
+//! every gateway and shard of a `meridian up`, and each commit waits for its sync. A burst of
+//! new accounts (a gateway runs 16 lookups at once, each creating its player) queued one
+//! transaction per login behind each other's syncs, and on a loaded machine the last ones
+//! waited past the 5 s busy timeout and failed "database is locked". Grouped, a burst costs
+//! a few transactions instead of one per login (BENCHMARKS.md, "Logins in one transaction").
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 
@@ -28,8 +37,37 @@ const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
 /// Tries at setting the file up when other processes are opening it too (about 4 s).
 const OPEN_TRIES: u64 = 50;
 
+/// Logins one transaction carries at most; the rest wait for the next one. (The queue itself
+/// is bounded by its callers: a gateway runs 16 lookups at once.)
+const LOGINS_PER_TRANSACTION: usize = 256;
+
 pub struct SqliteStore {
     connection: Arc<Mutex<Connection>>,
+    logins: Arc<Logins>,
+}
+
+/// The logins waiting for the next transaction, and whether a task is committing them.
+#[derive(Default)]
+struct Logins {
+    queue: Mutex<LoginQueue>,
+    /// Transactions that committed logins, for [`SqliteStore::login_transactions`].
+    transactions: AtomicU64,
+}
+
+#[derive(Default)]
+struct LoginQueue {
+    waiting: Vec<Login>,
+    /// A blocking task is committing (and will take what waits when it is done).
+    committing: bool,
+    /// Logins in the transaction being committed now.
+    in_transaction: usize,
+}
+
+struct Login {
+    account: String,
+    name: String,
+    new_id: u64,
+    answer: tokio::sync::oneshot::Sender<Result<Player, StoreError>>,
 }
 
 impl SqliteStore {
@@ -61,7 +99,7 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| StoreError::Unavailable(e.to_string()))??;
-        Ok(SqliteStore { connection: Arc::new(Mutex::new(connection)) })
+        Ok(SqliteStore { connection: Arc::new(Mutex::new(connection)), logins: Arc::default() })
     }
 
     async fn with<T: Send + 'static>(
@@ -69,35 +107,46 @@ impl SqliteStore {
         work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let connection = Arc::clone(&self.connection);
-        tokio::task::spawn_blocking(move || {
-            let mut connection = connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            work(&mut connection)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?
+        tokio::task::spawn_blocking(move || work(&mut lock(&connection)))
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?
     }
 
+    /// The account's player, created with `new_id` and `name` if the account is new. Logins
+    /// that arrive while another transaction of logins commits wait for the next one, which
+    /// carries them all (up to [`LOGINS_PER_TRANSACTION`]).
     pub async fn player(
         &self,
         account: &str,
         name: &str,
         new_id: u64,
     ) -> Result<Player, StoreError> {
-        let (account, name) = (account.to_string(), name.to_string());
-        self.with(move |connection| {
-            let sql = format!(
-                "INSERT INTO meridian_players (account, player_id, name) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (account) DO UPDATE SET name = excluded.name
-                 RETURNING {COLUMNS}"
-            );
-            connection
-                .query_row(&sql, params![account, to_i64(new_id), name], row_to_player)
-                .map_err(|e| match e.sqlite_error_code() {
-                    Some(ErrorCode::ConstraintViolation) => StoreError::IdTaken(new_id),
-                    _ => unavailable(e),
-                })
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let login = Login { account: account.to_string(), name: name.to_string(), new_id, answer };
+        let start = {
+            let mut queue = lock(&self.logins.queue);
+            queue.waiting.push(login);
+            !std::mem::replace(&mut queue.committing, true)
+        };
+        if start {
+            let (connection, logins) = (Arc::clone(&self.connection), Arc::clone(&self.logins));
+            tokio::task::spawn_blocking(move || commit_logins(&connection, &logins));
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable("the login's transaction ended without an answer".into()))
         })
-        .await
+    }
+
+    /// Transactions that have committed logins so far (fewer than the logins when bursts
+    /// were grouped).
+    pub fn login_transactions(&self) -> u64 {
+        self.logins.transactions.load(Ordering::Relaxed)
+    }
+
+    /// Logins waiting for a transaction now, and logins in the one being committed.
+    pub fn logins_queued(&self) -> (usize, usize) {
+        let queue = lock(&self.logins.queue);
+        (queue.waiting.len(), queue.in_transaction)
     }
 
     pub async fn load(&self, player_id: u64) -> Result<Option<Player>, StoreError> {
@@ -174,6 +223,83 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// Commits what waits in `logins`, a transaction at a time, until nothing does.
+fn commit_logins(connection: &Mutex<Connection>, logins: &Logins) {
+    // Should this thread panic, the logins waiting are answered (their senders dropped:
+    // "ended without an answer") and the next login starts a new committer.
+    struct Reset<'a>(&'a Logins);
+    impl Drop for Reset<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let mut queue = lock(&self.0.queue);
+                queue.waiting.clear();
+                queue.committing = false;
+                queue.in_transaction = 0;
+            }
+        }
+    }
+    let _reset = Reset(logins);
+    loop {
+        let batch: Vec<Login> = {
+            let mut queue = lock(&logins.queue);
+            if queue.waiting.is_empty() {
+                queue.committing = false;
+                queue.in_transaction = 0;
+                return;
+            }
+            let take = queue.waiting.len().min(LOGINS_PER_TRANSACTION);
+            queue.in_transaction = take;
+            queue.waiting.drain(..take).collect()
+        };
+        let answers = upsert_players(&mut lock(connection), &batch);
+        logins.transactions.fetch_add(1, Ordering::Relaxed);
+        for (login, answer) in batch.into_iter().zip(answers) {
+            let _ = login.answer.send(answer);
+        }
+    }
+}
+
+/// Each login's player in one transaction: a new account's row is created, an existing
+/// one's name updated. A login whose offered id is another account's gets `IdTaken` and
+/// the others still commit (a failed statement is undone alone: SQLite's ABORT). If the
+/// transaction fails, every login in it is answered `Unavailable`.
+fn upsert_players(connection: &mut Connection, batch: &[Login]) -> Vec<Result<Player, StoreError>> {
+    let failed = |error: StoreError| batch.iter().map(|_| Err(error.clone())).collect();
+    let transaction =
+        match connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+            Ok(transaction) => transaction,
+            Err(error) => return failed(unavailable(error)),
+        };
+    let mut answers = Vec::with_capacity(batch.len());
+    {
+        let sql = format!(
+            "INSERT INTO meridian_players (account, player_id, name) VALUES (?1, ?2, ?3)
+             ON CONFLICT (account) DO UPDATE SET name = excluded.name
+             RETURNING {COLUMNS}"
+        );
+        let mut upsert = match transaction.prepare_cached(&sql) {
+            Ok(statement) => statement,
+            Err(error) => return failed(unavailable(error)),
+        };
+        for login in batch {
+            let row = upsert
+                .query_row(params![login.account, to_i64(login.new_id), login.name], row_to_player);
+            answers.push(row.map_err(|e| match e.sqlite_error_code() {
+                Some(ErrorCode::ConstraintViolation) => StoreError::IdTaken(login.new_id),
+                _ => unavailable(e),
+            }));
+        }
+    }
+    match transaction.commit() {
+        Ok(()) => answers,
+        Err(error) => failed(unavailable(error)),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn row_to_player(row: &rusqlite::Row<'_>) -> rusqlite::Result<Player> {

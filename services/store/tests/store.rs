@@ -165,6 +165,78 @@ async fn concurrent_lookups_each_get_their_own_player(backend: Backend) {
     }
 }
 
+/// Logins racing in one moment (and so, on SQLite, in one transaction): the one that offers
+/// an id another account has is refused `IdTaken`, and only it; the others' players are
+/// created and are there after the store is opened again.
+async fn a_taken_id_refuses_only_its_own_login(backend: Backend) {
+    let store = std::sync::Arc::new(backend.open().await);
+    store.player("owner", "o", 5_000).await.expect("the owner's player");
+    let tasks: Vec<_> = (0..20u64)
+        .map(|n| {
+            let store = std::sync::Arc::clone(&store);
+            let (account, id) =
+                if n == 7 { ("intruder".to_string(), 5_000) } else { (format!("b{n}"), 6_000 + n) };
+            tokio::spawn(async move { (n, store.player(&account, "n", id).await) })
+        })
+        .collect();
+    for task in tasks {
+        let (n, result) = task.await.expect("joins");
+        match result {
+            Err(StoreError::IdTaken(5_000)) if n == 7 => {}
+            Ok(player) if n != 7 => assert_eq!(player.player_id, 6_000 + n),
+            other => panic!("login {n}: {other:?}"),
+        }
+    }
+    drop(store);
+    let store = backend.open().await;
+    for n in (0..20u64).filter(|n| *n != 7) {
+        let found = store.find(&format!("b{n}")).await.expect("a lookup");
+        assert_eq!(found.map(|p| p.player_id), Some(6_000 + n), "b{n} was committed");
+    }
+    assert_eq!(store.find("intruder").await.expect("a lookup"), None);
+}
+
+/// While another process holds SQLite's write lock, logins queue behind the one transaction
+/// waiting for it, and are then committed together: 64 logins, 2 transactions (one login
+/// per transaction queued 64 syncs one behind another, and under load the last of them
+/// waited past the 5 s busy timeout: "database is locked").
+#[tokio::test]
+async fn a_burst_of_logins_commits_in_one_transaction() {
+    let backend = Backend::sqlite("burst");
+    let store = std::sync::Arc::new(backend.open().await);
+    let Backend::Sqlite(path) = &backend else { unreachable!() };
+    let Store::Sqlite(sqlite) = &*store else { panic!("an SQLite store") };
+    // Another process's write transaction.
+    let holder = rusqlite::Connection::open(path).expect("a second connection");
+    holder.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
+    let login = |n: u64| {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move { store.player(&format!("c{n}"), "n", 7_000 + n).await })
+    };
+    // The first login's transaction takes it and waits for the lock...
+    let mut tasks = vec![login(0)];
+    wait_until("the first login is being committed", || sqlite.logins_queued() == (0, 1)).await;
+    // ... and the next 63 wait for that one.
+    tasks.extend((1..64).map(login));
+    wait_until("63 logins wait", || sqlite.logins_queued() == (63, 1)).await;
+    holder.execute_batch("COMMIT").expect("the lock released");
+    for (n, task) in tasks.into_iter().enumerate() {
+        let player = task.await.expect("joins").expect("a player");
+        assert_eq!(player.player_id, 7_000 + n as u64);
+    }
+    assert_eq!(sqlite.login_transactions(), 2, "the first login's, then the other 63's");
+}
+
+/// Waits until `done`, bounded well inside the 5 s a waiting SQLite transaction gives the
+/// holder of the write lock.
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 /// `meridian up` starts its shards and gateways at once, each opening the one SQLite file:
 /// every one of them opens it (the race to set the file up is retried, not failed).
 #[tokio::test]
@@ -219,6 +291,7 @@ suite! {
     a_big_batch_is_written_whole,
     an_operator_finds_and_places_players,
     concurrent_lookups_each_get_their_own_player,
+    a_taken_id_refuses_only_its_own_login,
 }
 
 /// A PostgreSQL store that stops answering reports `Unavailable`, and works again once the
