@@ -14,7 +14,8 @@
 //! (see `players.rs`).
 //!
 //! `ShardCore` composes the core's parts and orchestrates them, handing each the others it
-//! needs as arguments: `Inputs` (inputs for players not here, `inputs.rs`), `Handoffs`
+//! needs as arguments: `Roster` (seats, parked players, divergent views and resume
+//! tokens, `roster.rs`), `Inputs` (inputs for players not here, `inputs.rs`), `Handoffs`
 //! (handed off from here, waiting to come in, `handoffs.rs`), `Ghosts` (`ghosts.rs`),
 //! `History` (`history.rs`), `Saves` (`saves.rs`), `Pause` (the lease in doubt,
 //! `pause.rs`), `GameSlot` (`game_slot.rs`), `Outbox` and `PeerRounds` (`outbox.rs`),
@@ -25,13 +26,13 @@
 //! across a handoff and the admin reports are functions of the parts they read
 //! (`views.rs`, `reports.rs`).
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, ShardId};
 use meridian_protocol::pb::ErrorCode;
-use meridian_protocol::{server, TokenKeys};
+use meridian_protocol::server;
 use meridian_rpc::pb::player_input::Kind as Input;
 use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput};
 use meridian_world::{Envelope, Notification, PlayerId, World};
@@ -44,18 +45,17 @@ use crate::gateway_links::GatewayLinks;
 use crate::geometry::Geometry;
 use crate::ghosts::Ghosts;
 use crate::handoffs::Handoffs;
-use crate::history::{Divergent, History};
+use crate::history::History;
 use crate::inputs::Inputs;
 use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
 use crate::pause::Pause;
 use crate::peers_seen::PeersSeen;
 use crate::reports;
+use crate::roster::Roster;
 use crate::saves::Saves;
 use crate::sequence::Offered;
-use crate::types::{
-    CoreConfig, Event, GatewayLane, LinkId, Parked, Seat, Transmit, FORWARDED_KEPT,
-};
+use crate::types::{CoreConfig, Event, GatewayLane, LinkId, Transmit, FORWARDED_KEPT};
 use crate::views;
 
 /// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
@@ -76,7 +76,8 @@ pub struct ShardCore {
     pause: Pause,
     /// Open gateway links, by lane, and those to end (see `gateway_links.rs`).
     pub(crate) links: GatewayLinks,
-    pub(crate) seats: FxHashMap<PlayerId, Seat>,
+    /// Seats, parked players, divergent views, resume tokens (see `roster.rs`).
+    pub(crate) roster: Roster,
     /// Players handed off from here, and handoffs and restores waiting to come in (see
     /// `handoffs.rs`).
     pub(crate) handoffs: Handoffs,
@@ -93,20 +94,12 @@ pub struct ShardCore {
     pub(crate) holders: Vec<ShardId>,
     pub(crate) rng: SmallRng,
     pub(crate) started: Instant,
-    pub(crate) resume_keys: TokenKeys,
-    /// The nonce of the token the resume being answered came with (see
-    /// `Seat::resume_previous`).
-    pub(crate) resumed_with: Option<u64>,
-    pub(crate) parked: FxHashMap<PlayerId, Parked>,
     /// Versions and recent positions of everyone in this world.
     pub(crate) history: History,
-    /// Clients just handed in whose view is still derived from what they were told.
-    pub(crate) divergent: FxHashMap<PlayerId, Divergent>,
     /// Divergent clients with news this round: their views are brought forward once, at
     /// the end of the round (a resync looks at everyone in view; once per message it
     /// would be quadratic in a crowd).
     resync_due: Vec<PlayerId>,
-    pub(crate) resume_window: Duration,
     /// The game and its NPC ids, mail and changed states (see `game.rs`).
     pub(crate) game: GameSlot,
 }
@@ -134,7 +127,7 @@ impl ShardCore {
             metrics,
             now,
             links: GatewayLinks::default(),
-            seats: FxHashMap::default(),
+            roster: Roster::new(config.resume_keys.clone(), config.resume_window),
             handoffs: Handoffs::default(),
             inputs: Inputs::default(),
             saves: Saves::new(config.save_interval, now),
@@ -147,13 +140,8 @@ impl ShardCore {
             holders: Vec::new(),
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: now,
-            resume_keys: config.resume_keys.clone(),
-            resumed_with: None,
-            parked: FxHashMap::default(),
             history: Default::default(),
-            divergent: FxHashMap::default(),
             resync_due: Vec::new(),
-            resume_window: config.resume_window,
         }
     }
 
@@ -273,9 +261,7 @@ impl ShardCore {
             Event::LeaseConfirmed { .. } => {}
             Event::Saved { players } => self.saves.stored(&players, &mut self.outbox),
             Event::SaveAll => {
-                let players: Vec<PlayerId> =
-                    self.seats.iter().filter(|(_, s)| !s.npc).map(|(p, _)| *p).collect();
-                for player in players {
+                for player in self.roster.seated_players() {
                     self.save(player);
                 }
             }
@@ -298,7 +284,7 @@ impl ShardCore {
         // game makes its world again when the cluster starts).
         let others_live = self.peers.others_live();
         let npcs_left = if others_live { 0 } else { self.world.n_npcs() };
-        (self.seats.len() - npcs_left, unconfirmed, quiet)
+        (self.roster.n_seated() - npcs_left, unconfirmed, quiet)
     }
 
     /// The players owned here and where they stand (for the simulator's checks).
@@ -308,7 +294,7 @@ impl ShardCore {
 
     /// The shards a local player is mirrored to (`None` if it is not local here).
     pub fn ghosted_at(&self, player: PlayerId) -> Option<&[ShardId]> {
-        self.seats.get(&player).map(|seat| seat.ghosted_at.as_slice())
+        self.roster.seat(player).map(|seat| seat.ghosted_at.as_slice())
     }
 
     /// This shard's incarnation, for its etcd record: it changes when the shard drops
@@ -337,13 +323,13 @@ impl ShardCore {
         let (early, refused) = self.inputs.sizes();
         let (handed_off, awaiting_gateway) = self.handoffs.sizes();
         CoreSizes {
-            seats: self.seats.len(),
+            seats: self.roster.n_seated(),
             handed_off,
             early,
             refused,
-            parked: self.parked.len(),
+            parked: self.roster.n_parked(),
             awaiting_gateway,
-            divergent: self.divergent.len(),
+            divergent: self.roster.n_divergent(),
             ghost_tracks: self.ghosts.tracks(),
         }
     }
@@ -378,16 +364,7 @@ impl ShardCore {
             &mut self.envelopes,
         );
         self.route_envelopes();
-        let mirrored: Vec<PlayerId> = self
-            .seats
-            .iter_mut()
-            .filter_map(|(player, seat)| {
-                let before = seat.ghosted_at.len();
-                seat.ghosted_at.retain(|s| *s != peer);
-                (seat.ghosted_at.len() != before).then_some(*player)
-            })
-            .collect();
-        for player in mirrored {
+        for player in self.roster.forget_holder(peer) {
             self.mirror(player);
         }
     }
@@ -406,7 +383,7 @@ impl ShardCore {
         );
         self.route_envelopes();
         self.restore_orphaned_npcs();
-        let players: Vec<PlayerId> = self.seats.keys().copied().collect();
+        let players: Vec<PlayerId> = self.roster.seated();
         for player in &players {
             self.mirror(*player);
         }
@@ -493,7 +470,7 @@ impl ShardCore {
             // the player's own seat (see `restore`); held or passed on like any input if
             // the player is not here.
             (None, Some(Input::Join(join))) if join.restore => {
-                if let Some(link) = self.seats.get(&player).map(|seat| seat.link) {
+                if let Some(link) = self.roster.seat(player).map(|seat| seat.link) {
                     return self.join(link, input);
                 }
                 // Not here any more either (its link here broke too, say): restored here,
@@ -508,7 +485,7 @@ impl ShardCore {
             (Some(link), Some(Input::Resume(_))) => return self.resume(link, input),
             _ => {}
         }
-        if let Some(seat) = self.seats.get_mut(&player) {
+        if let Some(seat) = self.roster.seat_mut(player) {
             // Session ids are unique per gateway only: an input straight from a gateway
             // other than the seat's is from a connection the player has left (a login on
             // another gateway took it over), whatever its session number.
@@ -556,7 +533,7 @@ impl ShardCore {
     /// before those of older inputs still missing), and its seq consumed, so later inputs
     /// still flow.
     pub(crate) fn sequence(&mut self, player: PlayerId, input: PlayerInput) {
-        let Some(seat) = self.seats.get_mut(&player) else {
+        let Some(seat) = self.roster.seat_mut(player) else {
             return;
         };
         if input.session != seat.session {
@@ -582,7 +559,7 @@ impl ShardCore {
     /// Applies the player's held inputs as long as the next one is there.
     fn apply_held(&mut self, player: PlayerId) {
         // (Applying may hand the player off: the seat is looked up again each time.)
-        while let Some(next) = self.seats.get_mut(&player).and_then(|s| s.inputs.next_held()) {
+        while let Some(next) = self.roster.seat_mut(player).and_then(|s| s.inputs.next_held()) {
             self.apply(player, next);
         }
     }
@@ -642,7 +619,7 @@ impl ShardCore {
     pub(crate) fn take_early_inputs(&mut self, player: PlayerId, session: u64) {
         let (mut inputs, refused) = self.inputs.arrived(player, session);
         if let Some(refused) = refused {
-            if let Some(seat) = self.seats.get_mut(&player) {
+            if let Some(seat) = self.roster.seat_mut(player) {
                 seat.inputs.consume(&refused.seqs);
             }
             inputs.extend(refused.leave.map(|leave| (None, leave)));
@@ -658,16 +635,15 @@ impl ShardCore {
         self.saves.expire(self.now, &mut self.outbox);
         self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
         self.route_envelopes();
-        let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();
-        for observer in divergent {
+        for observer in self.roster.divergent_players() {
             self.resync(observer);
         }
         // Players standing in another shard's region whose handoff had to wait (the new
         // owner was not reachable yet) go now.
         let astray: Vec<PlayerId> = self
-            .seats
-            .keys()
-            .copied()
+            .roster
+            .seated()
+            .into_iter()
             .filter(|p| self.world.position(*p).is_some_and(|at| !self.geometry.owns(at)))
             .collect();
         for player in astray {
@@ -688,8 +664,7 @@ impl ShardCore {
         }
         self.inputs.expire_memory(now);
         self.handoffs.expire_handed_off(now);
-        let window = self.resume_window;
-        self.parked.retain(|_, p| now - p.since <= window);
+        self.roster.expire_parked(now);
     }
 
     /// Restores passed on to this shard that waited for the link of `opened` (see
@@ -705,26 +680,26 @@ impl ShardCore {
     /// Brings a divergent client's view toward the world (see `views.rs`); it stays
     /// divergent while something waits.
     pub(crate) fn resync(&mut self, observer: PlayerId) {
-        let Some(divergent) = self.divergent.remove(&observer) else { return };
-        let Some(seat) = self.seats.get(&observer) else { return };
+        let Some(divergent) = self.roster.take_divergent(observer) else { return };
+        let Some(seat) = self.roster.seat(observer) else { return };
         let (parts, out) = ((&self.world, &self.history), &mut self.outbox);
         let still =
             views::resync(observer, divergent, (seat.link, seat.session), parts, out, self.now);
         if let Some(still) = still {
-            self.divergent.insert(observer, still);
+            self.roster.set_divergent(observer, still);
         }
     }
 
     /// Turns the world's envelopes into frames for their recipients' connections.
     pub(crate) fn route_envelopes(&mut self) {
         for envelope in self.envelopes.drain(..) {
-            let Some(seat) = self.seats.get(&envelope.to) else {
+            let Some(seat) = self.roster.seat(envelope.to) else {
                 continue;
             };
             // (Checked for emptiness first: this runs per notification, and most rounds have
             // no client mid-handoff.)
             let divergent =
-                if self.divergent.is_empty() { None } else { self.divergent.get(&envelope.to) };
+                if self.roster.any_divergent() { self.roster.divergent(envelope.to) } else { None };
             if let Some(divergent) = divergent {
                 // A client just handed in gets its view from the told-vs-world difference;
                 // only its own acks go through as they are, and chat from itself and from
@@ -782,9 +757,7 @@ impl ShardCore {
         // Only this link's players: the gateway's other lanes keep their links and players.
         self.links.gone(link);
         self.outbox.forget_link(link);
-        let gone: Vec<PlayerId> =
-            self.seats.iter().filter(|(_, seat)| seat.link == link).map(|(id, _)| *id).collect();
-        for player in gone {
+        for player in self.roster.seated_on(link) {
             self.remove(player, true);
         }
         self.metrics.links.set(self.links.len() as i64);
@@ -830,7 +803,7 @@ impl ShardCore {
 
     /// Queues a save of a local player where it stands now (with a player store).
     pub(crate) fn save(&mut self, player: PlayerId) {
-        if let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) {
+        if let (Some(seat), Some(at)) = (self.roster.seat(player), self.world.position(player)) {
             self.saves.save(player, seat, at);
         }
     }
@@ -838,7 +811,7 @@ impl ShardCore {
     /// Every save interval: saves the local players whose cell changed since their last
     /// save (or who were never saved).
     fn save_changed(&mut self) {
-        for player in self.saves.changed(&self.seats, &self.world, self.now) {
+        for player in self.saves.changed(self.roster.seats(), &self.world, self.now) {
             self.save(player);
         }
     }
@@ -856,17 +829,15 @@ impl ShardCore {
             warn!(shard = %self.id, "lease expired but the region is still ours; keeping players");
             return false;
         }
-        warn!(shard = %self.id, players = self.seats.len(), "taken for dead and replaced; dropping stale players");
+        warn!(shard = %self.id, players = self.roster.n_seated(), "taken for dead and replaced; dropping stale players");
         // A new life: peers and gateways that see it in the record know that what they gave
         // the old one is gone, even if their watch never showed this shard gone.
         self.peers.new_life();
         let config = self.world.config().clone();
         self.world = World::new(config);
-        self.seats.clear();
+        self.roster.clear();
         self.handoffs.clear_handed_off();
         self.inputs.clear();
-        self.parked.clear();
-        self.divergent.clear();
         self.history = Default::default();
         self.ghosts = Ghosts::default();
         self.envelopes.clear();
@@ -897,7 +868,7 @@ impl ShardCore {
     pub fn report(&self, now: Instant) -> String {
         reports::players(
             &self.world,
-            &self.seats,
+            self.roster.seats(),
             &self.handoffs,
             (self.id, self.geometry.epoch),
             now,

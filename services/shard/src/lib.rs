@@ -31,6 +31,7 @@ mod peers_seen;
 mod players;
 mod port;
 mod reports;
+mod roster;
 mod saver;
 mod saves;
 mod sequence;

@@ -29,6 +29,7 @@ use crate::handoffs::told_view;
 use crate::handoffs::{Answer, BehindView};
 use crate::history::{Divergent, Told};
 use crate::messages::{peer, peer_at, recent_steps, upsert_of, wire};
+use crate::roster::{fresh_nonce, TokenCheck};
 use crate::sequence::InputSequence;
 use crate::types::{
     world_direction, GatewayLane, HandedOff, LinkId, Parked, SaveRecord, Seat, PENDING_LIMIT,
@@ -60,17 +61,17 @@ impl ShardCore {
             self.outbox.close(link, session);
             return;
         };
-        if self.seats.contains_key(&player) {
+        if self.roster.is_seated(player) {
             // The same account logged in twice at once and both logins found it nowhere
             // (or raced a takeover): the later login wins, as a takeover would.
             let (old_link, old_session) =
-                self.seats.get(&player).map(|s| (s.link, s.session)).expect("checked");
+                self.roster.seat(player).map(|s| (s.link, s.session)).expect("checked");
             self.remove(player, false);
             self.tell_replaced(old_link, old_session);
             self.outbox.close(old_link, old_session);
             self.metrics.logins_replaced.inc();
         }
-        self.parked.remove(&player);
+        self.roster.take_parked(player);
         let nonce = self.resume_nonce();
         let login_ok = self.login_ok(player, at, nonce);
         let join_epoch = join.epoch;
@@ -85,7 +86,7 @@ impl ShardCore {
                 let mut seat = Seat::new(link, session, gateway, generation, input.seq + 1);
                 seat.private = join_state;
                 seat.resume_nonce = nonce;
-                self.seats.insert(player, seat);
+                self.roster.insert_seat(player, seat);
                 self.inputs.back(player);
                 self.history.record(player, (generation, 0), at);
                 self.metrics.logins.inc();
@@ -95,8 +96,8 @@ impl ShardCore {
                 self.run_game(|game, ctx| {
                     game.player_joined(ctx, meridian_game::EntityId(player.0))
                 });
-                if self.seats.get(&player).is_some_and(|seat| !seat.private.is_empty()) {
-                    let private = self.seats[&player].private.clone();
+                if self.roster.seat(player).is_some_and(|seat| !seat.private.is_empty()) {
+                    let private = self.roster.seat(player).expect("checked").private.clone();
                     self.outbox.private_state(link, session, &private);
                 }
                 if !self.geometry.owns(at) && join_epoch <= self.geometry.epoch {
@@ -132,14 +133,14 @@ impl ShardCore {
 
     /// Out of the world: the connection is told why and closed; saved where it stood.
     fn kick(&mut self, player: PlayerId, reason: &str) {
-        if let Some(seat) = self.seats.get(&player).filter(|seat| !seat.npc) {
+        if let Some(seat) = self.roster.seat(player).filter(|seat| !seat.npc) {
             let (link, session) = (seat.link, seat.session);
             info!(%player, reason, "player removed by an operator");
             self.remove(player, false);
             let detail = format!("removed by an operator: {reason}");
             self.outbox.push(link, session, &server::error(ErrorCode::Unavailable, detail, 0));
             self.outbox.close(link, session);
-        } else if self.parked.remove(&player).is_some() {
+        } else if self.roster.take_parked(player).is_some() {
             info!(%player, reason, "parked player removed by an operator");
         } else {
             return;
@@ -155,11 +156,11 @@ impl ShardCore {
             return warn!(%player, x = at.x, y = at.y, "move order outside the map ignored");
         }
         let spawn = Some(client_pb::Position { x: at.x, y: at.y });
-        if let Some(seat) = self.seats.get(&player).filter(|seat| !seat.npc) {
+        if let Some(seat) = self.roster.seat(player).filter(|seat| !seat.npc) {
             let (link, session, next) = (seat.link, seat.session, seat.inputs.next());
             info!(%player, x = at.x, y = at.y, "player moved by an operator");
             self.remove(player, true);
-            let Some(parked) = self.parked.remove(&player) else { return };
+            let Some(parked) = self.roster.take_parked(player) else { return };
             let join = Join {
                 name: parked.name,
                 spawn,
@@ -172,7 +173,7 @@ impl ShardCore {
             self.restore_as(link, next.saturating_sub(1), session, player, join, Answer::ViewReset);
             let _ = self.world.set_state(player, parked.state);
             self.save(player);
-        } else if let Some(parked) = self.parked.get_mut(&player) {
+        } else if let Some(parked) = self.roster.parked_mut(player) {
             info!(%player, x = at.x, y = at.y, "parked player moved by an operator");
             parked.at = at;
             let save = SaveRecord {
@@ -188,11 +189,9 @@ impl ShardCore {
         self.metrics.player_orders.inc("move");
     }
 
-    /// A nonce for a fresh resume token: any but the one a player holds (nonces are
-    /// compared per player, so a repeat across players is harmless).
+    /// A nonce for a fresh resume token (see [`fresh_nonce`]).
     fn resume_nonce(&mut self) -> u64 {
-        use rand::Rng;
-        self.rng.random::<u64>().max(1)
+        fresh_nonce(&mut self.rng)
     }
 
     /// The answer to a login placed here at `at`, with a fresh resume token.
@@ -202,7 +201,7 @@ impl ShardCore {
             kind: Some(client_pb::server_message::Kind::LoginOk(client_pb::LoginOk {
                 player_id: player.0,
                 position: wire(at),
-                resume_token: self.resume_keys.mint(player.0, nonce),
+                resume_token: self.roster.mint_token(player, nonce),
                 map_width: config.width,
                 map_height: config.height,
                 view_range: config.view_range,
@@ -220,7 +219,7 @@ impl ShardCore {
 
     /// Applies one in-sequence input of a local player.
     pub(crate) fn apply(&mut self, player: PlayerId, input: PlayerInput) {
-        let Some(seat) = self.seats.get(&player) else {
+        let Some(seat) = self.roster.seat(player) else {
             return;
         };
         if seat.awaiting.is_some() || !seat.blocked.is_empty() {
@@ -263,9 +262,9 @@ impl ShardCore {
                     warn!(%player, %error, "chat refused by the world");
                 }
                 self.route_envelopes();
-                let generation = self.seats.get(&player).map(|s| s.generation).unwrap_or(0);
+                let generation = self.roster.seat(player).map(|s| s.generation).unwrap_or(0);
                 for holder in
-                    self.seats.get(&player).map(|s| s.ghosted_at.clone()).unwrap_or_default()
+                    self.roster.seat(player).map(|s| s.ghosted_at.clone()).unwrap_or_default()
                 {
                     let chat = client_pb::Chat { text: text.to_string() };
                     self.peer_out.push(holder, peer(player, generation, Peer::Chat(chat)));
@@ -309,7 +308,7 @@ impl ShardCore {
         self.metrics.moves.inc();
         self.route_envelopes();
         if before != Some(after) {
-            if let Some(seat) = self.seats.get_mut(&entity) {
+            if let Some(seat) = self.roster.seat_mut(entity) {
                 seat.subject_seq += 1;
                 let version = (seat.generation, seat.subject_seq);
                 self.history.record(entity, version, after);
@@ -327,11 +326,11 @@ impl ShardCore {
     pub(crate) fn remove(&mut self, player: PlayerId, park: bool) {
         // Leaving (logged out, or its connection dropped): saved where it stands.
         self.save(player);
-        if self.seats.get(&player).is_some_and(|seat| !seat.npc) {
+        if self.roster.seat(player).is_some_and(|seat| !seat.npc) {
             // The game sees the player leave while it is still in the world.
             self.run_game(|game, ctx| game.player_left(ctx, meridian_game::EntityId(player.0)));
         }
-        let Some(seat) = self.seats.remove(&player) else {
+        let Some(seat) = self.roster.unseat(player) else {
             return;
         };
         self.inputs.session_ended(player, seat.session, self.now);
@@ -348,11 +347,11 @@ impl ShardCore {
                     resume_nonce: seat.resume_nonce,
                     resume_previous: seat.resume_previous,
                 };
-                self.parked.insert(player, parked);
+                self.roster.park(player, parked);
             }
         }
         self.history.forget(player, true, self.now);
-        self.divergent.remove(&player);
+        self.roster.take_divergent(player);
         if let Err(error) = self.world.logout(player, &mut self.envelopes) {
             warn!(%player, %error, "leave refused by the world");
         }
@@ -385,7 +384,7 @@ impl ShardCore {
             return;
         };
         self.geometry.ghost_holders(at, &mut self.holders);
-        let Some(seat) = self.seats.get_mut(&player) else {
+        let Some(seat) = self.roster.seat_mut(player) else {
             return;
         };
         let version = (seat.generation, seat.subject_seq);
@@ -413,7 +412,7 @@ impl ShardCore {
         let Some(at) = self.world.position(player) else {
             return;
         };
-        let Some(seat) = self.seats.get_mut(&player) else {
+        let Some(seat) = self.roster.seat_mut(player) else {
             return;
         };
         let version = (seat.generation, seat.subject_seq);
@@ -434,7 +433,7 @@ impl ShardCore {
             return;
         }
         if let (Some(seat), Some(at), Some(look)) =
-            (self.seats.get_mut(&player), self.world.position(player), self.world.look(player))
+            (self.roster.seat_mut(player), self.world.position(player), self.world.look(player))
         {
             if !seat.ghosted_at.contains(&holder) {
                 seat.ghosted_at.push(holder);
@@ -467,18 +466,18 @@ impl ShardCore {
         if to == self.id || !self.peer_ready(to) {
             return;
         }
-        if self.seats.get(&player).is_some_and(|s| s.awaiting.is_some() || !s.blocked.is_empty()) {
+        if self.roster.seat(player).is_some_and(|s| s.awaiting.is_some() || !s.blocked.is_empty()) {
             // An action's answer is on its way here: the player goes once it is in (the
             // next move, tick or partition).
             return;
         }
-        let Some(seat) = self.seats.remove(&player) else {
+        let Some(seat) = self.roster.unseat(player) else {
             return;
         };
         let look = self.world.look(player);
         let name = look.as_ref().map(|l| l.name.to_string()).unwrap_or_default();
         // What the player has been told: an NPC has no view.
-        let view = match self.divergent.remove(&player) {
+        let view = match self.roster.take_divergent(player) {
             _ if seat.npc => Vec::new(),
             divergent => told_view(player, at, divergent, &self.world, &self.history),
         };
@@ -553,7 +552,8 @@ impl ShardCore {
             // shard to mirror; it is told to drop it (keeping it if its players see it,
             // as for any removal) and its handoff is confirmed, so it does not wait.
             warn!(%player, %from, "handoff for a player already owned here; ignored");
-            if let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) {
+            if let (Some(seat), Some(at)) = (self.roster.seat(player), self.world.position(player))
+            {
                 if !seat.ghosted_at.contains(&from) {
                     // At the generation the sender demoted its copy to, or it would be
                     // dropped there as stale.
@@ -620,7 +620,7 @@ impl ShardCore {
         let private = std::mem::take(&mut handoff.private_state);
         let resume_nonce = handoff.resume_nonce;
         let resume_previous = (handoff.resume_previous != 0).then_some(handoff.resume_previous);
-        self.seats.insert(
+        self.roster.insert_seat(
             player,
             Seat {
                 subject_seq: handoff.subject_seq,
@@ -649,7 +649,7 @@ impl ShardCore {
             })
             .collect();
         let divergent = Divergent { told, since: self.now };
-        self.divergent.insert(player, divergent);
+        self.roster.set_divergent(player, divergent);
         self.resync(player);
         self.mirror(player);
         let mut old_holders: Vec<ShardId> =
@@ -712,11 +712,11 @@ impl ShardCore {
         let player = PlayerId(input.player_id);
         let Some(Input::Resume(request)) = &input.kind else { return };
         let request = request.clone();
-        self.resumed_with = None;
+        self.roster.forget_resumed_with();
         if !request.login && !self.token_takes_back(player, &request.token) {
             return self.outbox.refuse_resume(link, input.session);
         }
-        if let Some(seat) = self.seats.get(&player) {
+        if let Some(seat) = self.roster.seat(player) {
             let (old_link, old_session) = (seat.link, seat.session);
             // Session ids are unique per gateway only: the same number from another gateway
             // is another connection.
@@ -733,8 +733,10 @@ impl ShardCore {
             }
             self.outbox.close(old_link, old_session);
         }
-        match self.parked.remove(&player) {
-            Some(parked) if request.login || self.since(parked.since) <= self.resume_window => {
+        match self.roster.take_parked(player) {
+            Some(parked)
+                if request.login || self.roster.within_resume_window(parked.since, self.now) =>
+            {
                 let spawn =
                     request.spawn.unwrap_or(client_pb::Position { x: parked.at.x, y: parked.at.y });
                 let join = Join {
@@ -788,28 +790,15 @@ impl ShardCore {
     /// the resume window). A shard that does not hold the player says nothing; one that
     /// does counts what it refuses.
     fn token_takes_back(&mut self, player: PlayerId, token: &[u8]) -> bool {
-        let held = match (self.seats.get(&player), self.parked.get(&player)) {
-            (Some(seat), _) if !seat.npc => Some((seat.resume_nonce, seat.resume_previous)),
-            (_, Some(parked)) => Some((parked.resume_nonce, parked.resume_previous)),
-            _ => None,
-        };
-        let Some((current, previous)) = held else { return false };
-        let reason = match self.resume_keys.verify(token) {
-            Ok(token)
-                if token.player_id == player.0
-                    && (token.nonce == current || Some(token.nonce) == previous) =>
-            {
-                self.resumed_with = Some(token.nonce);
-                return true;
+        match self.roster.check_token(player, token) {
+            TokenCheck::TakesBack => true,
+            TokenCheck::NotHeld => false,
+            TokenCheck::Refused(reason) => {
+                debug!(%player, reason, "resume token refused");
+                self.metrics.resume_tokens_refused.inc(reason);
+                false
             }
-            Ok(token) if token.player_id == player.0 => "spent",
-            Ok(_) => "other player",
-            Err(meridian_protocol::TokenError::UnknownKey) => "unknown key",
-            Err(_) => "forged",
-        };
-        debug!(%player, reason, "resume token refused");
-        self.metrics.resume_tokens_refused.inc(reason);
-        false
+        }
     }
 
     /// Ends a connection whose account logged in again elsewhere (its close follows).
@@ -841,7 +830,7 @@ impl ShardCore {
         }
         let at = join.spawn.map(|p| Position { x: p.x, y: p.y }).unwrap_or_default();
         let gateway = self.links.gateway_of(link).unwrap_or(0);
-        if !self.seats.contains_key(&player) {
+        if !self.roster.is_seated(player) {
             if let Some(handed) = self.handoffs.handed(player) {
                 let same_registration = self.peers.incarnation_of(handed.to) == handed.incarnation;
                 if join.generation <= handed.generation
@@ -869,8 +858,8 @@ impl ShardCore {
             }
         }
         // Restored here, it is no longer waiting to be resumed.
-        self.parked.remove(&player);
-        if let Some(seat) = self.seats.get_mut(&player).filter(|seat| seat.session == session) {
+        self.roster.take_parked(player);
+        if let Some(seat) = self.roster.seat_mut(player).filter(|seat| seat.session == session) {
             if seq < seat.inputs.next() {
                 // A restore this seat has taken already (passed on, and resent by the
                 // gateway after it followed the player): nothing to do twice.
@@ -887,7 +876,7 @@ impl ShardCore {
             debug!(%player, "restored on a new stream of its own session");
             // The client's view starts over at the ViewReset: what a handoff here said it
             // was told is void (resyncing from it would repeat what the ViewReset sends).
-            self.divergent.remove(&player);
+            self.roster.take_divergent(player);
             self.outbox.push(link, session, &server::view_reset(player.0, here.x, here.y));
             self.reconcile_view(player, link, session, &[]);
             self.outbox.track(link, session, here.x, here.y, generation);
@@ -921,15 +910,15 @@ impl ShardCore {
         let mut seat = Seat::new(link, session, gateway, generation, seq + 1);
         seat.private = std::mem::take(&mut join_state);
         seat.resume_nonce = nonce;
-        seat.resume_previous = self.resumed_with.take();
-        self.seats.insert(player, seat);
+        seat.resume_previous = self.roster.take_resumed_with();
+        self.roster.insert_seat(player, seat);
         self.inputs.back(player);
-        self.divergent.remove(&player);
+        self.roster.take_divergent(player);
         self.history.record(player, (generation, 0), at);
         self.route_envelopes();
         let first = match answer {
             Answer::ViewReset => {
-                let token = self.resume_keys.mint(player.0, nonce);
+                let token = self.roster.mint_token(player, nonce);
                 server::view_reset_with_token(player.0, at.x, at.y, token)
             }
             Answer::LoginOk => self.login_ok(player, at, nonce),
@@ -940,7 +929,7 @@ impl ShardCore {
         self.mirror(player);
         self.metrics.restores.inc();
         self.metrics.players.set(self.world.n_local() as i64);
-        if let Some(private) = self.seats.get(&player).map(|s| s.private.clone()) {
+        if let Some(private) = self.roster.seat(player).map(|s| s.private.clone()) {
             if !private.is_empty() {
                 self.outbox.private_state(link, session, &private);
             }
