@@ -11,7 +11,7 @@
 //!
 //! Local players' inputs are applied in their sequence order; players near a border are
 //! mirrored to neighbours as ghosts; players who step out of the region are handed off
-//! (see `players.rs`).
+//! (see `players.rs`, `handover.rs` and `resume.rs`).
 //!
 //! `ShardCore` composes the core's parts and orchestrates them, handing each the others it
 //! needs as arguments: `Roster` (seats, parked players, divergent views and resume
@@ -22,9 +22,9 @@
 //! `GatewayLinks` (`gateway_links.rs`), `PeersSeen` (`peers_seen.rs`). Each
 //! owns its state behind private fields, and none of them imports this file. What needs
 //! several parts at once is `ShardCore`'s: events and housekeeping here, players joining,
-//! moving and changing hands in `players.rs`, the game's host in `game.rs`; client views
-//! across a handoff and the admin reports are functions of the parts they read
-//! (`views.rs`, `reports.rs`).
+//! moving and leaving in `players.rs`, changing hands in `handover.rs`, coming back in
+//! `resume.rs`, the game's host in `game.rs`; client views across a handoff and the
+//! admin reports are functions of the parts they read (`views.rs`, `reports.rs`).
 
 use rustc_hash::FxHashSet;
 use std::sync::Arc;

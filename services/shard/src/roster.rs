@@ -6,7 +6,7 @@
 //!
 //! A part of the core: `ShardCore` composes it and alone calls it; it imports no other
 //! part. Joining, leaving and handing off, which also touch the world, the ghosts and the
-//! outbox, are `ShardCore`'s (`players.rs`), done through these methods.
+//! outbox, are `ShardCore`'s (`players.rs`, `handover.rs`, `resume.rs`), done through these methods.
 
 use std::time::{Duration, Instant};
 
