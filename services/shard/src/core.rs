@@ -27,10 +27,11 @@
 //! admin reports are functions of the parts they read (`views.rs`, `reports.rs`).
 
 use rustc_hash::FxHashSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meridian_cluster::{ClusterView, ShardId};
+use meridian_cluster::{ClusterView, PlayerOrder, ShardId};
 use meridian_protocol::pb::ErrorCode;
 use meridian_protocol::server;
 use meridian_rpc::pb::player_input::Kind as Input;
@@ -52,7 +53,7 @@ use crate::outbox::{Outbox, PeerRounds};
 use crate::pause::Pause;
 use crate::peers_seen::PeersSeen;
 use crate::reports;
-use crate::roster::Roster;
+use crate::roster::{fresh_nonce, Roster};
 use crate::saves::Saves;
 use crate::sequence::Offered;
 use crate::types::{CoreConfig, Event, GatewayLane, LinkId, Transmit, FORWARDED_KEPT};
@@ -61,6 +62,16 @@ use crate::views;
 /// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
 /// simulator) hands the core [`Event::Tick`] this often.
 pub const TICK: Duration = Duration::from_millis(100);
+
+/// The core: its parts, and what no part holds yet (the world, the geometry, the round's
+/// envelopes).
+///
+/// The fields the orchestration files (`players.rs`, `handover.rs`, `resume.rs`,
+/// `game.rs`) use are `pub(crate)` because those files borrow several of them at once (a
+/// seat from the roster while pushing to the outbox and the peer rounds, the world with
+/// the envelopes): accessor methods on `ShardCore` would borrow the whole core and forbid
+/// that split. What they reach through such a field is the part's methods; each part's own
+/// state stays behind its private fields. The rest are private to this file.
 pub struct ShardCore {
     pub(crate) id: ShardId,
     pub(crate) world: World,
@@ -86,14 +97,17 @@ pub struct ShardCore {
     /// What goes to the player store, and the logouts waiting for it (see `saves.rs`).
     pub(crate) saves: Saves,
     /// Operators' orders seen (carried out if the player was here), of those still in etcd.
-    pub(crate) orders_seen: FxHashSet<u64>,
+    orders_seen: FxHashSet<u64>,
     pub(crate) ghosts: Ghosts,
     pub(crate) outbox: Outbox,
     pub(crate) peer_out: PeerRounds,
     pub(crate) envelopes: Vec<Envelope>,
     pub(crate) holders: Vec<ShardId>,
-    pub(crate) rng: SmallRng,
-    pub(crate) started: Instant,
+    /// Spawn cells and resume nonces (see [`ShardCore::random_spawn`]); the game has its
+    /// own (`GameSlot`), so the game's draws do not change these.
+    rng: SmallRng,
+    /// When the core was made: the world's clock counts from here ([`ShardCore::elapsed`]).
+    started: Instant,
     /// Versions and recent positions of everyone in this world.
     pub(crate) history: History,
     /// Divergent clients with news this round: their views are brought forward once, at
@@ -148,6 +162,37 @@ impl ShardCore {
     /// Time since `since`, as of the current event (zero if `since` is later).
     pub(crate) fn since(&self, since: Instant) -> Duration {
         self.now.saturating_duration_since(since)
+    }
+
+    /// Time since the core was made, as of the current event: the world's and the game's
+    /// clock.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.since(self.started)
+    }
+
+    /// A random cell of this shard's region, for a login the gateway gives no spawn
+    /// (`None` while the shard holds no region), from the core's seeded generator.
+    pub(crate) fn random_spawn(&mut self) -> Option<meridian_world::Position> {
+        self.geometry.random_cell(&mut self.rng)
+    }
+
+    /// A nonce for a fresh resume token (see [`fresh_nonce`]), from the same generator as
+    /// spawn cells: the draws keep their order.
+    pub(crate) fn resume_nonce(&mut self) -> u64 {
+        fresh_nonce(&mut self.rng)
+    }
+
+    /// Carries out each operator's order the first time it is seen, if its player is here
+    /// (see `players.rs`); a shard the player reaches later has seen the order too and
+    /// leaves it be. Orders no longer in the view are forgotten.
+    fn carry_out_orders(&mut self, orders: &BTreeMap<u64, PlayerOrder>) {
+        self.orders_seen.retain(|id| orders.values().any(|order| order.id == *id));
+        for (&player, order) in orders {
+            if !self.orders_seen.insert(order.id) {
+                continue;
+            }
+            self.carry_out_order(PlayerId(player), &order.kind);
+        }
     }
 
     /// Handles one event at `now`. Its output waits for [`ShardCore::flush`] (the shell

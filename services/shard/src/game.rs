@@ -421,7 +421,7 @@ impl ShardCore {
                 .upsert_ghost_as(npc, look, at, &mut self.envelopes)
                 .and_then(|()| self.world.promote_to_npc(npc))
         } else {
-            let now = self.since(self.started);
+            let now = self.elapsed();
             self.world.spawn_npc(npc, look, at, now, &mut self.envelopes)
         };
         ready?;
@@ -479,7 +479,7 @@ impl ShardCore {
 
 impl Host for ShardCore {
     fn now(&self) -> Duration {
-        self.since(self.started)
+        self.elapsed()
     }
 
     fn shard(&self) -> u32 {
@@ -558,7 +558,7 @@ impl Host for ShardCore {
         self.want_ids();
         let npc = PlayerId(raw);
         let look = Look { name: Arc::from(name), kind, state: Arc::from(state) };
-        let now = self.since(self.started);
+        let now = self.elapsed();
         self.world
             .spawn_npc(npc, look, at, now, &mut self.envelopes)
             .map_err(|_| GameError::NotHere(at))?;

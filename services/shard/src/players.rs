@@ -7,10 +7,9 @@
 //! and despawns) and the other player files: `handover.rs` (mirroring, handoffs out and
 //! in) and `resume.rs` (resume and restore).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use meridian_cluster::{OrderKind, PlayerOrder};
+use meridian_cluster::OrderKind;
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
@@ -23,7 +22,6 @@ use tracing::{info, warn};
 use crate::core::ShardCore;
 use crate::handoffs::Answer;
 use crate::messages::{peer, wire};
-use crate::roster::fresh_nonce;
 use crate::types::{world_direction, LinkId, Parked, SaveRecord, Seat};
 
 impl ShardCore {
@@ -41,7 +39,7 @@ impl ShardCore {
         // or the cell its account was saved at.
         let spawn = match join.spawn {
             Some(p) => Some(Position { x: p.x, y: p.y }),
-            None => self.geometry.random_cell(&mut self.rng),
+            None => self.random_spawn(),
         };
         // A returning account continues from the generation it was saved at, so its saves
         // are newer than the ones before.
@@ -68,7 +66,7 @@ impl ShardCore {
         let join_epoch = join.epoch;
         let join_state = join.state;
         let name: Arc<str> = join.name.into();
-        let now = self.since(self.started);
+        let now = self.elapsed();
         // LoginOk goes first: the Entered messages the login causes for this player follow.
         match self.world.login(player, Arc::clone(&name), at, now, &mut self.envelopes) {
             Ok(()) => {
@@ -105,20 +103,13 @@ impl ShardCore {
         }
     }
 
-    /// Carries out each operator's order the first time it is seen, if its player is here
-    /// (seated, or parked after its connection dropped); a shard the player reaches later
-    /// has seen the order too and leaves it be.
-    pub(crate) fn carry_out_orders(&mut self, orders: &BTreeMap<u64, PlayerOrder>) {
-        self.orders_seen.retain(|id| orders.values().any(|order| order.id == *id));
-        for (&player, order) in orders {
-            if !self.orders_seen.insert(order.id) {
-                continue;
-            }
-            let player = PlayerId(player);
-            match &order.kind {
-                OrderKind::Kick { reason } => self.kick(player, reason),
-                OrderKind::Move { x, y } => self.teleport(player, Position { x: *x, y: *y }),
-            }
+    /// Carries out an operator's order seen for the first time (see
+    /// `ShardCore::carry_out_orders`), if its player is here (seated, or parked after its
+    /// connection dropped).
+    pub(crate) fn carry_out_order(&mut self, player: PlayerId, order: &OrderKind) {
+        match order {
+            OrderKind::Kick { reason } => self.kick(player, reason),
+            OrderKind::Move { x, y } => self.teleport(player, Position { x: *x, y: *y }),
         }
     }
 
@@ -178,11 +169,6 @@ impl ShardCore {
             return;
         }
         self.metrics.player_orders.inc("move");
-    }
-
-    /// A nonce for a fresh resume token (see [`fresh_nonce`]).
-    pub(crate) fn resume_nonce(&mut self) -> u64 {
-        fresh_nonce(&mut self.rng)
     }
 
     /// The answer to a login placed here at `at`, with a fresh resume token.
@@ -292,7 +278,7 @@ impl ShardCore {
         direction: meridian_world::Direction,
         client_time: u64,
     ) -> Result<Position, WorldError> {
-        let now = self.since(self.started);
+        let now = self.elapsed();
         let before = self.world.position(entity);
         let after =
             self.world.move_player(entity, direction, client_time, now, &mut self.envelopes)?;

@@ -220,7 +220,7 @@ impl ShardCore {
         let mut join_state = std::mem::take(&mut join.state);
         let name: Arc<str> = join.name.into();
         let generation = join.generation + 1;
-        let now = self.since(self.started);
+        let now = self.elapsed();
         self.ghosts.forget(player);
         let placed = if self.world.is_local(player) == Some(false) {
             self.world
