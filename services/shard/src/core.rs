@@ -11,27 +11,29 @@
 //!
 //! Local players' inputs are applied in their sequence order; players near a border are
 //! mirrored to neighbours as ghosts; players who step out of the region are handed off
-//! (see `players.rs`).
+//! (see `players.rs`, `handover.rs` and `resume.rs`).
 //!
 //! `ShardCore` composes the core's parts and orchestrates them, handing each the others it
-//! needs as arguments: `Inputs` (inputs for players not here, `inputs.rs`), `Handoffs`
+//! needs as arguments: `Roster` (seats, parked players, divergent views and resume
+//! tokens, `roster.rs`), `Inputs` (inputs for players not here, `inputs.rs`), `Handoffs`
 //! (handed off from here, waiting to come in, `handoffs.rs`), `Ghosts` (`ghosts.rs`),
 //! `History` (`history.rs`), `Saves` (`saves.rs`), `Pause` (the lease in doubt,
 //! `pause.rs`), `GameSlot` (`game_slot.rs`), `Outbox` and `PeerRounds` (`outbox.rs`),
 //! `GatewayLinks` (`gateway_links.rs`), `PeersSeen` (`peers_seen.rs`). Each
 //! owns its state behind private fields, and none of them imports this file. What needs
 //! several parts at once is `ShardCore`'s: events and housekeeping here, players joining,
-//! moving and changing hands in `players.rs`, the game's host in `game.rs`; client views
-//! across a handoff and the admin reports are functions of the parts they read
-//! (`views.rs`, `reports.rs`).
+//! moving and leaving in `players.rs`, changing hands in `handover.rs`, coming back in
+//! `resume.rs`, the game's host in `game.rs`; client views across a handoff and the
+//! admin reports are functions of the parts they read (`views.rs`, `reports.rs`).
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meridian_cluster::{ClusterView, ShardId};
+use meridian_cluster::{ClusterView, PlayerOrder, ShardId};
 use meridian_protocol::pb::ErrorCode;
-use meridian_protocol::{server, TokenKeys};
+use meridian_protocol::server;
 use meridian_rpc::pb::player_input::Kind as Input;
 use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput};
 use meridian_world::{Envelope, Notification, PlayerId, World};
@@ -44,23 +46,32 @@ use crate::gateway_links::GatewayLinks;
 use crate::geometry::Geometry;
 use crate::ghosts::Ghosts;
 use crate::handoffs::Handoffs;
-use crate::history::{Divergent, History};
+use crate::history::History;
 use crate::inputs::Inputs;
 use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
 use crate::pause::Pause;
 use crate::peers_seen::PeersSeen;
 use crate::reports;
+use crate::roster::{fresh_nonce, Roster};
 use crate::saves::Saves;
 use crate::sequence::Offered;
-use crate::types::{
-    CoreConfig, Event, GatewayLane, LinkId, Parked, Seat, Transmit, FORWARDED_KEPT,
-};
+use crate::types::{CoreConfig, Event, GatewayLane, LinkId, Transmit, FORWARDED_KEPT};
 use crate::views;
 
 /// Housekeeping period: expiries, retries of waiting handoffs. The shell (or the
 /// simulator) hands the core [`Event::Tick`] this often.
 pub const TICK: Duration = Duration::from_millis(100);
+
+/// The core: its parts, and what no part holds yet (the world, the geometry, the round's
+/// envelopes).
+///
+/// The fields the orchestration files (`players.rs`, `handover.rs`, `resume.rs`,
+/// `game.rs`) use are `pub(crate)` because those files borrow several of them at once (a
+/// seat from the roster while pushing to the outbox and the peer rounds, the world with
+/// the envelopes): accessor methods on `ShardCore` would borrow the whole core and forbid
+/// that split. What they reach through such a field is the part's methods; each part's own
+/// state stays behind its private fields. The rest are private to this file.
 pub struct ShardCore {
     pub(crate) id: ShardId,
     pub(crate) world: World,
@@ -76,7 +87,8 @@ pub struct ShardCore {
     pause: Pause,
     /// Open gateway links, by lane, and those to end (see `gateway_links.rs`).
     pub(crate) links: GatewayLinks,
-    pub(crate) seats: FxHashMap<PlayerId, Seat>,
+    /// Seats, parked players, divergent views, resume tokens (see `roster.rs`).
+    pub(crate) roster: Roster,
     /// Players handed off from here, and handoffs and restores waiting to come in (see
     /// `handoffs.rs`).
     pub(crate) handoffs: Handoffs,
@@ -85,28 +97,23 @@ pub struct ShardCore {
     /// What goes to the player store, and the logouts waiting for it (see `saves.rs`).
     pub(crate) saves: Saves,
     /// Operators' orders seen (carried out if the player was here), of those still in etcd.
-    pub(crate) orders_seen: FxHashSet<u64>,
+    orders_seen: FxHashSet<u64>,
     pub(crate) ghosts: Ghosts,
     pub(crate) outbox: Outbox,
     pub(crate) peer_out: PeerRounds,
     pub(crate) envelopes: Vec<Envelope>,
     pub(crate) holders: Vec<ShardId>,
-    pub(crate) rng: SmallRng,
-    pub(crate) started: Instant,
-    pub(crate) resume_keys: TokenKeys,
-    /// The nonce of the token the resume being answered came with (see
-    /// `Seat::resume_previous`).
-    pub(crate) resumed_with: Option<u64>,
-    pub(crate) parked: FxHashMap<PlayerId, Parked>,
+    /// Spawn cells and resume nonces (see [`ShardCore::random_spawn`]); the game has its
+    /// own (`GameSlot`), so the game's draws do not change these.
+    rng: SmallRng,
+    /// When the core was made: the world's clock counts from here ([`ShardCore::elapsed`]).
+    started: Instant,
     /// Versions and recent positions of everyone in this world.
     pub(crate) history: History,
-    /// Clients just handed in whose view is still derived from what they were told.
-    pub(crate) divergent: FxHashMap<PlayerId, Divergent>,
     /// Divergent clients with news this round: their views are brought forward once, at
     /// the end of the round (a resync looks at everyone in view; once per message it
     /// would be quadratic in a crowd).
     resync_due: Vec<PlayerId>,
-    pub(crate) resume_window: Duration,
     /// The game and its NPC ids, mail and changed states (see `game.rs`).
     pub(crate) game: GameSlot,
 }
@@ -134,7 +141,7 @@ impl ShardCore {
             metrics,
             now,
             links: GatewayLinks::default(),
-            seats: FxHashMap::default(),
+            roster: Roster::new(config.resume_keys.clone(), config.resume_window),
             handoffs: Handoffs::default(),
             inputs: Inputs::default(),
             saves: Saves::new(config.save_interval, now),
@@ -147,19 +154,45 @@ impl ShardCore {
             holders: Vec::new(),
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: now,
-            resume_keys: config.resume_keys.clone(),
-            resumed_with: None,
-            parked: FxHashMap::default(),
             history: Default::default(),
-            divergent: FxHashMap::default(),
             resync_due: Vec::new(),
-            resume_window: config.resume_window,
         }
     }
 
     /// Time since `since`, as of the current event (zero if `since` is later).
     pub(crate) fn since(&self, since: Instant) -> Duration {
         self.now.saturating_duration_since(since)
+    }
+
+    /// Time since the core was made, as of the current event: the world's and the game's
+    /// clock.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.since(self.started)
+    }
+
+    /// A random cell of this shard's region, for a login the gateway gives no spawn
+    /// (`None` while the shard holds no region), from the core's seeded generator.
+    pub(crate) fn random_spawn(&mut self) -> Option<meridian_world::Position> {
+        self.geometry.random_cell(&mut self.rng)
+    }
+
+    /// A nonce for a fresh resume token (see [`fresh_nonce`]), from the same generator as
+    /// spawn cells: the draws keep their order.
+    pub(crate) fn resume_nonce(&mut self) -> u64 {
+        fresh_nonce(&mut self.rng)
+    }
+
+    /// Carries out each operator's order the first time it is seen, if its player is here
+    /// (see `players.rs`); a shard the player reaches later has seen the order too and
+    /// leaves it be. Orders no longer in the view are forgotten.
+    fn carry_out_orders(&mut self, orders: &BTreeMap<u64, PlayerOrder>) {
+        self.orders_seen.retain(|id| orders.values().any(|order| order.id == *id));
+        for (&player, order) in orders {
+            if !self.orders_seen.insert(order.id) {
+                continue;
+            }
+            self.carry_out_order(PlayerId(player), &order.kind);
+        }
     }
 
     /// Handles one event at `now`. Its output waits for [`ShardCore::flush`] (the shell
@@ -273,9 +306,7 @@ impl ShardCore {
             Event::LeaseConfirmed { .. } => {}
             Event::Saved { players } => self.saves.stored(&players, &mut self.outbox),
             Event::SaveAll => {
-                let players: Vec<PlayerId> =
-                    self.seats.iter().filter(|(_, s)| !s.npc).map(|(p, _)| *p).collect();
-                for player in players {
+                for player in self.roster.seated_players() {
                     self.save(player);
                 }
             }
@@ -298,7 +329,7 @@ impl ShardCore {
         // game makes its world again when the cluster starts).
         let others_live = self.peers.others_live();
         let npcs_left = if others_live { 0 } else { self.world.n_npcs() };
-        (self.seats.len() - npcs_left, unconfirmed, quiet)
+        (self.roster.n_seated() - npcs_left, unconfirmed, quiet)
     }
 
     /// The players owned here and where they stand (for the simulator's checks).
@@ -308,7 +339,7 @@ impl ShardCore {
 
     /// The shards a local player is mirrored to (`None` if it is not local here).
     pub fn ghosted_at(&self, player: PlayerId) -> Option<&[ShardId]> {
-        self.seats.get(&player).map(|seat| seat.ghosted_at.as_slice())
+        self.roster.seat(player).map(|seat| seat.ghosted_at.as_slice())
     }
 
     /// This shard's incarnation, for its etcd record: it changes when the shard drops
@@ -337,13 +368,13 @@ impl ShardCore {
         let (early, refused) = self.inputs.sizes();
         let (handed_off, awaiting_gateway) = self.handoffs.sizes();
         CoreSizes {
-            seats: self.seats.len(),
+            seats: self.roster.n_seated(),
             handed_off,
             early,
             refused,
-            parked: self.parked.len(),
+            parked: self.roster.n_parked(),
             awaiting_gateway,
-            divergent: self.divergent.len(),
+            divergent: self.roster.n_divergent(),
             ghost_tracks: self.ghosts.tracks(),
         }
     }
@@ -378,16 +409,7 @@ impl ShardCore {
             &mut self.envelopes,
         );
         self.route_envelopes();
-        let mirrored: Vec<PlayerId> = self
-            .seats
-            .iter_mut()
-            .filter_map(|(player, seat)| {
-                let before = seat.ghosted_at.len();
-                seat.ghosted_at.retain(|s| *s != peer);
-                (seat.ghosted_at.len() != before).then_some(*player)
-            })
-            .collect();
-        for player in mirrored {
+        for player in self.roster.forget_holder(peer) {
             self.mirror(player);
         }
     }
@@ -406,7 +428,7 @@ impl ShardCore {
         );
         self.route_envelopes();
         self.restore_orphaned_npcs();
-        let players: Vec<PlayerId> = self.seats.keys().copied().collect();
+        let players: Vec<PlayerId> = self.roster.seated();
         for player in &players {
             self.mirror(*player);
         }
@@ -493,7 +515,7 @@ impl ShardCore {
             // the player's own seat (see `restore`); held or passed on like any input if
             // the player is not here.
             (None, Some(Input::Join(join))) if join.restore => {
-                if let Some(link) = self.seats.get(&player).map(|seat| seat.link) {
+                if let Some(link) = self.roster.seat(player).map(|seat| seat.link) {
                     return self.join(link, input);
                 }
                 // Not here any more either (its link here broke too, say): restored here,
@@ -508,7 +530,7 @@ impl ShardCore {
             (Some(link), Some(Input::Resume(_))) => return self.resume(link, input),
             _ => {}
         }
-        if let Some(seat) = self.seats.get_mut(&player) {
+        if let Some(seat) = self.roster.seat_mut(player) {
             // Session ids are unique per gateway only: an input straight from a gateway
             // other than the seat's is from a connection the player has left (a login on
             // another gateway took it over), whatever its session number.
@@ -556,7 +578,7 @@ impl ShardCore {
     /// before those of older inputs still missing), and its seq consumed, so later inputs
     /// still flow.
     pub(crate) fn sequence(&mut self, player: PlayerId, input: PlayerInput) {
-        let Some(seat) = self.seats.get_mut(&player) else {
+        let Some(seat) = self.roster.seat_mut(player) else {
             return;
         };
         if input.session != seat.session {
@@ -582,7 +604,7 @@ impl ShardCore {
     /// Applies the player's held inputs as long as the next one is there.
     fn apply_held(&mut self, player: PlayerId) {
         // (Applying may hand the player off: the seat is looked up again each time.)
-        while let Some(next) = self.seats.get_mut(&player).and_then(|s| s.inputs.next_held()) {
+        while let Some(next) = self.roster.seat_mut(player).and_then(|s| s.inputs.next_held()) {
             self.apply(player, next);
         }
     }
@@ -642,7 +664,7 @@ impl ShardCore {
     pub(crate) fn take_early_inputs(&mut self, player: PlayerId, session: u64) {
         let (mut inputs, refused) = self.inputs.arrived(player, session);
         if let Some(refused) = refused {
-            if let Some(seat) = self.seats.get_mut(&player) {
+            if let Some(seat) = self.roster.seat_mut(player) {
                 seat.inputs.consume(&refused.seqs);
             }
             inputs.extend(refused.leave.map(|leave| (None, leave)));
@@ -658,16 +680,15 @@ impl ShardCore {
         self.saves.expire(self.now, &mut self.outbox);
         self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
         self.route_envelopes();
-        let divergent: Vec<PlayerId> = self.divergent.keys().copied().collect();
-        for observer in divergent {
+        for observer in self.roster.divergent_players() {
             self.resync(observer);
         }
         // Players standing in another shard's region whose handoff had to wait (the new
         // owner was not reachable yet) go now.
         let astray: Vec<PlayerId> = self
-            .seats
-            .keys()
-            .copied()
+            .roster
+            .seated()
+            .into_iter()
             .filter(|p| self.world.position(*p).is_some_and(|at| !self.geometry.owns(at)))
             .collect();
         for player in astray {
@@ -688,8 +709,7 @@ impl ShardCore {
         }
         self.inputs.expire_memory(now);
         self.handoffs.expire_handed_off(now);
-        let window = self.resume_window;
-        self.parked.retain(|_, p| now - p.since <= window);
+        self.roster.expire_parked(now);
     }
 
     /// Restores passed on to this shard that waited for the link of `opened` (see
@@ -705,26 +725,26 @@ impl ShardCore {
     /// Brings a divergent client's view toward the world (see `views.rs`); it stays
     /// divergent while something waits.
     pub(crate) fn resync(&mut self, observer: PlayerId) {
-        let Some(divergent) = self.divergent.remove(&observer) else { return };
-        let Some(seat) = self.seats.get(&observer) else { return };
+        let Some(divergent) = self.roster.take_divergent(observer) else { return };
+        let Some(seat) = self.roster.seat(observer) else { return };
         let (parts, out) = ((&self.world, &self.history), &mut self.outbox);
         let still =
             views::resync(observer, divergent, (seat.link, seat.session), parts, out, self.now);
         if let Some(still) = still {
-            self.divergent.insert(observer, still);
+            self.roster.set_divergent(observer, still);
         }
     }
 
     /// Turns the world's envelopes into frames for their recipients' connections.
     pub(crate) fn route_envelopes(&mut self) {
         for envelope in self.envelopes.drain(..) {
-            let Some(seat) = self.seats.get(&envelope.to) else {
+            let Some(seat) = self.roster.seat(envelope.to) else {
                 continue;
             };
             // (Checked for emptiness first: this runs per notification, and most rounds have
             // no client mid-handoff.)
             let divergent =
-                if self.divergent.is_empty() { None } else { self.divergent.get(&envelope.to) };
+                if self.roster.any_divergent() { self.roster.divergent(envelope.to) } else { None };
             if let Some(divergent) = divergent {
                 // A client just handed in gets its view from the told-vs-world difference;
                 // only its own acks go through as they are, and chat from itself and from
@@ -782,9 +802,7 @@ impl ShardCore {
         // Only this link's players: the gateway's other lanes keep their links and players.
         self.links.gone(link);
         self.outbox.forget_link(link);
-        let gone: Vec<PlayerId> =
-            self.seats.iter().filter(|(_, seat)| seat.link == link).map(|(id, _)| *id).collect();
-        for player in gone {
+        for player in self.roster.seated_on(link) {
             self.remove(player, true);
         }
         self.metrics.links.set(self.links.len() as i64);
@@ -830,7 +848,7 @@ impl ShardCore {
 
     /// Queues a save of a local player where it stands now (with a player store).
     pub(crate) fn save(&mut self, player: PlayerId) {
-        if let (Some(seat), Some(at)) = (self.seats.get(&player), self.world.position(player)) {
+        if let (Some(seat), Some(at)) = (self.roster.seat(player), self.world.position(player)) {
             self.saves.save(player, seat, at);
         }
     }
@@ -838,7 +856,7 @@ impl ShardCore {
     /// Every save interval: saves the local players whose cell changed since their last
     /// save (or who were never saved).
     fn save_changed(&mut self) {
-        for player in self.saves.changed(&self.seats, &self.world, self.now) {
+        for player in self.saves.changed(self.roster.seats(), &self.world, self.now) {
             self.save(player);
         }
     }
@@ -856,17 +874,15 @@ impl ShardCore {
             warn!(shard = %self.id, "lease expired but the region is still ours; keeping players");
             return false;
         }
-        warn!(shard = %self.id, players = self.seats.len(), "taken for dead and replaced; dropping stale players");
+        warn!(shard = %self.id, players = self.roster.n_seated(), "taken for dead and replaced; dropping stale players");
         // A new life: peers and gateways that see it in the record know that what they gave
         // the old one is gone, even if their watch never showed this shard gone.
         self.peers.new_life();
         let config = self.world.config().clone();
         self.world = World::new(config);
-        self.seats.clear();
+        self.roster.clear();
         self.handoffs.clear_handed_off();
         self.inputs.clear();
-        self.parked.clear();
-        self.divergent.clear();
         self.history = Default::default();
         self.ghosts = Ghosts::default();
         self.envelopes.clear();
@@ -897,7 +913,7 @@ impl ShardCore {
     pub fn report(&self, now: Instant) -> String {
         reports::players(
             &self.world,
-            &self.seats,
+            self.roster.seats(),
             &self.handoffs,
             (self.id, self.geometry.epoch),
             now,

@@ -290,7 +290,7 @@ fn a_leave_for_a_player_not_here_yet_is_applied_when_it_arrives() {
     shard.forwarded(11, 2, a_move(2));
     assert_eq!(answers(&shard.received()), vec![("ack", 2)]);
     assert!(
-        !shard.actor.seats.contains_key(&PlayerId(11)),
+        !shard.actor.roster.is_seated(PlayerId(11)),
         "the player whose connection dropped left the world instead of staying on a dead session"
     );
 }
@@ -639,7 +639,7 @@ fn a_resume_token_takes_the_player_back_once() {
     let mut forged = first.clone();
     forged[10] ^= 1;
     let other_key = TokenKey::new(vec![8; 32]).expect("a key");
-    let other_player = h.actor.resume_keys.mint(12, 1);
+    let other_player = h.actor.roster.mint_token(PlayerId(12), 1);
     for (session, token) in
         [(SESSION + 1, forged), (SESSION + 2, other_key.mint(11, 1)), (SESSION + 3, other_player)]
     {
@@ -670,7 +670,7 @@ fn a_resume_token_takes_the_player_back_once() {
         Some(Server::ViewReset(reset)) => reset.resume_token.clone(),
         other => panic!("ViewReset first: {other:?}"),
     };
-    assert_eq!(h.actor.resume_keys.verify(&second).map(|t| t.player_id), Ok(11));
+    assert_eq!(h.actor.roster.resume_keys().verify(&second).map(|t| t.player_id), Ok(11));
     assert_ne!(second, first, "a fresh token");
 
     // Once the client speaks on its new session it has the fresh token: the spent one
@@ -681,7 +681,7 @@ fn a_resume_token_takes_the_player_back_once() {
     resume_with(&mut h, 11, SESSION + 6, &first);
     let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 6);
     assert!(refused && messages.is_empty(), "a spent token is refused: {messages:?}");
-    assert!(h.actor.seats.get(&PlayerId(11)).is_some_and(|s| s.session == SESSION + 5));
+    assert!(h.actor.roster.seat(PlayerId(11)).is_some_and(|s| s.session == SESSION + 5));
     assert_eq!(h.actor.metrics.resume_tokens_refused.get("spent"), 1);
 
     // The fresh one works, once more.
@@ -702,8 +702,8 @@ fn a_token_of_the_previous_key_works_during_a_rotation_only() {
         h.received();
         h.direct(11, 2, Input::Leave(Leave { logout: false }));
         h.received();
-        let nonce = h.actor.parked[&PlayerId(11)].resume_nonce;
-        h.actor.resume_keys = TokenKeys::new(new.clone(), previous);
+        let nonce = h.actor.roster.parked(PlayerId(11)).expect("parked").resume_nonce;
+        h.actor.roster.set_resume_keys(TokenKeys::new(new.clone(), previous));
         resume_with(&mut h, 11, SESSION + 1, &old.mint(11, nonce));
         let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 1);
         assert_eq!(!refused, works, "{messages:?}");
@@ -769,7 +769,7 @@ fn each_lane_of_a_gateway_carries_its_own_sessions() {
     assert_eq!(acks, vec![(LINK, on_0, 78), (lane_1, on_1, 77)], "each on its lane's link");
 
     h.actor.handle(h.now, Event::LinkClosed { link: LINK });
-    let here = |h: &Harness, player: u64| h.actor.seats.contains_key(&PlayerId(player));
+    let here = |h: &Harness, player: u64| h.actor.roster.is_seated(PlayerId(player));
     assert!(!here(&h, 11) && !here(&h, 15), "lane 0's players left with its link");
     assert!(here(&h, 12) && here(&h, 13), "lane 1's players stay");
     move_on(&mut h, lane_1, LANE_1_SESSION, 12, 2, 79);
@@ -789,11 +789,11 @@ fn each_lane_of_a_gateway_carries_its_own_sessions() {
 fn a_handoff_waits_for_the_link_of_its_own_lane() {
     let mut h = Harness::new();
     handoff_of(&mut h, 13, LANE_1_SESSION);
-    assert!(!h.actor.seats.contains_key(&PlayerId(13)), "lane 1 has no link here yet");
+    assert!(!h.actor.roster.is_seated(PlayerId(13)), "lane 1 has no link here yet");
     h.actor.handle(h.now, Event::LinkOpened { link: LinkId(3), gateway: GATEWAY, lane: 2 });
-    assert!(!h.actor.seats.contains_key(&PlayerId(13)), "lane 2's link is not lane 1's");
+    assert!(!h.actor.roster.is_seated(PlayerId(13)), "lane 2's link is not lane 1's");
     h.actor.handle(h.now, Event::LinkOpened { link: LinkId(2), gateway: GATEWAY, lane: 1 });
-    let seat = h.actor.seats.get(&PlayerId(13)).expect("taken when lane 1's link opened");
+    let seat = h.actor.roster.seat(PlayerId(13)).expect("taken when lane 1's link opened");
     assert_eq!(seat.link, LinkId(2));
     assert_eq!(h.actor.sizes().awaiting_gateway, 0);
 }

@@ -151,7 +151,7 @@ impl ShardCore {
             return self.game.reuse_changed(dirty);
         }
         for entity in dirty.drain(..) {
-            let Some(seat) = self.seats.get(&entity) else { continue };
+            let Some(seat) = self.roster.seat(entity) else { continue };
             let version = (seat.generation, seat.subject_seq);
             let holders = seat.ghosted_at.clone();
             if self.world.announce_state(entity, &mut self.envelopes).is_err() {
@@ -182,7 +182,7 @@ impl ShardCore {
     /// A player's action, applied in its turn. On an entity another shard owns, it is sent
     /// there and the player's later inputs wait for the answer.
     pub(crate) fn action(&mut self, player: PlayerId, action: ClientAction) {
-        let Some(seat) = self.seats.get(&player) else { return };
+        let Some(seat) = self.roster.seat(player) else { return };
         let (link, session) = (seat.link, seat.session);
         self.metrics.actions.inc();
         let target = (action.target != 0).then_some(PlayerId(action.target));
@@ -203,7 +203,7 @@ impl ShardCore {
                     ActionRequest { actor: player.0, action: Some(action), origin: self.id.0 };
                 self.peer_out.push(owner, peer_at(target, (0, 0), Peer::Action(request)));
                 self.metrics.actions_forwarded.inc();
-                if let Some(seat) = self.seats.get_mut(&player) {
+                if let Some(seat) = self.roster.seat_mut(player) {
                     seat.awaiting = Some(Awaiting { since: self.now, client_time });
                 }
             }
@@ -284,7 +284,7 @@ impl ShardCore {
     /// The answer to an action this shard sent to its target's owner: to the player, then
     /// the inputs that waited behind it.
     pub(crate) fn action_answer(&mut self, player: PlayerId, answer: ActionAnswer) {
-        let Some(seat) = self.seats.get_mut(&player) else { return };
+        let Some(seat) = self.roster.seat_mut(player) else { return };
         if seat.awaiting.map(|a| a.client_time) != Some(answer.client_time) {
             debug!(%player, client_time = answer.client_time, "late action answer dropped");
             return;
@@ -303,7 +303,7 @@ impl ShardCore {
     /// Holds an input of a player that waits for an action's answer. Past the limit it is
     /// refused at once.
     pub(crate) fn block(&mut self, player: PlayerId, input: PlayerInput) {
-        let Some(seat) = self.seats.get_mut(&player) else { return };
+        let Some(seat) = self.roster.seat_mut(player) else { return };
         if seat.blocked.len() < PENDING_LIMIT {
             seat.blocked.push_back(input);
             return;
@@ -315,11 +315,11 @@ impl ShardCore {
     /// Applies the inputs that waited for an action's answer, in order, until one of them
     /// waits again (another action on a neighbour's entity): the rest wait behind it.
     fn unblock(&mut self, player: PlayerId) {
-        let Some(seat) = self.seats.get_mut(&player) else { return };
+        let Some(seat) = self.roster.seat_mut(player) else { return };
         let mut waiting = std::mem::take(&mut seat.blocked);
         while let Some(input) = waiting.pop_front() {
             self.apply(player, input);
-            let Some(seat) = self.seats.get_mut(&player) else { return };
+            let Some(seat) = self.roster.seat_mut(player) else { return };
             if seat.awaiting.is_some() {
                 waiting.extend(seat.blocked.drain(..));
                 seat.blocked = waiting;
@@ -330,17 +330,12 @@ impl ShardCore {
 
     /// Actions whose target's owner did not answer in time are answered `UNAVAILABLE`.
     pub(crate) fn expire_actions(&mut self, now: Instant) {
-        let overdue: Vec<PlayerId> = self
-            .seats
-            .iter()
-            .filter(|(_, seat)| {
-                seat.awaiting
-                    .is_some_and(|a| now.saturating_duration_since(a.since) > ACTION_ANSWER_WITHIN)
-            })
-            .map(|(player, _)| *player)
-            .collect();
+        let overdue: Vec<PlayerId> = self.roster.seated_where(|seat| {
+            seat.awaiting
+                .is_some_and(|a| now.saturating_duration_since(a.since) > ACTION_ANSWER_WITHIN)
+        });
         for player in overdue {
-            let Some(seat) = self.seats.get_mut(&player) else { continue };
+            let Some(seat) = self.roster.seat_mut(player) else { continue };
             let Some(awaiting) = seat.awaiting.take() else { continue };
             let (link, session) = (seat.link, seat.session);
             warn!(%player, "the target's shard did not answer an action in time");
@@ -392,7 +387,7 @@ impl ShardCore {
     /// player is owned here, sent on to its owner if it is a ghost here.
     pub(crate) fn event_for_player(&mut self, source: PlayerId, event: EntityEvent) {
         let to = PlayerId(event.to);
-        if let Some(seat) = self.seats.get(&to).filter(|seat| !seat.npc) {
+        if let Some(seat) = self.roster.seat(to).filter(|seat| !seat.npc) {
             let (link, session) = (seat.link, seat.session);
             let message = server::game_event(source.0, event.kind, &event.payload);
             self.outbox.push(link, session, &message);
@@ -426,11 +421,11 @@ impl ShardCore {
                 .upsert_ghost_as(npc, look, at, &mut self.envelopes)
                 .and_then(|()| self.world.promote_to_npc(npc))
         } else {
-            let now = self.since(self.started);
+            let now = self.elapsed();
             self.world.spawn_npc(npc, look, at, now, &mut self.envelopes)
         };
         ready?;
-        self.seats.insert(npc, Seat::npc(generation, subject_seq, private));
+        self.roster.insert_seat(npc, Seat::npc(generation, subject_seq, private));
         self.history.record(npc, (generation, subject_seq), at);
         self.route_envelopes();
         self.mirror(npc);
@@ -484,7 +479,7 @@ impl ShardCore {
 
 impl Host for ShardCore {
     fn now(&self) -> Duration {
-        self.since(self.started)
+        self.elapsed()
     }
 
     fn shard(&self) -> u32 {
@@ -563,11 +558,11 @@ impl Host for ShardCore {
         self.want_ids();
         let npc = PlayerId(raw);
         let look = Look { name: Arc::from(name), kind, state: Arc::from(state) };
-        let now = self.since(self.started);
+        let now = self.elapsed();
         self.world
             .spawn_npc(npc, look, at, now, &mut self.envelopes)
             .map_err(|_| GameError::NotHere(at))?;
-        self.seats.insert(npc, Seat::npc(0, 0, Vec::new()));
+        self.roster.insert_seat(npc, Seat::npc(0, 0, Vec::new()));
         self.history.record(npc, (0, 0), at);
         self.route_envelopes();
         self.mirror(npc);
@@ -577,7 +572,7 @@ impl Host for ShardCore {
 
     fn despawn(&mut self, entity: EntityId) -> Result<(), GameError> {
         let npc = id(entity);
-        match self.seats.get(&npc) {
+        match self.roster.seat(npc) {
             Some(seat) if seat.npc => {}
             Some(_) => return Err(GameError::IsPlayer(entity)),
             None => return Err(GameError::NotOwned(entity)),
@@ -589,7 +584,7 @@ impl Host for ShardCore {
 
     fn step(&mut self, entity: EntityId, direction: Direction) -> Result<Position, GameError> {
         let npc = id(entity);
-        match self.seats.get(&npc) {
+        match self.roster.seat(npc) {
             Some(seat) if seat.npc => {}
             Some(_) => return Err(GameError::IsPlayer(entity)),
             None => return Err(GameError::NotOwned(entity)),
@@ -603,7 +598,7 @@ impl Host for ShardCore {
     fn set_state(&mut self, entity: EntityId, state: Vec<u8>) -> Result<(), GameError> {
         checked_state(&state)?;
         let subject = id(entity);
-        if !self.seats.contains_key(&subject) {
+        if !self.roster.is_seated(subject) {
             return Err(GameError::NotOwned(entity));
         }
         if self.world.state(subject).is_some_and(|old| **old == *state) {
@@ -615,12 +610,12 @@ impl Host for ShardCore {
     }
 
     fn private_state(&self, entity: EntityId) -> Option<&[u8]> {
-        self.seats.get(&id(entity)).map(|seat| seat.private.as_slice())
+        self.roster.seat(id(entity)).map(|seat| seat.private.as_slice())
     }
 
     fn set_private_state(&mut self, entity: EntityId, state: Vec<u8>) -> Result<(), GameError> {
         checked_state(&state)?;
-        let Some(seat) = self.seats.get_mut(&id(entity)) else {
+        let Some(seat) = self.roster.seat_mut(id(entity)) else {
             return Err(GameError::NotOwned(entity));
         };
         if seat.private == state {
@@ -650,7 +645,7 @@ impl Host for ShardCore {
         }
         self.route_envelopes();
         self.metrics.game_events.inc();
-        let Some(seat) = self.seats.get(&subject) else { return };
+        let Some(seat) = self.roster.seat(subject) else { return };
         let version = (seat.generation, seat.subject_seq);
         for holder in seat.ghosted_at.clone() {
             let event = EntityEvent { to: 0, kind, payload: payload.to_vec() };

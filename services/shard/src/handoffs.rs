@@ -8,7 +8,7 @@
 //! gateway chose this shard by (2 s at most). [`told_view`] says what a player being
 //! handed off from here has been told, for its new owner.
 //!
-//! Only `ShardCore` calls it (`players.rs` decides when a player goes or comes): it keeps
+//! Only `ShardCore` calls it (`handover.rs` and `resume.rs` decide when a player goes or comes): it keeps
 //! and expires what waits and hands it back when it may go; it sends nothing itself.
 
 use rustc_hash::FxHashMap;
