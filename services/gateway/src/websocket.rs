@@ -27,7 +27,10 @@
 //!   refilled. Nothing is unmasked, assembled or answered before it is paid for, so a
 //!   flood of empty fragments or of pings spends the budget like one of messages.
 //! - Pings are answered with pongs. The client's close is answered with a close and ends
-//!   the session (the player leaves, as when a TCP client hangs up).
+//!   the session (the player leaves, as when a TCP client hangs up); the answer echoes the
+//!   client's code if it is one a peer may send (RFC 6455 section 7.4: 1000-1003,
+//!   1007-1014, 3000-4999), carries 1002 (protocol error) for any other code or a one-byte
+//!   body, 1007 for a reason that is not UTF-8, and no code when the client gave none.
 //! - Behind a TLS-terminating ingress (`wss://`), the ingress speaks TLS and this code
 //!   plain WebSocket.
 
@@ -70,6 +73,10 @@ const PONG: u8 = 0xa;
 const FIN: u8 = 0x80;
 /// Close codes: normal closure.
 pub const CLOSE_NORMAL: u16 = 1000;
+/// Close codes: the peer broke the protocol (here: a close code no peer may send).
+pub const CLOSE_PROTOCOL_ERROR: u16 = 1002;
+/// Close codes: data that does not fit its type (here: a close reason that is not UTF-8).
+pub const CLOSE_INVALID_DATA: u16 = 1007;
 
 /// What a text message or a broken frame becomes for the core: a frame whose one-byte
 /// body (`0xff`, a field of the reserved wire type 7) no protobuf decoder takes, so it is
@@ -230,12 +237,22 @@ impl WsState {
 
     /// Writes the close frame (once); nothing is written after it.
     pub fn close(&mut self, out: &mut Vec<u8>, code: u16) {
+        self.close_with(out, Some(code));
+    }
+
+    /// Writes the close frame (once) with `code`, or with an empty body.
+    fn close_with(&mut self, out: &mut Vec<u8>, code: Option<u16>) {
         if self.close_sent || self.phase == Phase::Upgrading {
             return;
         }
         self.close_sent = true;
-        header(out, CLOSE, 2);
-        out.extend_from_slice(&code.to_be_bytes());
+        match code {
+            Some(code) => {
+                header(out, CLOSE, 2);
+                out.extend_from_slice(&code.to_be_bytes());
+            }
+            None => header(out, CLOSE, 0),
+        }
     }
 
     /// Reads the upgrade request from the carried bytes and `data`.
@@ -355,14 +372,9 @@ impl WsState {
                 }
                 (PONG, _, _) => read.pongs += 1,
                 (CLOSE, _, _) => {
-                    // The client's code is echoed, as the RFC suggests.
-                    let code = match payload {
-                        [high, low, ..] => {
-                            u16::from_be_bytes([*high ^ head.mask[0], *low ^ head.mask[1]])
-                        }
-                        _ => CLOSE_NORMAL,
-                    };
-                    self.close(out, code);
+                    let mut body = Vec::with_capacity(len); // a control frame: at most 125
+                    unmask_into(&mut body, payload, head.mask);
+                    self.close_with(out, close_reply(&body));
                     self.phase = Phase::Done;
                     read.ended = true;
                 }
@@ -381,6 +393,26 @@ impl WsState {
         self.carry = Vec::new();
         self.message = Vec::new();
     }
+}
+
+/// The code to answer a client's close with (its body unmasked): the client's own if a
+/// peer may send it, 1002 for any other or a body too short to hold one, 1007 for a reason
+/// that is not UTF-8, none if the client gave none (RFC 6455 sections 5.5.1 and 7.4).
+fn close_reply(body: &[u8]) -> Option<u16> {
+    let (code, reason) = match body {
+        [] => return None,
+        [_] => return Some(CLOSE_PROTOCOL_ERROR),
+        [high, low, reason @ ..] => (u16::from_be_bytes([*high, *low]), reason),
+    };
+    // 1004-1006 and 1015 are reserved (1005 and 1006 stand for "no code" and "no close
+    // frame" and are never sent); below 1000 and 1016-2999 are not assigned.
+    if !matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999) {
+        return Some(CLOSE_PROTOCOL_ERROR);
+    }
+    if std::str::from_utf8(reason).is_err() {
+        return Some(CLOSE_INVALID_DATA);
+    }
+    Some(code)
 }
 
 enum Upgrading {
@@ -847,6 +879,40 @@ mod tests {
         assert_eq!(bodies(&frames), vec![vec![1, 2, 3, 4, 5], vec![8, 1]]);
         assert_eq!(paid, pieces.iter().map(Vec::len).collect::<Vec<_>>(), "each frame, once");
         assert_eq!(state.held(), 0);
+    }
+
+    #[test]
+    fn a_close_is_answered_with_a_code_a_peer_may_send() {
+        let code = |c: u16| c.to_be_bytes().to_vec();
+        let with_reason = |c: u16, reason: &[u8]| [&c.to_be_bytes()[..], reason].concat();
+        let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            (vec![], vec![]),
+            (code(1000), code(1000)),
+            (code(1001), code(1001)),
+            (code(1011), code(1011)),
+            (code(3000), code(3000)),
+            (with_reason(4999, b"bye"), code(4999)),
+            (vec![0x03], code(1002)),
+            (code(0), code(1002)),
+            (code(999), code(1002)),
+            (code(1004), code(1002)),
+            (code(1005), code(1002)),
+            (code(1006), code(1002)),
+            (code(1015), code(1002)),
+            (code(1016), code(1002)),
+            (code(2999), code(1002)),
+            (code(5000), code(1002)),
+            (with_reason(1000, &[0xff, 0xfe]), code(1007)),
+        ];
+        for (body, answer) in cases {
+            let mut state = upgraded();
+            let (mut frames, mut out) = (Vec::new(), Vec::new());
+            let frame = client_frame(FIN | CLOSE, &body);
+            let read = state.read(&frame, 4096, &mut free, &mut frames, &mut out);
+            assert!(read.ended && frames.is_empty(), "{body:?}");
+            let expected = [&[FIN | CLOSE, answer.len() as u8][..], &answer].concat();
+            assert_eq!(out, expected, "the answer to a close with {body:?}");
+        }
     }
 
     #[test]
