@@ -281,13 +281,19 @@ fn core_seeds() -> Vec<Seed> {
     ]
 }
 
-/// A `websocket` input: the limit (an index into its `LIMITS`, bit 7 for a refused
-/// session), the piece lengths, the stream.
+/// A `websocket` input: the limit (an index into its `LIMITS`), no budget, bit 7 for a
+/// refused session, the piece lengths, the stream.
 fn ws_input(limit: usize, refused: bool, pieces: &[u8], stream: &[u8]) -> Vec<u8> {
+    ws_input_paid(limit, 0, refused, pieces, stream)
+}
+
+/// A `websocket` input whose budget pays for `budget` frames per read (1..=15).
+fn ws_input_paid(limit: usize, budget: u8, refused: bool, pieces: &[u8], stream: &[u8]) -> Vec<u8> {
     let limits = crate::websocket::LIMITS;
     let index = limits.iter().position(|&l| l == limit).expect("a limit the target knows");
+    let head = index as u8 | (budget & 0x0f) << 3 | u8::from(refused) << 7;
     let mut out = Writer::default();
-    out.u8(index as u8 | u8::from(refused) << 7).u8(pieces.len() as u8).bytes(pieces).bytes(stream);
+    out.u8(head).u8(pieces.len() as u8).bytes(pieces).bytes(stream);
     out.0
 }
 
@@ -333,6 +339,19 @@ fn websocket_seeds() -> Vec<Seed> {
     text.extend(ws_frame(0x81, b"{}"));
     let mut unmasked = ws_request("");
     unmasked.extend([0x82, 0x01, 0x08]);
+    // Issue 31: empty fragments and pings, more of them than the budget pays for at once.
+    let mut fragment_flood = ws_request("");
+    fragment_flood.extend(ws_frame(0x02, &[]));
+    for _ in 0..40 {
+        fragment_flood.extend(ws_frame(0x00, &[]));
+    }
+    fragment_flood.extend(ws_frame(0x80, &bodies[3]));
+    let mut ping_flood = ws_request("");
+    for i in 0..40u8 {
+        ping_flood.extend(ws_frame(0x89, &[i; 3]));
+        ping_flood.extend(ws_frame(0x8a, &[]));
+    }
+    ping_flood.extend(ws_frame(0x88, &1005u16.to_be_bytes()));
     vec![
         seed("websocket", "session-every-kind", ws_input(4096, false, &[], &session)),
         seed("websocket", "session-in-pieces", ws_input(4096, false, &[0, 6, 40], &session)),
@@ -342,6 +361,17 @@ fn websocket_seeds() -> Vec<Seed> {
         seed("websocket", "unmasked", ws_input(4096, false, &[], &unmasked)),
         seed("websocket", "refused", ws_input(4096, true, &[9], &session)),
         seed("websocket", "not-an-upgrade", ws_input(0, false, &[], b"GET / HTTP/1.1\r\n\r\n")),
+        seed(
+            "websocket",
+            "fragment-flood-paid",
+            ws_input_paid(4096, 3, false, &[30], &fragment_flood),
+        ),
+        seed("websocket", "ping-flood-paid", ws_input_paid(4096, 1, false, &[], &ping_flood)),
+        seed(
+            "websocket",
+            "session-paid-in-pieces",
+            ws_input_paid(4096, 2, false, &[0, 6, 40], &session),
+        ),
     ]
 }
 

@@ -88,6 +88,39 @@ impl Bucket {
     }
 }
 
+/// A connection's input budget over every kind of input: each frame it sends (a TCP frame;
+/// over WebSocket every frame: whole messages, fragments, pings, pongs, the close) costs
+/// one frame token and its size in byte tokens, paid before the frame is read.
+#[derive(Debug, Clone, Copy)]
+pub struct InputBudget {
+    frames: Bucket,
+    bytes: Bucket,
+}
+
+impl InputBudget {
+    /// A budget holding both bursts.
+    pub fn full(limits: &Limits, now: Instant) -> InputBudget {
+        InputBudget {
+            frames: Bucket::full(limits.input_frames, now),
+            bytes: Bucket::full(limits.input_bytes, now),
+        }
+    }
+
+    /// Pays for one frame of `size` bytes read at `now` if the budget holds a frame and
+    /// that many bytes (at the rates of `Limits::input_frames` and `input_bytes`); a
+    /// refusal takes nothing (the frame waits, unread).
+    pub fn pay(&mut self, frame_rate: Rate, byte_rate: Rate, size: usize, now: Instant) -> bool {
+        let cost = u32::try_from(size).unwrap_or(u32::MAX);
+        if self.frames.has(frame_rate, 1, now) && self.bytes.has(byte_rate, cost, now) {
+            self.frames.spend(1);
+            self.bytes.spend(cost);
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// An address block that the per-address caps do not apply to (load generators, a local
 /// dev cluster, a trusted proxy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -398,6 +431,32 @@ mod tests {
             assert!(bucket.try_take(rate, 1, t0 + ms(60_000)));
         }
         assert!(!bucket.try_take(rate, 1, t0 + ms(60_000)));
+    }
+
+    #[test]
+    fn the_input_budget_pays_frames_and_bytes_together_and_a_refusal_takes_nothing() {
+        let t0 = Instant::now();
+        let limits = Limits {
+            input_frames: Rate::new(2, 3),
+            input_bytes: Rate::new(10, 20),
+            ..Limits::default()
+        };
+        let mut budget = InputBudget::full(&limits, t0);
+        let rates = (limits.input_frames, limits.input_bytes);
+        assert!(budget.pay(rates.0, rates.1, 6, t0));
+        assert!(budget.pay(rates.0, rates.1, 6, t0));
+        assert!(!budget.pay(rates.0, rates.1, 9, t0), "8 bytes left");
+        assert!(budget.pay(rates.0, rates.1, 8, t0), "the refusal took no frame");
+        assert!(!budget.pay(rates.0, rates.1, 0, t0), "no frame left, however small");
+        assert!(
+            budget.pay(rates.0, rates.1, 0, t0 + ms(500)),
+            "one frame back after 500 ms at 2/s"
+        );
+        assert!(
+            !budget.pay(rates.0, rates.1, 11, t0 + ms(1000)),
+            "10 bytes back in a second, 11 asked"
+        );
+        assert!(budget.pay(rates.0, rates.1, 10, t0 + ms(1000)));
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct GatewayMetrics {
     pub ws_connections: Arc<Gauge>,
     pub ws_handshakes: Arc<Counter>,
     pub ws_handshake_failures: Arc<Counter>,
+    /// WebSocket frames read that are no whole message by themselves, by kind (`fragment`,
+    /// `ping`, `pong`): each paid for from the input budget like a message.
+    pub ws_frames_in: CounterFamily,
     pub quic_handshakes: Arc<Counter>,
     pub quic_handshake_failures: Arc<Counter>,
     pub quic_migrations: Arc<Counter>,
@@ -121,6 +124,13 @@ impl GatewayMetrics {
                 l,
                 "deadline",
                 ["login", "idle"],
+            ),
+            ws_frames_in: registry.counter_family(
+                "meridian_gateway_ws_frames_in_total",
+                "WebSocket frames read that are no whole message by themselves, by kind: fragment (a piece of a fragmented message; the message it completes counts in frames_in_total), ping, pong. Each is paid for from the connection's input budget (--input-frame-rate, --input-byte-rate) before it is read.",
+                l,
+                "kind",
+                ["fragment", "ping", "pong"],
             ),
             reads_paused: registry.counter(
                 "meridian_gateway_reads_paused_total",

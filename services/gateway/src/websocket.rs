@@ -20,9 +20,17 @@
 //! - A broken frame (unmasked, reserved bits, an unknown opcode, a control frame that is
 //!   fragmented or longer than 125 bytes, a continuation of nothing) is `MALFORMED`, then
 //!   the close.
-//! - Pings are answered with pongs; pings and pongs count against the connection's input
-//!   budget like messages ([`Read::control_frames`]). The client's close is answered with a
-//!   close and ends the session (the player leaves, as when a TCP client hangs up).
+//! - Every frame the client sends (a whole message, each fragment of a fragmented one, a
+//!   ping, a pong, the close) is paid for before it is read: [`WsState::read`] asks `pay`
+//!   for the frame's size on the wire, and a frame `pay` refuses waits unread, with
+//!   everything behind it ([`Read::waiting`]), until the caller reads again with its budget
+//!   refilled. Nothing is unmasked, assembled or answered before it is paid for, so a
+//!   flood of empty fragments or of pings spends the budget like one of messages.
+//! - Pings are answered with pongs. The client's close is answered with a close and ends
+//!   the session (the player leaves, as when a TCP client hangs up); the answer echoes the
+//!   client's code if it is one a peer may send (RFC 6455 section 7.4: 1000-1003,
+//!   1007-1014, 3000-4999), carries 1002 (protocol error) for any other code or a one-byte
+//!   body, 1007 for a reason that is not UTF-8, and no code when the client gave none.
 //! - Behind a TLS-terminating ingress (`wss://`), the ingress speaks TLS and this code
 //!   plain WebSocket.
 
@@ -65,6 +73,10 @@ const PONG: u8 = 0xa;
 const FIN: u8 = 0x80;
 /// Close codes: normal closure.
 pub const CLOSE_NORMAL: u16 = 1000;
+/// Close codes: the peer broke the protocol (here: a close code no peer may send).
+pub const CLOSE_PROTOCOL_ERROR: u16 = 1002;
+/// Close codes: data that does not fit its type (here: a close reason that is not UTF-8).
+pub const CLOSE_INVALID_DATA: u16 = 1007;
 
 /// What a text message or a broken frame becomes for the core: a frame whose one-byte
 /// body (`0xff`, a field of the reserved wire type 7) no protobuf decoder takes, so it is
@@ -109,9 +121,15 @@ pub struct Read {
     pub ended: bool,
     /// The upgrade failed (answered with an HTTP error).
     pub upgrade_failed: bool,
-    /// Pings and pongs read, and their bytes: they spend the input budget.
-    pub control_frames: u32,
-    pub control_bytes: u32,
+    /// A whole frame waits because `pay` refused it: it and everything behind it stay
+    /// unread until the next [`WsState::read`] (with no new bytes, once the budget has
+    /// refilled).
+    pub waiting: bool,
+    /// Frames read that are no whole message by themselves: pieces of fragmented messages
+    /// (the message they complete reaches the core as one frame), pings and pongs.
+    pub fragments: u32,
+    pub pings: u32,
+    pub pongs: u32,
 }
 
 impl WsState {
@@ -133,19 +151,33 @@ impl WsState {
         self.phase != Phase::Upgrading && !self.close_sent && self.refusal.is_none()
     }
 
-    /// Bytes held between reads.
-    #[cfg(any(test, feature = "fuzzing"))]
+    /// Bytes held between reads: an incomplete frame, the message being assembled, and
+    /// while frames wait for the input budget everything that arrived behind them (which
+    /// the caller bounds).
     pub fn held(&self) -> usize {
         self.carry.len() + self.message.len()
     }
 
-    /// Handles bytes read from the socket. Client messages are appended to `frames` as
-    /// length-delimited frames; what the protocol answers by itself (the upgrade's
-    /// response, pongs, the close) to `out`. `max_frame` is the core's frame limit.
+    /// Reads nothing more and lets go of what was held (the caller cut the client off).
+    pub fn stop_reading(&mut self) {
+        self.phase = Phase::Done;
+        self.carry = Vec::new();
+        self.message = Vec::new();
+        self.assembling = false;
+    }
+
+    /// Handles bytes read from the socket (after what waited from earlier reads; `data` may
+    /// be empty to go on with that). Each whole frame is first paid for: `pay` gets its
+    /// size on the wire and says whether the connection's input budget covers it; if not,
+    /// it waits unread ([`Read::waiting`]). Client messages are appended to `frames` as
+    /// length-delimited frames (already paid for, as the frames they came in); what the
+    /// protocol answers by itself (the upgrade's response, pongs, the close) to `out`.
+    /// `max_frame` is the core's frame limit.
     pub fn read(
         &mut self,
         data: &[u8],
         max_frame: usize,
+        pay: &mut impl FnMut(usize) -> bool,
         frames: &mut Vec<u8>,
         out: &mut Vec<u8>,
     ) -> Read {
@@ -187,14 +219,14 @@ impl WsState {
             return read;
         }
         if self.carry.is_empty() {
-            let used = self.frames(data, max_frame, frames, out, &mut read);
+            let used = self.frames(data, max_frame, pay, frames, out, &mut read);
             if self.phase == Phase::Open {
                 self.carry.extend_from_slice(&data[used..]);
             }
         } else {
             let mut carried = std::mem::take(&mut self.carry);
             carried.extend_from_slice(data);
-            let used = self.frames(&carried, max_frame, frames, out, &mut read);
+            let used = self.frames(&carried, max_frame, pay, frames, out, &mut read);
             if self.phase == Phase::Open {
                 carried.drain(..used);
                 self.carry = carried;
@@ -205,12 +237,22 @@ impl WsState {
 
     /// Writes the close frame (once); nothing is written after it.
     pub fn close(&mut self, out: &mut Vec<u8>, code: u16) {
+        self.close_with(out, Some(code));
+    }
+
+    /// Writes the close frame (once) with `code`, or with an empty body.
+    fn close_with(&mut self, out: &mut Vec<u8>, code: Option<u16>) {
         if self.close_sent || self.phase == Phase::Upgrading {
             return;
         }
         self.close_sent = true;
-        header(out, CLOSE, 2);
-        out.extend_from_slice(&code.to_be_bytes());
+        match code {
+            Some(code) => {
+                header(out, CLOSE, 2);
+                out.extend_from_slice(&code.to_be_bytes());
+            }
+            None => header(out, CLOSE, 0),
+        }
     }
 
     /// Reads the upgrade request from the carried bytes and `data`.
@@ -255,12 +297,13 @@ impl WsState {
         }
     }
 
-    /// Decodes whole frames from `data`; returns the bytes used. An incomplete frame is
-    /// left for the next read.
+    /// Decodes whole frames from `data`, each paid for first; returns the bytes used. An
+    /// incomplete frame, or one `pay` refuses, is left for the next read.
     fn frames(
         &mut self,
         data: &[u8],
         max_frame: usize,
+        pay: &mut impl FnMut(usize) -> bool,
         frames: &mut Vec<u8>,
         out: &mut Vec<u8>,
         read: &mut Read,
@@ -291,6 +334,11 @@ impl WsState {
             if rest.len() < head.size + len {
                 break;
             }
+            if !pay(head.size + len) {
+                // Over budget: this frame and all behind it wait, unread.
+                read.waiting = true;
+                break;
+            }
             let payload = &rest[head.size..head.size + len];
             used += head.size + len;
             match (head.opcode, head.fin, self.assembling) {
@@ -300,11 +348,13 @@ impl WsState {
                     unmask_into(frames, payload, head.mask);
                 }
                 (BINARY, false, false) => {
+                    read.fragments += 1;
                     self.assembling = true;
                     self.message.clear();
                     unmask_into(&mut self.message, payload, head.mask);
                 }
                 (CONTINUATION, fin, true) => {
+                    read.fragments += 1;
                     unmask_into(&mut self.message, payload, head.mask);
                     if fin {
                         self.assembling = false;
@@ -314,26 +364,17 @@ impl WsState {
                     }
                 }
                 (PING, _, _) => {
-                    read.control_frames += 1;
-                    read.control_bytes += (head.size + len) as u32;
+                    read.pings += 1;
                     if self.writable() {
                         header(out, PONG, len);
                         unmask_into(out, payload, head.mask);
                     }
                 }
-                (PONG, _, _) => {
-                    read.control_frames += 1;
-                    read.control_bytes += (head.size + len) as u32;
-                }
+                (PONG, _, _) => read.pongs += 1,
                 (CLOSE, _, _) => {
-                    // The client's code is echoed, as the RFC suggests.
-                    let code = match payload {
-                        [high, low, ..] => {
-                            u16::from_be_bytes([*high ^ head.mask[0], *low ^ head.mask[1]])
-                        }
-                        _ => CLOSE_NORMAL,
-                    };
-                    self.close(out, code);
+                    let mut body = Vec::with_capacity(len); // a control frame: at most 125
+                    unmask_into(&mut body, payload, head.mask);
+                    self.close_with(out, close_reply(&body));
                     self.phase = Phase::Done;
                     read.ended = true;
                 }
@@ -352,6 +393,26 @@ impl WsState {
         self.carry = Vec::new();
         self.message = Vec::new();
     }
+}
+
+/// The code to answer a client's close with (its body unmasked): the client's own if a
+/// peer may send it, 1002 for any other or a body too short to hold one, 1007 for a reason
+/// that is not UTF-8, none if the client gave none (RFC 6455 sections 5.5.1 and 7.4).
+fn close_reply(body: &[u8]) -> Option<u16> {
+    let (code, reason) = match body {
+        [] => return None,
+        [_] => return Some(CLOSE_PROTOCOL_ERROR),
+        [high, low, reason @ ..] => (u16::from_be_bytes([*high, *low]), reason),
+    };
+    // 1004-1006 and 1015 are reserved (1005 and 1006 stand for "no code" and "no close
+    // frame" and are never sent); below 1000 and 1016-2999 are not assigned.
+    if !matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999) {
+        return Some(CLOSE_PROTOCOL_ERROR);
+    }
+    if std::str::from_utf8(reason).is_err() {
+        return Some(CLOSE_INVALID_DATA);
+    }
+    Some(code)
 }
 
 enum Upgrading {
@@ -567,10 +628,15 @@ mod tests {
         frame
     }
 
+    /// A budget that pays for everything.
+    fn free(_size: usize) -> bool {
+        true
+    }
+
     fn upgraded() -> WsState {
         let mut state = WsState::new(None);
         let (mut frames, mut out) = (Vec::new(), Vec::new());
-        let read = state.read(&request(""), 4096, &mut frames, &mut out);
+        let read = state.read(&request(""), 4096, &mut free, &mut frames, &mut out);
         assert!(read.upgraded && !read.ended);
         state
     }
@@ -596,9 +662,12 @@ mod tests {
         for cut in 1..whole.len() {
             let mut state = WsState::new(None);
             let (mut frames, mut out) = (Vec::new(), Vec::new());
-            assert_eq!(state.read(&whole[..cut], 4096, &mut frames, &mut out), Read::default());
+            assert_eq!(
+                state.read(&whole[..cut], 4096, &mut free, &mut frames, &mut out),
+                Read::default()
+            );
             assert!(out.is_empty() && state.phase == Phase::Upgrading);
-            let read = state.read(&whole[cut..], 4096, &mut frames, &mut out);
+            let read = state.read(&whole[cut..], 4096, &mut free, &mut frames, &mut out);
             assert!(read.upgraded, "cut at {cut}");
             let response = String::from_utf8(out).unwrap();
             assert!(response.starts_with("HTTP/1.1 101 "), "{response}");
@@ -623,7 +692,7 @@ mod tests {
         for (bytes, status) in cases {
             let mut state = WsState::new(None);
             let (mut frames, mut out) = (Vec::new(), Vec::new());
-            let read = state.read(&bytes, 4096, &mut frames, &mut out);
+            let read = state.read(&bytes, 4096, &mut free, &mut frames, &mut out);
             assert!(read.ended && read.upgrade_failed, "{}", String::from_utf8_lossy(&bytes));
             let response = String::from_utf8(out).unwrap();
             assert!(response.starts_with(&format!("HTTP/1.1 {status}")), "{response}");
@@ -637,9 +706,9 @@ mod tests {
         let (mut frames, mut out) = (Vec::new(), Vec::new());
         let chunk = vec![b'a'; 1000];
         let mut ended = false;
-        state.read(b"GET / HTTP/1.1\r\nX: ", 4096, &mut frames, &mut out);
+        state.read(b"GET / HTTP/1.1\r\nX: ", 4096, &mut free, &mut frames, &mut out);
         for _ in 0..20 {
-            let read = state.read(&chunk, 4096, &mut frames, &mut out);
+            let read = state.read(&chunk, 4096, &mut free, &mut frames, &mut out);
             assert!(state.held() <= 2 * MAX_REQUEST);
             if read.ended {
                 ended = true;
@@ -668,9 +737,9 @@ mod tests {
             let (mut frames, mut out) = (Vec::new(), Vec::new());
             let mut control = 0;
             for piece in stream.chunks(step) {
-                let read = state.read(piece, 4096, &mut frames, &mut out);
+                let read = state.read(piece, 4096, &mut free, &mut frames, &mut out);
                 assert!(!read.ended);
-                control += read.control_frames;
+                control += read.pings;
             }
             let mut expected = messages.clone();
             expected.push(vec![1, 2, 3, 4, 5]);
@@ -691,8 +760,8 @@ mod tests {
         for cut in [bytes.len(), 100, MAX_REQUEST + 5] {
             let mut state = WsState::new(None);
             let (mut frames, mut out) = (Vec::new(), Vec::new());
-            let read = state.read(&bytes[..cut], 4096, &mut frames, &mut out);
-            state.read(&bytes[cut..], 4096, &mut frames, &mut out);
+            let read = state.read(&bytes[..cut], 4096, &mut free, &mut frames, &mut out);
+            state.read(&bytes[cut..], 4096, &mut free, &mut frames, &mut out);
             assert!(read.upgraded || cut == 100, "cut at {cut}");
             assert_eq!(bodies(&frames), messages, "cut at {cut}");
         }
@@ -711,17 +780,17 @@ mod tests {
         for (bytes, refused) in cases {
             let mut state = upgraded();
             let (mut frames, mut out) = (Vec::new(), Vec::new());
-            state.read(&bytes, 4096, &mut frames, &mut out);
+            state.read(&bytes, 4096, &mut free, &mut frames, &mut out);
             assert_eq!(frames, refused);
             let more = client_frame(FIN | BINARY, &[8, 1]);
-            state.read(&more, 4096, &mut frames, &mut out);
+            state.read(&more, 4096, &mut free, &mut frames, &mut out);
             assert_eq!(frames, refused, "nothing is read after");
             assert_eq!(state.held(), 0);
         }
         // Unmasked.
         let mut state = upgraded();
         let (mut frames, mut out) = (Vec::new(), Vec::new());
-        state.read(&[FIN | BINARY, 1, 8], 4096, &mut frames, &mut out);
+        state.read(&[FIN | BINARY, 1, 8], 4096, &mut free, &mut frames, &mut out);
         assert_eq!(frames, UNDECODABLE);
     }
 
@@ -729,8 +798,13 @@ mod tests {
     fn a_close_is_answered_once_and_ends_the_session() {
         let mut state = upgraded();
         let (mut frames, mut out) = (Vec::new(), Vec::new());
-        let read =
-            state.read(&client_frame(FIN | CLOSE, &[0x03, 0xe8]), 4096, &mut frames, &mut out);
+        let read = state.read(
+            &client_frame(FIN | CLOSE, &[0x03, 0xe8]),
+            4096,
+            &mut free,
+            &mut frames,
+            &mut out,
+        );
         assert!(read.ended && frames.is_empty());
         assert_eq!(out, [FIN | CLOSE, 2, 0x03, 0xe8]);
         assert!(!state.writable());
@@ -752,12 +826,93 @@ mod tests {
         let mut state = WsState::new(Some(refusal.clone()));
         assert!(!state.writable());
         let (mut frames, mut out) = (Vec::new(), Vec::new());
-        let read = state.read(&request(""), 4096, &mut frames, &mut out);
+        let read = state.read(&request(""), 4096, &mut free, &mut frames, &mut out);
         assert!(read.upgraded && read.ended);
         let body = &refusal[1..];
         let tail =
             [&[FIN | BINARY, body.len() as u8][..], body, &[FIN | CLOSE, 2, 0x03, 0xe8]].concat();
         assert!(out.ends_with(&tail));
+    }
+
+    #[test]
+    fn every_frame_is_paid_for_before_it_is_read_and_waits_unread_when_refused() {
+        let pieces = [
+            client_frame(BINARY, &[1, 2]),
+            client_frame(FIN | PING, b"hi"),
+            client_frame(CONTINUATION, &[]),
+            client_frame(FIN | CONTINUATION, &[3, 4, 5]),
+            client_frame(FIN | PONG, b""),
+            client_frame(FIN | BINARY, &[8, 1]),
+        ];
+        let stream = pieces.concat();
+        let mut state = upgraded();
+        let (mut frames, mut out) = (Vec::new(), Vec::new());
+        let mut paid = Vec::new();
+        let mut refuse = |_| false;
+        let read = state.read(&stream, 4096, &mut refuse, &mut frames, &mut out);
+        assert!(read.waiting && !read.ended);
+        assert!(frames.is_empty() && out.is_empty(), "nothing is read before it is paid for");
+        assert_eq!(state.held(), stream.len(), "everything waits, unread");
+
+        let mut allowance = 2;
+        let mut pay = |size| {
+            if allowance == 0 {
+                return false;
+            }
+            allowance -= 1;
+            paid.push(size);
+            true
+        };
+        let read = state.read(&[], 4096, &mut pay, &mut frames, &mut out);
+        assert!(read.waiting);
+        assert_eq!((read.fragments, read.pings), (1, 1));
+        assert_eq!(out, [&[FIN | PONG, 2][..], b"hi"].concat(), "the paid ping is answered");
+        assert!(frames.is_empty(), "the message is not whole yet");
+
+        let mut pay = |size| {
+            paid.push(size);
+            true
+        };
+        let read = state.read(&[], 4096, &mut pay, &mut frames, &mut out);
+        assert!(!read.waiting);
+        assert_eq!((read.fragments, read.pongs), (2, 1));
+        assert_eq!(bodies(&frames), vec![vec![1, 2, 3, 4, 5], vec![8, 1]]);
+        assert_eq!(paid, pieces.iter().map(Vec::len).collect::<Vec<_>>(), "each frame, once");
+        assert_eq!(state.held(), 0);
+    }
+
+    #[test]
+    fn a_close_is_answered_with_a_code_a_peer_may_send() {
+        let code = |c: u16| c.to_be_bytes().to_vec();
+        let with_reason = |c: u16, reason: &[u8]| [&c.to_be_bytes()[..], reason].concat();
+        let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            (vec![], vec![]),
+            (code(1000), code(1000)),
+            (code(1001), code(1001)),
+            (code(1011), code(1011)),
+            (code(3000), code(3000)),
+            (with_reason(4999, b"bye"), code(4999)),
+            (vec![0x03], code(1002)),
+            (code(0), code(1002)),
+            (code(999), code(1002)),
+            (code(1004), code(1002)),
+            (code(1005), code(1002)),
+            (code(1006), code(1002)),
+            (code(1015), code(1002)),
+            (code(1016), code(1002)),
+            (code(2999), code(1002)),
+            (code(5000), code(1002)),
+            (with_reason(1000, &[0xff, 0xfe]), code(1007)),
+        ];
+        for (body, answer) in cases {
+            let mut state = upgraded();
+            let (mut frames, mut out) = (Vec::new(), Vec::new());
+            let frame = client_frame(FIN | CLOSE, &body);
+            let read = state.read(&frame, 4096, &mut free, &mut frames, &mut out);
+            assert!(read.ended && frames.is_empty(), "{body:?}");
+            let expected = [&[FIN | CLOSE, answer.len() as u8][..], &answer].concat();
+            assert_eq!(out, expected, "the answer to a close with {body:?}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use meridian_cluster::ShardId;
 use meridian_rpc::pb::{Delivery, PlayerInput};
 
-use crate::limits::{Bucket, Limits};
+use crate::limits::{Bucket, InputBudget, Limits};
 use crate::routing::ShardLink;
 use crate::websocket::WsState;
 
@@ -96,11 +96,12 @@ pub(super) struct Conn {
     pub(super) moves: Bucket,
     pub(super) chats: Bucket,
     pub(super) actions: Bucket,
-    /// The connection's input budget over every message kind: frames and bytes.
-    pub(super) frames: Bucket,
-    pub(super) bytes: Bucket,
+    /// The connection's input budget over every kind of input, frames and bytes: every
+    /// frame it sends is paid for before it is read (over WebSocket, every WebSocket frame).
+    pub(super) input: InputBudget,
     /// The input budget is spent: the backend stops reading this connection (TCP flow
-    /// control slows the client) until `tick` finds the budget refilled.
+    /// control slows the client) until `tick` finds the budget refilled. What was already
+    /// on its way waits unread: in `inbuf`, or over WebSocket in `ws`.
     pub(super) read_paused: bool,
     /// Output the backend has taken from `out` and not yet written: it counts toward the
     /// output bound like `out`.
@@ -198,8 +199,7 @@ impl Conn {
             moves: Bucket::full(limits.moves, now),
             chats: Bucket::full(limits.chats, now),
             actions: Bucket::full(limits.actions, now),
-            frames: Bucket::full(limits.input_frames, now),
-            bytes: Bucket::full(limits.input_bytes, now),
+            input: InputBudget::full(limits, now),
             read_paused: false,
             sending: 0,
             restore_due: None,
@@ -231,6 +231,13 @@ impl Conn {
     /// bounds count.
     pub(super) fn queued(&self) -> usize {
         self.out.len() + self.sending + self.held_bytes
+    }
+
+    /// Input read and not yet handled, over every front: what [`INBUF_LIMIT`] bounds.
+    ///
+    /// [`INBUF_LIMIT`]: super::INBUF_LIMIT
+    pub(super) fn waiting_input(&self) -> usize {
+        self.inbuf.len() + self.ws.as_ref().map_or(0, |ws| ws.held())
     }
 
     pub(super) fn take_seq(&mut self) -> u64 {

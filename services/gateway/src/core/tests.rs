@@ -21,6 +21,8 @@ use super::timers::PENDING_OWNER_WAIT;
 use crate::limits::Refusal;
 use crate::uplink::LinkFailure;
 
+mod websocket;
+
 /// A link's index in the core: what the core queued on it is read back from its `out`.
 type Relay = u32;
 type Links = Vec<(Arc<ShardLink>, Relay)>;

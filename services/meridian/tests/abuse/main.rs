@@ -1,8 +1,9 @@
 //! Abuse tests of the gateway's limits (DESIGN.md section 2b, issue 10) against real
 //! processes: `meridian up` starts etcd, shards and gateways; attackers flood chats and
-//! pings, zig-zag across a shard border, open connections past the caps, stall before
-//! logging in or go silent, never read, send garbage and forbidden characters, and a
-//! stopped gateway makes the shard cut its link. Every scenario checks what the attacker
+//! pings (and, over WebSocket, empty fragments and ping frames), zig-zag across a shard
+//! border, open connections past the caps, stall before logging in or go silent, never
+//! read, send garbage and forbidden characters, and a stopped gateway makes the shard cut
+//! its link. Every scenario checks what the attacker
 //! is told and that the players around it (and a `Bystander` far away) are not disturbed;
 //! some also check the gateway's memory and idle CPU.
 //!
@@ -24,6 +25,7 @@ mod link_cut;
 mod ping_flood;
 mod slow_reader;
 mod text;
+mod ws_floods;
 mod zigzag;
 
 pub use shared::*;
@@ -39,6 +41,8 @@ for_both_backends!(
     slow_reader::never_reading_client,
     garbage::garbage_frames,
     text::control_characters,
+    ws_floods::ws_fragment_flood,
+    ws_floods::ws_ping_flood,
 );
 
 /// The gateway-shard link is the same whatever the client backend: io_uring only.
