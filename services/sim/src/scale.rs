@@ -292,7 +292,7 @@ pub struct Prediction {
 /// - `Upsert`: walkers entering a margin strip (`H` in all) plus the new owner's first
 ///   copy on the old one after a handoff (`H`); `Remove`: walkers leaving a strip (`H`);
 /// - `Handoff` and `HandoffAck`: `H` each; `Released`: `H · (S - 2)`, because the old
-///   owner tells every other shard (`players.rs`, `hand_off`).
+///   owner tells every other shard (`handover.rs`, `hand_off`).
 pub fn predict(config: &ScaleConfig) -> Prediction {
     let regions = config.regions();
     let area = f64::from(config.map) * f64::from(config.map);
