@@ -349,6 +349,12 @@ impl ShardCore {
     }
 
     /// The partition epoch this core acts on.
+    /// Ghost holds given up on after 2 s without the old owner's `Released`
+    /// (`meridian_shard_ghost_release_timeouts_total`; see `Ghosts::release_timeouts`).
+    pub fn ghost_release_timeouts(&self) -> u64 {
+        self.ghosts.release_timeouts()
+    }
+
     pub fn epoch(&self) -> u64 {
         self.geometry.epoch
     }
@@ -678,7 +684,9 @@ impl ShardCore {
         self.save_changed();
         self.restores_behind_view();
         self.saves.expire(self.now, &mut self.outbox);
-        self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
+        let timeouts =
+            self.ghosts.expire(&mut self.world, &mut self.history, self.now, &mut self.envelopes);
+        self.metrics.ghost_release_timeouts.add(timeouts);
         self.route_envelopes();
         for observer in self.roster.divergent_players() {
             self.resync(observer);

@@ -52,9 +52,18 @@ pub struct Ghosts {
     /// the owner is to be asked to go on mirroring them (`GhostNeeded`), by owner, player
     /// and the version the copy is at. Drained by the core after each message.
     needed: Vec<(ShardId, PlayerId, (u64, u64))>,
+    /// Holds given up on after [`HOLD_LIMIT`] (see [`Ghosts::expire`]).
+    release_timeouts: u64,
 }
 
 impl Ghosts {
+    /// Holds given up on so far: newer updates applied without the old owner's `Released`
+    /// because it did not come within [`HOLD_LIMIT`]. Without a fault (an owner that died,
+    /// a stream cut) this is a lost `Released`, a bug: the simulator fails such a run.
+    pub fn release_timeouts(&self) -> u64 {
+        self.release_timeouts
+    }
+
     /// The owners to ask to go on mirroring a copy (see `needed`), by owner, player and
     /// version.
     pub fn take_needed(&mut self) -> Vec<(ShardId, PlayerId, (u64, u64))> {
@@ -269,14 +278,15 @@ impl Ghosts {
     }
 
     /// Releases holds that waited too long, removes orphans nobody took over, and forgets
-    /// old tombstones.
+    /// old tombstones. Returns how many holds it gave up on (each logged once, with the
+    /// handoff's ids).
     pub fn expire(
         &mut self,
         world: &mut World,
         history: &mut History,
         now: Instant,
         out: &mut Vec<Envelope>,
-    ) {
+    ) -> u64 {
         for (id, track) in self.tracks.iter_mut() {
             if track.present && track.orphaned.is_some_and(|since| now - since > ORPHAN_LIMIT) {
                 warn!(player = %id, owner = %track.source, "owner died and nobody restored the player; removing its ghost");
@@ -294,12 +304,29 @@ impl Ghosts {
             .filter(|(_, t)| t.held_since.is_some_and(|since| now - since > HOLD_LIMIT))
             .map(|(id, _)| *id)
             .collect();
+        let timeouts = overdue.len() as u64;
         for id in overdue {
-            warn!(player = %id, "old owner never released this ghost; applying newer updates");
+            if let Some(track) = self.tracks.get(&id) {
+                let (new_owner, new_generation) = track
+                    .held
+                    .front()
+                    .map_or((None, None), |(from, m)| (Some(from.0), Some(m.generation)));
+                warn!(
+                    player = %id,
+                    old_owner = %track.source,
+                    generation = track.generation,
+                    ?new_owner,
+                    ?new_generation,
+                    held = track.held.len(),
+                    "old owner never released this ghost within 2 s; applying newer updates"
+                );
+            }
             self.release(world, history, id, now, out, true);
         }
+        self.release_timeouts += timeouts;
         self.tracks
             .retain(|_, t| t.present || !t.held.is_empty() || now - t.touched < TOMBSTONE_LIFETIME);
+        timeouts
     }
 }
 
@@ -774,7 +801,10 @@ mod tests {
         ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
         ghosts.apply(&mut world, &mut history, ShardId(3), released(1), start, &mut out);
         assert_eq!(told(&mut out), [("entered", 12)], "held: generation 0 was not released");
-        ghosts.expire(&mut world, &mut history, start + HOLD_LIMIT * 2, &mut out);
+        assert_eq!(ghosts.expire(&mut world, &mut history, start + HOLD_LIMIT, &mut out), 0);
+        assert_eq!(ghosts.release_timeouts(), 0, "not yet overdue");
+        let given_up = ghosts.expire(&mut world, &mut history, start + HOLD_LIMIT * 2, &mut out);
+        assert_eq!((given_up, ghosts.release_timeouts()), (1, 1), "one hold given up on, counted");
         assert_eq!(told(&mut out), [], "still seen by the watcher: kept");
         assert_eq!(ghosts.needed, vec![(ShardId(2), PlayerId(GHOST), (1, 0))]);
 

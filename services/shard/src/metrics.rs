@@ -35,6 +35,8 @@ pub struct ShardMetrics {
     /// Plain connections to the gRPC port dropped for showing nothing in 10 s.
     pub connections_silent: Arc<Counter>,
     pub ghosts: Arc<Gauge>,
+    /// Newer owners' ghost updates applied without the old owner's `Released` after 2 s.
+    pub ghost_release_timeouts: Arc<Counter>,
     pub handoffs_out: Arc<Counter>,
     pub handoffs_in: Arc<Counter>,
     pub restores: Arc<Counter>,
@@ -152,6 +154,11 @@ impl ShardMetrics {
                 l,
             ),
             ghosts: registry.gauge("meridian_shard_ghosts", "Ghosts of other shards' players.", l),
+            ghost_release_timeouts: registry.counter(
+                "meridian_shard_ghost_release_timeouts_total",
+                "Ghosts whose newer owner's updates were applied without the old owner's Released, after waiting 2 s: the old owner died, or a handoff lost its Released.",
+                l,
+            ),
             handoffs_out: registry.counter(
                 "meridian_shard_handoffs_out_total",
                 "Players handed to another shard.",

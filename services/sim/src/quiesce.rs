@@ -11,6 +11,19 @@ use crate::Sim;
 
 impl Sim {
     pub(crate) fn check_quiescent(&mut self) {
+        // Without a destructive fault (a kill, a pause, a cut link) every old owner lives to
+        // send its `Released`: a hold given up on after 2 s is a lost one (issue 30).
+        if !self.settings.faults.destructive() {
+            let gave_up = self.shards.iter().find_map(|(&s, node)| {
+                node.core.as_ref().map(|c| (s, c.ghost_release_timeouts())).filter(|(_, n)| *n > 0)
+            });
+            if let Some((s, n)) = gave_up {
+                let what = format!(
+                    "shard {s} gave up waiting for an old owner's Released {n} times in a run without a destructive fault"
+                );
+                return self.fail(what, Vec::new());
+            }
+        }
         // Truth: who is local where.
         let mut owner: BTreeMap<u64, (u32, (u32, u32))> = BTreeMap::new();
         let mut broken = None;
