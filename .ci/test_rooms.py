@@ -31,7 +31,7 @@ class Tree:
             self.write(f"{path}/{name}", text)
 
     def rooms(self, *args):
-        done = subprocess.run([sys.executable, str(ROOMS), "--root", str(self.root), *args],
+        done = subprocess.run([sys.executable, str(ROOMS), "--root", str(self.root), "--no-cargo", *args],
                               capture_output=True, text=True, check=False)
         return done.returncode, done.stdout + done.stderr
 

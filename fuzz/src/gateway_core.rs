@@ -1,5 +1,5 @@
 //! Target `gateway_core`: the gateway's sans-IO core, driven through
-//! `meridian_gateway::fuzzing::Harness` by clients and a fake cluster of shards.
+//! `meridian_gateway_core::fuzzing::Harness` by clients and a fake cluster of shards.
 //!
 //! Input: a header of two bytes, then operations until the input ends (see [`Op`] for each
 //! one's bytes; [`Op::encode`] writes them for the seeds):
@@ -66,7 +66,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use meridian_gateway::fuzzing::{
+use meridian_gateway_core::fuzzing::{
     resume_key, Closing, Harness, HarnessConfig, RelayedInput, RelayedKind, ShardOutput, MAP_SIDE,
 };
 use meridian_protocol::pb::{

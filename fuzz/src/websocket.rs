@@ -28,7 +28,7 @@
 //! - the first bytes written back are the upgrade's answer: `101`, or an HTTP error that
 //!   ends the session; a refused session ends at its upgrade; nothing is read once ended.
 
-use meridian_gateway::fuzzing::{WsRead, WsState, WS_MAX_REQUEST, WS_UNDECODABLE};
+use meridian_gateway_core::fuzzing::{WsRead, WsState, WS_MAX_REQUEST, WS_UNDECODABLE};
 use meridian_protocol::next_frame;
 
 use crate::Cursor;

@@ -1,6 +1,6 @@
 //! The input format of `gateway_core`: operations, their bytes, and what a client sends.
 
-use meridian_gateway::fuzzing::resume_key;
+use meridian_gateway_core::fuzzing::resume_key;
 use meridian_protocol::pb::{
     client_message::Kind as C, ClientMessage, Login, Move, Ping, Position,
 };

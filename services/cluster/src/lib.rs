@@ -11,37 +11,53 @@
 //! cluster view pin an epoch and read, writers swap a whole new view in.
 
 mod balance;
+#[cfg(feature = "etcd")]
 mod contact;
+#[cfg(feature = "etcd")]
 mod coordinator;
 mod epoch_cell;
+#[cfg(feature = "etcd")]
 mod error;
+#[cfg(feature = "etcd")]
 mod ids;
 mod keys;
 mod model;
+#[cfg(feature = "etcd")]
 mod patience;
+#[cfg(feature = "etcd")]
 mod registration;
+#[cfg(feature = "etcd")]
 mod watch;
 
 pub use balance::rebalance;
+#[cfg(feature = "etcd")]
 pub use contact::{lapse_grace, EtcdContact};
+#[cfg(feature = "etcd")]
 pub use coordinator::{compute_partition, Coordinator};
 pub use epoch_cell::EpochCell;
+#[cfg(feature = "etcd")]
 pub use error::ClusterError;
+#[cfg(feature = "etcd")]
 pub use ids::IdAllocator;
 pub use keys::ClusterKeys;
 pub use model::{
     ClusterView, DensityReport, GatewayId, GatewayRecord, LoadProfile, OrderKind, PartitionMap,
     PlayerOrder, Region, ShardId, ShardRecord, ShardState, DENSITY_CELL, LOAD_BAND,
 };
+#[cfg(feature = "etcd")]
 pub use patience::{until_etcd_answers, START_PATIENCE};
+#[cfg(feature = "etcd")]
 pub use registration::{Registration, RegistrationStatus};
+#[cfg(feature = "etcd")]
 pub use watch::ClusterWatch;
 
 /// The etcd client type, re-exported so dependants need not name the crate.
+#[cfg(feature = "etcd")]
 pub use etcd_client::Client as EtcdClient;
 
 /// The partition map as etcd has it now (a linearizable read, not the watch's copy, which
 /// may lag), or `None` if none was written yet.
+#[cfg(feature = "etcd")]
 pub async fn read_partition(
     client: &mut etcd_client::Client,
     keys: &ClusterKeys,
@@ -89,6 +105,7 @@ impl Etcd {
         Etcd { endpoints, ..Etcd::default() }
     }
 
+    #[cfg(feature = "etcd")]
     fn options(&self) -> Result<etcd_client::ConnectOptions, ClusterError> {
         let read = |path: &std::path::Path| {
             std::fs::read(path)
@@ -114,6 +131,7 @@ impl Etcd {
 }
 
 /// Connects to etcd with the timeouts every node uses.
+#[cfg(feature = "etcd")]
 pub async fn connect(etcd: &Etcd) -> Result<etcd_client::Client, ClusterError> {
     connect_with(etcd, Some(std::time::Duration::from_secs(5))).await
 }
@@ -121,6 +139,7 @@ pub async fn connect(etcd: &Etcd) -> Result<etcd_client::Client, ClusterError> {
 /// Connects to etcd; `request_timeout: None` is for calls that block by design, such as
 /// an election campaign, which waits as long as another member leads. TLS files are read
 /// at each connect (a renewed certificate is used from the next one).
+#[cfg(feature = "etcd")]
 pub async fn connect_with(
     etcd: &Etcd,
     request_timeout: Option<std::time::Duration>,

@@ -52,10 +52,10 @@ pub fn spawn(start: WorkerStart) -> io::Result<(WakeFn, JoinHandle<()>)> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
     let index = start.index;
-    let shared = Arc::clone(&start.shared);
+    let failed = Arc::clone(&start.failed);
     let thread = std::thread::Builder::new()
         .name(format!("gw-epoll-{index}"))
-        .spawn(move || report_exit(index, &shared, run(poll, start)))?;
+        .spawn(move || report_exit(index, &failed, run(poll, start)))?;
     Ok((Arc::new(move || drop(waker.wake())), thread))
 }
 
@@ -78,7 +78,7 @@ struct Loop {
 }
 
 fn run(poll: Poll, start: WorkerStart) -> io::Result<()> {
-    let WorkerStart { index, listener, ws_listener, shared, mail } = start;
+    let WorkerStart { index, listener, ws_listener, shared, mail, .. } = start;
     let mut listener = TcpListener::from_std(listener);
     poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
     let mut ws_listener = ws_listener.map(TcpListener::from_std);
@@ -157,7 +157,7 @@ fn run(poll: Poll, start: WorkerStart) -> io::Result<()> {
             this.open_link(up, now);
         }
         this.core.end_turn(now);
-        shell::send_account_requests(&mut this.core, now);
+        shell::send_account_requests(&mut this.core, &mail, now);
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
             stopping_since = Some(now);
             let _ = this.poll.registry().deregister(&mut listener);

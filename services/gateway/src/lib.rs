@@ -11,19 +11,14 @@
 //! Only this crate touches io_uring. It never applies game rules: the shard does.
 
 pub mod accounts;
-mod core;
 mod epoll;
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzzing;
 mod ids;
-pub mod limits;
 pub mod map;
 mod metrics;
 mod play;
 mod quic;
 mod quic_tls;
 mod relay;
-mod routing;
 mod shared;
 mod shell;
 mod sockets;
@@ -45,7 +40,10 @@ use meridian_observe::{serve_admin_with, Readiness, Registry};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-pub use metrics::GatewayMetrics;
+/// The session core the event loops drive (a crate of its own, sans-IO).
+use meridian_gateway_core as core;
+use meridian_gateway_core::routing;
+pub use meridian_gateway_core::{limits, GatewayMetrics, IoBackend, Placement};
 pub use quic::QuicFront;
 pub use quic_tls::{PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 pub use sockets::bind_game_listener;
@@ -59,31 +57,6 @@ pub const FD_RESERVE: usize = 512;
 /// Admin pages anyone may read: the game's page (it names nobody; it is how players in a
 /// browser get in). Everything else beyond probes and metrics needs the admin token.
 const PUBLIC_PAGES: &[&str] = &["/play", "/play.html"];
-
-/// Which event loop the workers run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IoBackend {
-    Uring,
-    Epoll,
-}
-
-impl std::fmt::Display for IoBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IoBackend::Uring => "uring",
-            IoBackend::Epoll => "epoll",
-        })
-    }
-}
-
-/// How a new login picks its shard (dev-mode spawns go to the owner of the cell).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// The next healthy shard in turn; it spawns the player at a random cell of its region.
-    RoundRobin,
-    /// The healthy shard with the fewest players.
-    LeastLoaded,
-}
 
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -118,6 +91,23 @@ pub struct GatewayConfig {
     pub accounts: Option<accounts::Accounts>,
     /// Mutual TLS on the streams to the shards (see `meridian_tls`); plain gRPC without.
     pub tls: Option<Arc<meridian_tls::NodeTls>>,
+}
+
+impl GatewayConfig {
+    /// What the session core decides with, for workers running `io`.
+    pub fn core(&self, io: IoBackend) -> meridian_gateway_core::CoreConfig {
+        meridian_gateway_core::CoreConfig {
+            placement: self.placement,
+            gateway: self.id,
+            io,
+            max_frame: self.max_frame,
+            max_output_bytes: self.max_output_bytes,
+            limits: self.limits.clone(),
+            dev_mode: self.dev_mode,
+            resume_keys: self.resume_keys.clone(),
+            store: self.accounts.is_some(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -185,12 +175,13 @@ pub async fn run(
     let registry = Registry::default();
     let io = select_backend(config.io);
     let metrics = Arc::new(GatewayMetrics::new(&registry, config.id, io));
+    let failed = Arc::new(shared::WorkerFailed::new(Arc::clone(&metrics)));
     if let Some(tls) = &config.tls {
         tls.register_metrics(&registry, &[("node", &format!("gateway-{}", config.id.0))]);
     }
     // Every event loop takes id blocks: the TCP workers and the QUIC front.
     let loops = config.workers.max(1) + usize::from(quic.is_some());
-    let ids = ids::IdPool::start(client.clone(), &keys, loops).await?;
+    let ids = ids::start(client.clone(), &keys, loops).await?;
     let routing = routing::routing(loops);
     let listeners = worker::reuseport_listeners(game, config.workers)
         .map_err(|source| GatewayError::Listen { addr: game_addr, source })?;
@@ -215,8 +206,15 @@ pub async fn run(
     };
     let store = config.accounts.clone();
     let (accounts, account_requests) = tokio::sync::mpsc::channel(ACCOUNT_QUEUE);
+    let login_keys = match &key_file {
+        Some(file) => accounts::LoginKeys::with(file.keys()),
+        None => accounts::LoginKeys::new(config.dev_mode),
+    };
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let shared = Arc::new(shared::Shared {
-        config: config.clone(),
+        config: config.core(io),
         routing: Arc::clone(&routing),
         ids,
         metrics: Arc::clone(&metrics),
@@ -224,19 +222,19 @@ pub async fn run(
         round_robin: Default::default(),
         admission: limits::Admission::new(config.limits.clone()),
         output_by_worker: (0..loops).map(|_| Default::default()).collect(),
-        worker_failed: tokio::sync::Notify::new(),
-        login_keys: accounts::LoginKeys::new(key_file, config.dev_mode),
-        clock: accounts::UnixClock::now(),
-        accounts: store.is_some().then_some(accounts),
+        login_keys,
+        clock: accounts::UnixClock::new(std::time::Instant::now(), unix_now),
     });
-    if config.jwks.is_some() {
-        tokio::spawn(reload_login_keys(Arc::clone(&shared)));
+    if let Some(file) = key_file {
+        tokio::spawn(reload_login_keys(file, Arc::clone(&shared)));
     }
-    let mut workers = worker::spawn_workers(io, listeners, ws_listeners, Arc::clone(&shared))?;
+    let accounts = store.is_some().then_some(accounts);
+    let mut workers = worker::Workers::new(Arc::clone(&shared), accounts, Arc::clone(&failed));
+    workers.spawn_loops(io, listeners, ws_listeners)?;
     let quic_addr = match quic {
         Some(front) => {
             let addr = front.local_addr().map_err(GatewayError::Listener)?;
-            workers.spawn_quic(front, Arc::clone(&shared))?;
+            workers.spawn_quic(front)?;
             Some(addr)
         }
         None => None,
@@ -272,7 +270,7 @@ pub async fn run(
     })
     .await?;
     let status = registration.status();
-    metrics.watch_cluster(&registry, config.id, status.clone(), watch.view());
+    metrics::watch_cluster(&registry, config.id, status.clone(), watch.view());
     let tables = Arc::clone(&shared.routing);
     // Ready means able to serve players: able to route them. Not whether etcd answered
     // lately: the gateway relays from its last view while etcd is away or stalled, and a
@@ -319,7 +317,7 @@ pub async fn run(
 
     let failed = tokio::select! {
         () = shutdown => false,
-        () = shared.worker_failed.notified() => true,
+        () = failed.wait() => true,
     };
     info!(gateway = %config.id, "gateway stopping: telling clients, deregistering");
     stopping.store(true, Ordering::SeqCst);
@@ -386,13 +384,14 @@ async fn answer_login(
 }
 
 /// Re-reads the JWKS file every second if it changed (key rotation without a restart).
-async fn reload_login_keys(shared: Arc<shared::Shared>) {
+async fn reload_login_keys(file: accounts::KeyFile, shared: Arc<shared::Shared>) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     loop {
         every.tick().await;
-        match shared.login_keys.refresh() {
+        match file.refresh() {
             Ok(false) => {}
             Ok(true) => {
+                shared.login_keys.set(file.keys());
                 shared.metrics.key_reloads.inc("loaded");
                 let keys = shared.login_keys.keys().len();
                 info!(keys, "login keys reloaded");

@@ -27,7 +27,7 @@ use tracing::{debug, info};
 
 use crate::core::{Closing, Core, Endpoint, Front, Refused, LINGER, TICK};
 use crate::quic_tls::{server_config, PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
-use crate::shared::{report_exit, Inbox, Shared};
+use crate::shared::{report_exit, Inbox, Shared, WorkerFailed};
 use crate::shell;
 use crate::uplink::LinkUp;
 use crate::GatewayMetrics;
@@ -146,16 +146,16 @@ pub fn spawn(
     front: QuicFront,
     shared: Arc<Shared>,
     mail: Inbox,
+    failed: Arc<WorkerFailed>,
 ) -> io::Result<(WakeFn, JoinHandle<()>)> {
     let notify = Arc::new(Notify::new());
     let waker = Arc::clone(&notify);
     let thread = std::thread::Builder::new().name("gw-quic".into()).spawn(move || {
-        let on_exit = Arc::clone(&shared);
         let result = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .and_then(|runtime| runtime.block_on(serve(index, front, shared, mail, notify)));
-        report_exit(index, &on_exit, result)
+        report_exit(index, &failed, result)
     })?;
     Ok((Arc::new(move || waker.notify_one()), thread))
 }
@@ -227,7 +227,7 @@ async fn serve(
             this.open_link(up, now);
         }
         this.core.end_turn(now);
-        shell::send_account_requests(&mut this.core, now);
+        shell::send_account_requests(&mut this.core, &mail, now);
         if shared.stopping.load(Ordering::Relaxed) && stopping_since.is_none() {
             stopping_since = Some(now);
             accepting.abort();

@@ -21,11 +21,10 @@ pub fn take_mail(core: &mut Core, inbox: &Inbox, now: Instant, mut link_up: impl
 
 /// Sends the player store lookups the core asked for. One the store's queue has no room
 /// for is answered `Busy` at once (the login is refused, and may be tried again).
-pub fn send_account_requests(core: &mut Core, now: Instant) {
+pub fn send_account_requests(core: &mut Core, inbox: &Inbox, now: Instant) {
     while let Some(request) = core.poll_account_request() {
         let session = request.session;
-        let sent = core.shared().accounts.as_ref().is_some_and(|a| a.try_send(request).is_ok());
-        if !sent {
+        if !inbox.ask_store(request) {
             core.handle_mail(now, CoreMail::Account { session, answer: AccountAnswer::Busy });
         }
     }

@@ -153,10 +153,10 @@ pub fn spawn(start: WorkerStart) -> io::Result<(WakeFn, JoinHandle<()>)> {
         Arc::new(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) });
     let index = start.index;
     let loop_fd = Arc::clone(&eventfd);
-    let shared = Arc::clone(&start.shared);
+    let failed = Arc::clone(&start.failed);
     let thread = std::thread::Builder::new()
         .name(format!("gw-uring-{index}"))
-        .spawn(move || report_exit(index, &shared, run(start, loop_fd.as_raw_fd())))?;
+        .spawn(move || report_exit(index, &failed, run(start, loop_fd.as_raw_fd())))?;
     let waker: WakeFn = Arc::new(move || {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to an eventfd we keep open via the Arc.
@@ -577,7 +577,7 @@ impl Loop {
         }
         opened?;
         self.core.end_turn(self.now);
-        shell::send_account_requests(&mut self.core, self.now);
+        shell::send_account_requests(&mut self.core, mail, self.now);
         if self.core.shared().stopping.load(Ordering::Relaxed) && self.stopping_since.is_none() {
             self.stopping_since = Some(self.now);
             self.core.shut_down(self.now);
@@ -592,7 +592,7 @@ impl Loop {
 }
 
 fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
-    let WorkerStart { index, listener, ws_listener, shared, mail } = start;
+    let WorkerStart { index, listener, ws_listener, shared, mail, .. } = start;
     let ring = restricted_ring(RING_ENTRIES)?;
     let mut buffers = BufRing::new(&ring, BUFFER_COUNT, BUFFER_SIZE)?;
     let listening = |fd, front| Listening { fd, front, armed: false, backoff: false };

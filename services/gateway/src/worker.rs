@@ -3,16 +3,28 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::shared::{mailbox, Mailbox, Shared, WorkerStart};
+use crate::shared::{mailbox, AccountSender, Mailbox, Shared, WorkerFailed, WorkerStart};
 use crate::sockets::bind_game_listener;
 use crate::{GatewayError, IoBackend};
 
 pub struct Workers {
+    shared: Arc<Shared>,
+    /// Each worker's way to the player store, if there is one.
+    accounts: Option<AccountSender>,
+    failed: Arc<WorkerFailed>,
     threads: Vec<JoinHandle<()>>,
     mailboxes: Vec<Mailbox>,
 }
 
 impl Workers {
+    pub fn new(
+        shared: Arc<Shared>,
+        accounts: Option<AccountSender>,
+        failed: Arc<WorkerFailed>,
+    ) -> Workers {
+        Workers { shared, accounts, failed, threads: Vec::new(), mailboxes: Vec::new() }
+    }
+
     pub fn mailboxes(&self) -> Vec<Mailbox> {
         self.mailboxes
             .iter()
@@ -26,17 +38,46 @@ impl Workers {
 
     /// Starts the QUIC front as the next worker: deliveries reach it by the worker index in
     /// its session ids, like any TCP worker.
-    pub fn spawn_quic(
-        &mut self,
-        front: crate::QuicFront,
-        shared: Arc<Shared>,
-    ) -> Result<(), GatewayError> {
+    pub fn spawn_quic(&mut self, front: crate::QuicFront) -> Result<(), GatewayError> {
         let index = self.mailboxes.len();
-        let (sender, mail, woken) = mailbox();
-        let (waker, thread) = crate::quic::spawn(index, front, shared, mail)
-            .map_err(|source| GatewayError::Worker { index, source })?;
+        let (sender, mail, woken) = mailbox(self.accounts.clone());
+        let shared = Arc::clone(&self.shared);
+        let (waker, thread) =
+            crate::quic::spawn(index, front, shared, mail, Arc::clone(&self.failed))
+                .map_err(|source| GatewayError::Worker { index, source })?;
         self.threads.push(thread);
         self.mailboxes.push(Mailbox { sender, waker, woken });
+        Ok(())
+    }
+
+    /// Starts a worker per game listener; each also accepts on the WebSocket listener of
+    /// the same index, if there is one.
+    pub fn spawn_loops(
+        &mut self,
+        io: IoBackend,
+        listeners: Vec<std::net::TcpListener>,
+        ws_listeners: Vec<Option<std::net::TcpListener>>,
+    ) -> Result<(), GatewayError> {
+        let mut ws_listeners = ws_listeners.into_iter();
+        for listener in listeners {
+            let index = self.mailboxes.len();
+            let (sender, mail, woken) = mailbox(self.accounts.clone());
+            let start = WorkerStart {
+                index,
+                listener,
+                ws_listener: ws_listeners.next().flatten(),
+                shared: Arc::clone(&self.shared),
+                mail,
+                failed: Arc::clone(&self.failed),
+            };
+            let (waker, thread) = match io {
+                IoBackend::Uring => crate::uring::spawn(start),
+                IoBackend::Epoll => crate::epoll::spawn(start),
+            }
+            .map_err(|source| GatewayError::Worker { index, source })?;
+            self.threads.push(thread);
+            self.mailboxes.push(Mailbox { sender, waker, woken });
+        }
         Ok(())
     }
 
@@ -45,32 +86,6 @@ impl Workers {
             let _ = thread.join();
         }
     }
-}
-
-/// Starts a worker per game listener; each also accepts on the WebSocket listener of the
-/// same index, if there is one.
-pub fn spawn_workers(
-    io: IoBackend,
-    listeners: Vec<std::net::TcpListener>,
-    ws_listeners: Vec<Option<std::net::TcpListener>>,
-    shared: Arc<Shared>,
-) -> Result<Workers, GatewayError> {
-    let mut threads = Vec::new();
-    let mut mailboxes = Vec::new();
-    let mut ws_listeners = ws_listeners.into_iter();
-    for (index, listener) in listeners.into_iter().enumerate() {
-        let (sender, mail, woken) = mailbox();
-        let ws_listener = ws_listeners.next().flatten();
-        let start = WorkerStart { index, listener, ws_listener, shared: Arc::clone(&shared), mail };
-        let (waker, thread) = match io {
-            IoBackend::Uring => crate::uring::spawn(start),
-            IoBackend::Epoll => crate::epoll::spawn(start),
-        }
-        .map_err(|source| GatewayError::Worker { index, source })?;
-        threads.push(thread);
-        mailboxes.push(Mailbox { sender, waker, woken });
-    }
-    Ok(Workers { threads, mailboxes })
 }
 
 /// One listener per worker on the same address (SO_REUSEPORT lets the kernel spread new

@@ -6,14 +6,18 @@
 //! Metrics are plain atomics updated on hot paths with relaxed ordering; rendering walks
 //! them on scrape. Nothing here allocates per update or takes a lock per update.
 
+#[cfg(feature = "http")]
 mod admin;
+#[cfg(feature = "http")]
 mod client;
 mod metrics;
 pub mod process;
 
+#[cfg(feature = "http")]
 pub use admin::{
     serve_admin, serve_admin_with, Access, Private, Readiness, Reply, ReplyFuture, Routes,
 };
+#[cfg(feature = "http")]
 pub use client::{admin_get, admin_get_as};
 pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Kind, Registry};
 pub use process::set_build_info;

@@ -1,12 +1,13 @@
-//! The gateway<->shard protocol (`proto/cluster.proto`): generated tonic client and server.
+//! The gateway<->shard protocol (`proto/cluster.proto`): generated messages and, with the
+//! `grpc` feature (on by default), the tonic clients and servers.
 //!
-//! Only `gateway` and `shard` depend on this crate (and `meridian-tls`, for the relay link's
-//! ALPN); the generated types never leave them.
-//! This crate holds no logic beyond the generated code, the limits both ends agree on, the
+//! The gateway, its core, the shard, the simulator and the example game depend on it (and
+//! `meridian-tls`, for the relay link's ALPN). This crate holds no logic beyond the generated code, the limits both ends agree on, the
 //! one function that keeps a batch within them ([`split_entries`]), and the one reconnect
 //! backoff of relay links and peer streams ([`backoff::Backoff`], sans-IO).
 
-/// Types and services generated from `proto/cluster.proto` (package `meridian.cluster.v1`).
+/// Types (and, with `grpc`, services) generated from `proto/cluster.proto` (package
+/// `meridian.cluster.v1`).
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/meridian.cluster.v1.rs"));

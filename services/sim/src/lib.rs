@@ -1,5 +1,5 @@
 //! A deterministic simulator of a Meridian cluster: the real shard cores
-//! (`meridian_shard::core`) and gateway cores (through `meridian_gateway::fuzzing`), a model
+//! (`meridian_shard::core`) and gateway cores (through `meridian_gateway_core::fuzzing`), a model
 //! of etcd (leases, the partition map with epochs, the coordinator, watches that lag) and
 //! simulated clients, all in one thread, in simulated time, from one seed.
 //!
@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use meridian_gateway::fuzzing::{Harness, HarnessConfig};
+use meridian_gateway_core::fuzzing::{Harness, HarnessConfig};
 use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
 use meridian_shard::core::ShardCore;
 use meridian_shard::{Event, LinkId, Transmit};

@@ -441,7 +441,7 @@ impl Model {
                     world: world.clone(),
                     seed: config.seed,
                     resume_window: Duration::from_secs(30),
-                    resume_keys: meridian_gateway::fuzzing::resume_key().into(),
+                    resume_keys: meridian_gateway_core::fuzzing::resume_key().into(),
                     save_interval: None,
                     lease_ttl: Duration::from_secs(3),
                     max_npcs: 0,

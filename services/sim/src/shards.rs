@@ -27,7 +27,7 @@ impl Sim {
             },
             seed: self.seed,
             resume_window: Duration::from_secs(30),
-            resume_keys: meridian_gateway::fuzzing::resume_key().into(),
+            resume_keys: meridian_gateway_core::fuzzing::resume_key().into(),
             save_interval: None,
             lease_ttl: LEASE_TTL,
             max_npcs: meridian_shard::types::DEFAULT_MAX_NPCS,

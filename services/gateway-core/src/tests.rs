@@ -6,7 +6,7 @@ use crate::limits::{Limits, Rate};
 use crate::routing::{RoutingTable, ShardLink};
 use crate::shared::CoreMail as Mail;
 use crate::uplink::Connected;
-use crate::GatewayConfig;
+use crate::CoreConfig;
 use meridian_cluster::{PartitionMap, Region, ShardId};
 use meridian_protocol::pb::{
     client_message::Kind as C, Chat, ClientMessage, Direction, Login, Move, ServerMessage,
@@ -189,7 +189,7 @@ fn core_configured(
     let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![region] };
     let table = RoutingTable { links: links.clone(), partition: Some(partition), version: 1 };
     let key = TokenKey::new(vec![7; 32]).expect("a valid key");
-    let mut config = GatewayConfig::for_tests(limits, dev_mode, key);
+    let mut config = CoreConfig::for_tests(limits, dev_mode, key);
     config.max_frame = 4096;
     let shared = Arc::new(Shared::for_tests(config, table, vec![1..100, 100..200]));
     let (mail, receiver) = sync_channel(16);

@@ -15,21 +15,21 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::core::{Core, Endpoint, Front};
 use crate::limits::{Limits, Rate};
 use crate::routing::{RoutingTable, ShardLink, ShardStatus};
 use crate::shared::{session_id, CoreMail, Shared};
 use crate::uplink::Connected;
-use crate::GatewayConfig;
+use crate::CoreConfig;
+use crate::{Core, Endpoint, Front};
 use meridian_cluster::{GatewayId, PartitionMap, Region, ShardId};
 use meridian_protocol::pb::Position;
 use meridian_protocol::TokenKey;
 use meridian_rpc::pb::{player_input::Kind as Input, Delivery, PlayerInput};
 
-pub use crate::core::Closing;
 pub use crate::websocket::{
     Read as WsRead, WsState, MAX_REQUEST as WS_MAX_REQUEST, UNDECODABLE as WS_UNDECODABLE,
 };
+pub use crate::Closing;
 
 /// Width and height of the harness's map; shards own vertical strips of it.
 pub const MAP_SIDE: u32 = 400;
@@ -181,9 +181,8 @@ impl Harness {
                 FakeLink { link, present: true, endpoint: None }
             })
             .collect();
-        let mut gateway = GatewayConfig::for_tests(config.limits, config.dev_mode, resume_key());
-        gateway.id = GatewayId(config.gateway);
-        gateway.cluster = "fuzz".into();
+        let mut gateway = CoreConfig::for_tests(config.limits, config.dev_mode, resume_key());
+        gateway.gateway = GatewayId(config.gateway);
         gateway.max_frame = config.max_frame;
         gateway.max_output_bytes = config.max_output_bytes;
         let table = routing_table(&links, 1);

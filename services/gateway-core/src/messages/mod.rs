@@ -46,7 +46,7 @@ impl Ctx {
     }
 
     /// The player and link to relay an in-game input to, or an error answer.
-    pub(in crate::core) fn route(
+    pub(crate) fn route(
         &mut self,
         conn: &mut Conn,
         slot: u32,

@@ -1,6 +1,6 @@
 //! `Login`: the token checked (or, in dev mode, the name taken as the account), the
 //! account's player looked up in the player store when there is one (the request goes out
-//! through [`crate::core::Core::poll_account_request`], the answer comes back as mail), a
+//! through [`crate::Core::poll_account_request`], the answer comes back as mail), a
 //! player online elsewhere taken over, and a new or saved player placed on a shard.
 
 use std::sync::atomic::Ordering;
@@ -19,7 +19,7 @@ use crate::shared::{session_id, AccountAnswer};
 use crate::Placement;
 
 impl Ctx {
-    pub(in crate::core) fn login(
+    pub(crate) fn login(
         &mut self,
         conn: &mut Conn,
         slot: u32,
@@ -63,7 +63,7 @@ impl Ctx {
         }
         debug!(account = %account.id, name = %login.name, "login");
         let spawn = login.spawn.filter(|_| dev_mode);
-        if self.shared.config.accounts.is_some() {
+        if self.shared.config.store {
             let pending = PendingLogin { account: account.id, name: login.name, spawn, tries: 0 };
             return self.ask_store(conn, slot, pending);
         }
@@ -74,7 +74,7 @@ impl Ctx {
     }
 
     /// Asks the player store for the account's player; the answer comes as mail.
-    pub(in crate::core) fn ask_store(&mut self, conn: &mut Conn, slot: u32, pending: PendingLogin) {
+    pub(crate) fn ask_store(&mut self, conn: &mut Conn, slot: u32, pending: PendingLogin) {
         let Some(new_id) = self.next_player_id() else {
             return self.refuse(conn, slot, ErrorCode::Unavailable, "no player ids available", 0);
         };
@@ -92,12 +92,7 @@ impl Ctx {
     }
 
     /// The player store answered a login.
-    pub(in crate::core) fn account_answer(
-        &mut self,
-        conn: &mut Conn,
-        slot: u32,
-        answer: AccountAnswer,
-    ) {
+    pub(crate) fn account_answer(&mut self, conn: &mut Conn, slot: u32, answer: AccountAnswer) {
         let Some(mut pending) = conn.pending_login.take() else { return };
         if !matches!(conn.session, Session::Anonymous) {
             return;
@@ -175,7 +170,7 @@ impl Ctx {
 
     /// Places a logged-in player: on the owner of `spawn` if given, else by the placement
     /// policy; the Join goes to that shard.
-    pub(in crate::core) fn place(
+    pub(crate) fn place(
         &mut self,
         conn: &mut Conn,
         slot: u32,

@@ -33,21 +33,44 @@
 //! - `output`: replies, output bounds, closing;
 //! - `timers`: deadlines, resumes and handoffs waiting too long, linger.
 //!
-//! Only the event loops (`uring.rs`, `epoll.rs`, `quic.rs`) and the harness of
-//! `fuzzing.rs` call the door; nothing outside this module touches a connection's state.
+//! Beside the core, the values it decides with, also sans-IO:
+//! - `limits`: connection caps, token buckets, input budgets;
+//! - `routing`: the routing table of shards and their links;
+//! - `shared`: what every worker's core shares, session ids, the core's mail;
+//! - `uplink`: one relay link's framing and TLS session (rustls, which is sans-IO too);
+//! - `websocket`: the WebSocket upgrade and frames;
+//! - `accounts`: login tokens and the player store's interface;
+//! - `ids`: the block of player ids a worker takes from;
+//! - `metrics`: the gateway's counters, which the shell's admin port renders.
+//!
+//! Only the gateway's event loops (`meridian-gateway`'s `uring.rs`, `epoll.rs`, `quic.rs`)
+//! and the harness of `fuzzing.rs` call the door; nothing outside this crate touches a
+//! connection's state. This crate has no tokio, mio, io-uring or quinn below it (`.ci/rooms`
+//! checks with `cargo tree`), so the compiler keeps it sans-IO: it cannot open a socket,
+//! spawn a task, sleep or wait on a channel.
 
+pub mod accounts;
 mod conn;
 mod delivery;
 mod endpoints;
 mod failover;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+pub mod ids;
 mod intake;
+pub mod limits;
 mod links;
 mod messages;
+mod metrics;
 mod outgoing;
 mod output;
+pub mod routing;
+pub mod shared;
 #[cfg(test)]
 mod tests;
 mod timers;
+pub mod uplink;
+pub mod websocket;
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -58,11 +81,13 @@ use std::time::{Duration, Instant};
 use meridian_protocol::pb::ErrorCode;
 use meridian_protocol::server;
 
+pub use metrics::GatewayMetrics;
+
 use crate::limits::Refusal;
 use crate::routing::RoutingTable;
 use crate::shared::{session_id, session_parts, AccountRequest, CoreMail, Shared};
 use crate::uplink::{LinkFailure, Uplink};
-use crate::websocket::{self, WsState};
+use crate::websocket::WsState;
 
 pub use conn::Closing;
 use conn::{Conn, Session};
@@ -87,6 +112,52 @@ pub const INBUF_LIMIT: usize = 256 * 1024;
 /// done, to tell them why (DESIGN 2b: a refused client is sent `UNAVAILABLE`). Past this,
 /// or for a refused TCP connection, the refusal is written at once and the socket closed.
 pub const REFUSED_UPGRADES_MAX: usize = 64;
+
+/// Which event loop the workers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoBackend {
+    Uring,
+    Epoll,
+}
+
+impl std::fmt::Display for IoBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoBackend::Uring => "uring",
+            IoBackend::Epoll => "epoll",
+        })
+    }
+}
+
+/// How a new login picks its shard (dev-mode spawns go to the owner of the cell).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The next healthy shard in turn; it spawns the player at a random cell of its region.
+    RoundRobin,
+    /// The healthy shard with the fewest players.
+    LeastLoaded,
+}
+
+/// What the core decides with, out of the gateway's configuration (`GatewayConfig::core`).
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    pub placement: Placement,
+    pub gateway: meridian_cluster::GatewayId,
+    /// The event loop, for the metrics' labels.
+    pub io: IoBackend,
+    /// Largest frame body accepted from or sent to a client.
+    pub max_frame: usize,
+    /// Bytes of unsent output a client may have queued before it is cut off.
+    pub max_output_bytes: usize,
+    /// Connection caps, rate limits and deadlines (see `limits`).
+    pub limits: limits::Limits,
+    pub dev_mode: bool,
+    /// Checks the resume tokens clients present.
+    pub resume_keys: meridian_protocol::TokenKeys,
+    /// Whether logins ask the player store for their account's player
+    /// ([`Core::poll_account_request`]); without one every login is a new player.
+    pub store: bool,
+}
 
 /// One endpoint of a worker, a client connection or a relay link, for its whole life: its
 /// index is reused after [`Core::release`], its generation never (24 bits each, as in
