@@ -26,8 +26,8 @@ use meridian_cluster::{ClusterView, PartitionMap, Region, ShardId};
 use meridian_protocol::pb::{self as client_pb, server_message::Kind as S, ErrorCode};
 use meridian_protocol::{next_frame, TokenKey};
 use meridian_rpc::pb::{player_input::Kind as Input, Join, PlayerInput};
-use meridian_shard::core::ShardCore;
-use meridian_shard::{CoreConfig, Event, LinkId, ShardMetrics, Transmit};
+use meridian_shard_core::core::ShardCore;
+use meridian_shard_core::{CoreConfig, Event, LinkId, ShardMetrics, Transmit};
 use meridian_wolves::Wolves;
 use prost::Message;
 

@@ -143,7 +143,7 @@ pub fn rebalance(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::compute_partition;
+    use crate::layout::compute_partition;
     use crate::model::{ShardRecord, ShardState};
 
     /// Players standing on `cells`, counted by the region (shard) that owns each.

@@ -21,6 +21,7 @@ mod error;
 #[cfg(feature = "etcd")]
 mod ids;
 mod keys;
+mod layout;
 mod model;
 #[cfg(feature = "etcd")]
 mod patience;
@@ -33,13 +34,14 @@ pub use balance::rebalance;
 #[cfg(feature = "etcd")]
 pub use contact::{lapse_grace, EtcdContact};
 #[cfg(feature = "etcd")]
-pub use coordinator::{compute_partition, Coordinator};
+pub use coordinator::Coordinator;
 pub use epoch_cell::EpochCell;
 #[cfg(feature = "etcd")]
 pub use error::ClusterError;
 #[cfg(feature = "etcd")]
 pub use ids::IdAllocator;
 pub use keys::ClusterKeys;
+pub use layout::compute_partition;
 pub use model::{
     ClusterView, DensityReport, GatewayId, GatewayRecord, LoadProfile, OrderKind, PartitionMap,
     PlayerOrder, Region, ShardId, ShardRecord, ShardState, DENSITY_CELL, LOAD_BAND,

@@ -96,10 +96,8 @@ pub(crate) enum LinkRefused {
 }
 
 impl LinkRefused {
-    /// Every label, for the metric.
-    pub(crate) const LABELS: [&'static str; 6] =
-        ["wrong magic", "no hello", "frame too long", "undecodable", "certificate", "shard"];
-
+    /// Its `reason` label on `meridian_shard_relay_links_refused_total` (one of
+    /// [`meridian_shard_core::RELAY_REFUSALS`], where the metric is declared).
     pub(crate) fn label(&self) -> &'static str {
         match self {
             LinkRefused::WrongMagic => "wrong magic",
@@ -109,5 +107,31 @@ impl LinkRefused {
             LinkRefused::NotThatGateway(_) => "certificate",
             LinkRefused::ByShard(_) => "shard",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meridian_rpc::pb::GatewayBatch;
+
+    use super::*;
+
+    #[test]
+    fn every_refusal_has_a_label_of_its_metric() {
+        let refusals = [
+            LinkRefused::WrongMagic,
+            LinkRefused::NoHello,
+            LinkRefused::EndedBeforeHello,
+            LinkRefused::TooLong(FrameTooLong(1)),
+            LinkRefused::Undecodable(
+                <GatewayBatch as prost::Message>::decode(&[0xff_u8][..]).expect_err("garbage"),
+            ),
+            LinkRefused::NotThatGateway(1),
+            LinkRefused::ByShard("x".into()),
+        ];
+        let labels: std::collections::BTreeSet<_> = refusals.iter().map(|r| r.label()).collect();
+        let declared: std::collections::BTreeSet<_> =
+            meridian_shard_core::RELAY_REFUSALS.into_iter().collect();
+        assert_eq!(labels, declared);
     }
 }

@@ -8,38 +8,18 @@
 //! follows the cluster view, and may be elected coordinator of the partition map.
 //!
 //! The shard never talks to clients directly and never blocks its world task on I/O: all
-//! sockets are behind bounded channels.
+//! sockets are behind bounded channels. The world itself is the sans-IO core, a crate of its
+//! own (`meridian-shard-core`, re-exported here as `core` and `types`); this crate is its
+//! tokio shell.
 
 mod actor;
 mod command;
-pub mod core;
-mod game;
-mod game_slot;
-mod gateway_links;
-mod geometry;
-mod ghosts;
-mod handoffs;
-mod handover;
-mod history;
-mod inputs;
 mod link;
-mod messages;
 mod metrics;
-mod outbox;
-mod pause;
 mod peer;
-mod peers_seen;
-mod players;
 mod port;
-mod reports;
-mod resume;
-mod roster;
 mod saver;
-mod saves;
-mod sequence;
 mod service;
-pub mod types;
-mod views;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -63,9 +43,10 @@ const SERVER_STOP_WITHIN: Duration = Duration::from_secs(2);
 /// How long a stopping shard waits for the player store to take its last saves.
 const FINAL_SAVES_WITHIN: Duration = Duration::from_secs(5);
 
-pub use geometry::distance;
-pub use metrics::ShardMetrics;
-pub use types::{CoreConfig, Event, LinkId, SaveRecord, Transmit};
+pub use meridian_shard_core::{core, types};
+pub use meridian_shard_core::{
+    distance, CoreConfig, Event, LinkId, SaveRecord, ShardMetrics, Transmit,
+};
 
 /// Everything a shard needs, validated by the binary before `run`.
 #[derive(Debug, Clone)]
@@ -281,7 +262,7 @@ pub async fn run(
     tokio::spawn(coordinator.run(lease, watch.changes()));
 
     let status = registration.status();
-    metrics.watch_registration(&registry, config.id, status.clone());
+    metrics::watch_registration(&registry, config.id, status.clone());
     tokio::spawn(watch_expiry(status.clone(), client.clone(), keys.clone(), commands.clone()));
     let me = config.id;
     // Ready means able to serve players: a region in the newest partition this shard knows.

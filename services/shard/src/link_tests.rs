@@ -19,11 +19,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::Links;
 use crate::command::Command;
-use crate::outbox::tests::{big_round, drained};
-use crate::outbox::Outbox;
 use crate::service::ShardService;
 use crate::types::LinkId;
 use crate::ShardMetrics;
+use meridian_shard_core::testing::{big_round, drained, Outbox};
 
 /// How long a test waits for what it expects before it fails.
 const WITHIN: Duration = Duration::from_secs(20);

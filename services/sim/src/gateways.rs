@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use meridian_shard::{Event, LinkId};
+use meridian_shard_core::{Event, LinkId};
 use rand::Rng;
 
 use crate::{Ev, Key, Payload, Sim};

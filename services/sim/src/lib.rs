@@ -1,5 +1,5 @@
 //! A deterministic simulator of a Meridian cluster: the real shard cores
-//! (`meridian_shard::core`) and gateway cores (through `meridian_gateway_core::fuzzing`), a model
+//! (`meridian_shard_core::core`) and gateway cores (through `meridian_gateway_core::fuzzing`), a model
 //! of etcd (leases, the partition map with epochs, the coordinator, watches that lag) and
 //! simulated clients, all in one thread, in simulated time, from one seed.
 //!
@@ -44,8 +44,8 @@ use std::time::{Duration, Instant};
 
 use meridian_gateway_core::fuzzing::{Harness, HarnessConfig};
 use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
-use meridian_shard::core::ShardCore;
-use meridian_shard::{Event, LinkId, Transmit};
+use meridian_shard_core::core::ShardCore;
+use meridian_shard_core::{Event, LinkId, Transmit};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -445,7 +445,7 @@ impl Sim {
                 }
                 self.hand_shard(s, now, Event::Tick);
                 self.pump_shard(s);
-                self.after(meridian_shard::core::TICK, Ev::ShardTick(s));
+                self.after(meridian_shard_core::core::TICK, Ev::ShardTick(s));
             }
             Ev::GatewayTick(g) => {
                 let now = self.now();

@@ -31,8 +31,8 @@ use meridian_protocol::pb as client_pb;
 use meridian_rpc::pb::peer_message::Kind as Peer;
 use meridian_rpc::pb::player_input::Kind as Input;
 use meridian_rpc::pb::{Join, PeerMessage, PlayerInput};
-use meridian_shard::core::{ShardCore, TICK};
-use meridian_shard::{CoreConfig, Event, LinkId, ShardMetrics, Transmit};
+use meridian_shard_core::core::{ShardCore, TICK};
+use meridian_shard_core::{CoreConfig, Event, LinkId, ShardMetrics, Transmit};
 use meridian_world::WorldConfig;
 use prost::Message;
 use rand::rngs::SmallRng;
@@ -621,7 +621,7 @@ impl Model {
 /// Chebyshev distance from a cell to the nearest cell of a region (0 inside): the shard's
 /// geometry's own measure.
 fn distance(region: &Region, x: u32, y: u32) -> u32 {
-    meridian_shard::distance(region, meridian_world::Position { x, y })
+    meridian_shard_core::distance(region, meridian_world::Position { x, y })
 }
 
 /// The two Markdown tables of `BENCHMARKS.md`: peer messages per player per second by kind

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::ShardId;
-use meridian_shard::core::ShardCore;
-use meridian_shard::{CoreConfig, Event, ShardMetrics, Transmit};
+use meridian_shard_core::core::ShardCore;
+use meridian_shard_core::{CoreConfig, Event, ShardMetrics, Transmit};
 use rand::Rng;
 
 use crate::model;
@@ -30,7 +30,7 @@ impl Sim {
             resume_keys: meridian_gateway_core::fuzzing::resume_key().into(),
             save_interval: None,
             lease_ttl: LEASE_TTL,
-            max_npcs: meridian_shard::types::DEFAULT_MAX_NPCS,
+            max_npcs: meridian_shard_core::types::DEFAULT_MAX_NPCS,
         };
         let metrics = Arc::new(ShardMetrics::new(&Default::default(), ShardId(id)));
         let core = ShardCore::new(&config, metrics, self.now());

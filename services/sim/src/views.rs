@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use meridian_cluster::ShardId;
-use meridian_shard::Event;
+use meridian_shard_core::Event;
 use rand::Rng;
 
 use crate::{Ev, Key, Node, Sim};

@@ -273,18 +273,17 @@ impl PeerRounds {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use meridian_protocol::server;
-    use meridian_rpc::MAX_DELIVERIES_PER_BATCH;
-    use prost::Message;
 
     use super::*;
 
-    pub(crate) const LINK: LinkId = LinkId(1);
+    /// The link the helpers' rounds are for.
+    pub const LINK: LinkId = LinkId(1);
 
     /// Every batch of the round for `LINK`, in order.
-    pub(crate) fn drained(outbox: &mut Outbox) -> Vec<ShardBatch> {
+    pub fn drained(outbox: &mut Outbox) -> Vec<ShardBatch> {
         outbox
             .drain()
             .filter(|(link, _, _)| *link == LINK)
@@ -294,7 +293,7 @@ pub(crate) mod tests {
 
     /// What one connection is sent in the big round: chats, with a move answer (the
     /// connection's own ack) after every 16th and its position tracked with it.
-    pub(crate) fn big_round(outbox: &mut Outbox, session: u64, chats: u64) -> Vec<u8> {
+    pub fn big_round(outbox: &mut Outbox, session: u64, chats: u64) -> Vec<u8> {
         let text = "x".repeat(256);
         let mut expected = Vec::new();
         for i in 1..=chats {
@@ -310,6 +309,16 @@ pub(crate) mod tests {
         }
         expected
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use meridian_protocol::server;
+    use meridian_rpc::MAX_DELIVERIES_PER_BATCH;
+    use prost::Message;
+
+    use super::testing::{drained, LINK};
+    use super::*;
 
     /// The messages in a run of frames.
     fn decode(mut frames: &[u8]) -> Vec<ServerMessage> {
