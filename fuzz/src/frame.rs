@@ -166,23 +166,38 @@ fn forbidden(c: char) -> bool {
         || (0x2066..=0x2069).contains(&code)
 }
 
+/// The line and paragraph separators (docs/protocol.md: refused in names and chat).
+fn separator(c: char) -> bool {
+    matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+/// A name is refused if it is empty or holds a forbidden character or a separator; a name
+/// taken comes back normalised: 1..=32 bytes, without those characters or zero-width ones,
+/// with single inner spaces only, and taken again as itself (the normal form is stable).
 fn check_name(name: &str) {
-    let expected = match name.len() {
-        0 => Err(InvalidArgument::EmptyName),
-        n if n > MAX_NAME_BYTES => Err(InvalidArgument::NameTooLong(n)),
-        _ => match name.chars().find(|c| forbidden(*c)) {
-            Some(c) => Err(InvalidArgument::NameCharacter(u32::from(c))),
-            None => Ok(()),
-        },
-    };
-    assert_eq!(validate_name(name), expected, "validate_name({name:?})");
+    let result = validate_name(name);
+    if name.is_empty() {
+        assert_eq!(result, Err(InvalidArgument::EmptyName));
+    }
+    if name.chars().any(|c| forbidden(c) || separator(c)) {
+        assert!(result.is_err(), "validate_name({name:?}) took {result:?}");
+    }
+    if let Ok(stored) = &result {
+        assert!(!stored.is_empty() && stored.len() <= MAX_NAME_BYTES, "{name:?} -> {stored:?}");
+        let zero_width = |c: char| matches!(c, '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}');
+        let bad = |c: char| forbidden(c) || separator(c) || zero_width(c);
+        assert!(!stored.chars().any(bad), "{name:?} -> {stored:?}");
+        assert!(!stored.starts_with(' ') && !stored.ends_with(' ') && !stored.contains("  "));
+        assert_eq!(validate_name(stored).as_ref(), Ok(stored), "{name:?} -> {stored:?}");
+    }
 }
 
 fn check_chat(text: &str) {
     let expected = match text.len() {
         0 => Err(InvalidArgument::EmptyChat),
         n if n > MAX_CHAT_BYTES => Err(InvalidArgument::ChatTooLong(n)),
-        _ => match text.chars().find(|c| forbidden(*c)) {
+        _ => match text.chars().find(|c| forbidden(*c) || separator(*c)) {
+            Some(c) if separator(c) => Err(InvalidArgument::ChatSeparator(u32::from(c))),
             Some(c) => Err(InvalidArgument::ChatCharacter(u32::from(c))),
             None => Ok(()),
         },

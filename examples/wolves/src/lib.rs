@@ -14,18 +14,34 @@
 //! - Public state of wolves and players: UTF-8 JSON `{"hp":H,"max":M}`.
 //! - Actions: [`ATTACK`] (1, `target` = an adjacent wolf; answered `{"hp":H}` or
 //!   `killed`), [`SUMMON`] (2, payload `dx,dy`, default `1,0`: a wolf appears at that
-//!   offset from the player, if the cell is on the player's shard).
+//!   offset from the player, if the cell is on the player's shard, within the summon
+//!   budget below).
 //! - Events: [`BITE`] (1, from the wolf, payload the damage), [`DIED`] (2, to everyone
 //!   who saw the entity die; to the player itself when it dies), [`RESPAWNED`] (3).
 //!
 //! Tuning is configuration the binary hands in: the population each shard keeps
 //! ([`Wolves::per_shard`], default [`DEFAULT_PER_SHARD`]; the stock binary reads it from
 //! `MERIDIAN_WOLVES_PER_SHARD`). The library never reads the environment.
+//!
+//! SUMMON has a budget ([`Wolves::summons`], a [`SpawnBudget`] of the game API, with
+//! [`DEFAULT_SUMMON_LIMITS`]): a player may have at most [`SUMMONED_PER_PLAYER`] (5)
+//! summoned wolves alive on the shard it summons on, the shard at most
+//! [`SUMMONED_PER_SHARD`] (500) summoned wolves whoever summoned them, and a player summons
+//! at most 1 wolf per second on average, 3 at once ([`SUMMON_RATE`]). Beyond it the action
+//! is answered `REJECTED` with the reason, and nothing is charged for a refused summon. A
+//! summoned wolf carries its summoner's id in its private state, so it still counts where
+//! it roams; one killed or gone frees its place. (The population wolves of
+//! [`Wolves::per_shard`] are the game's own and count against none of these.) Without
+//! such a budget one player within the action rate limit could add thousands of wolves
+//! and keep a shard's core busy with them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use meridian_game::{Action, Context, Direction, EntityId, Game, GameFactory, Position, Reply};
+use meridian_game::{
+    Action, Context, Direction, EntityId, Game, GameFactory, Position, Rate, Reply, SpawnBudget,
+    SpawnLimits,
+};
 
 pub const WOLF: u32 = 1;
 
@@ -52,26 +68,45 @@ pub const BITE_EVERY: Duration = Duration::from_millis(1000);
 pub const WANDER_EVERY: Duration = Duration::from_millis(1500);
 
 /// The game: one per shard. It keeps nothing of its own about entities (their state
-/// travels with them); only how many wolves its shard should have.
+/// travels with them); only how many wolves its shard should have, and the summon budget.
 #[derive(Debug, Clone)]
 pub struct Wolves {
     /// The wolves each shard keeps: it spawns one per tick while it has fewer.
     pub per_shard: usize,
+    /// The budget of SUMMON on this shard (see the crate's documentation).
+    pub summons: SpawnBudget,
 }
 
 /// The population a shard keeps unless told otherwise.
 pub const DEFAULT_PER_SHARD: usize = 40;
+/// Summoned wolves one player may have alive on a shard.
+pub const SUMMONED_PER_PLAYER: usize = 5;
+/// Summoned wolves a shard may hold, whoever summoned them.
+pub const SUMMONED_PER_SHARD: usize = 500;
+/// How fast one player may summon: 1 a second, 3 at once.
+pub const SUMMON_RATE: Rate = Rate { per_second: 1, burst: 3 };
+/// The summon budget a shard has unless told otherwise.
+pub const DEFAULT_SUMMON_LIMITS: SpawnLimits = SpawnLimits {
+    per_owner: SUMMONED_PER_PLAYER,
+    per_shard: SUMMONED_PER_SHARD,
+    rate: SUMMON_RATE,
+};
 
 impl Default for Wolves {
     fn default() -> Self {
-        Wolves { per_shard: DEFAULT_PER_SHARD }
+        Wolves::new(DEFAULT_PER_SHARD)
     }
 }
 
 impl Wolves {
+    /// A shard's game that keeps `per_shard` wolves, with the default summon budget.
+    pub fn new(per_shard: usize) -> Wolves {
+        Wolves { per_shard, summons: SpawnBudget::new(DEFAULT_SUMMON_LIMITS) }
+    }
+
     /// The factory a shard makes its game with: every shard keeps `per_shard` wolves.
     pub fn factory(per_shard: usize) -> GameFactory {
-        Arc::new(move |_| Box::new(Wolves { per_shard }))
+        Arc::new(move |_| Box::new(Wolves::new(per_shard)))
     }
 }
 
@@ -93,11 +128,13 @@ pub fn health(state: &[u8]) -> Option<(i32, i32)> {
 }
 
 /// A wolf's memory, its private state: when it last stepped and bit (ms since its shard
-/// started; a new shard's clock starts over, which only lets it act a moment early).
+/// started; a new shard's clock starts over, which only lets it act a moment early), and
+/// who summoned it (0: nobody, a wolf of the population).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Memory {
     last_step_ms: u64,
     last_bite_ms: u64,
+    summoner: u64,
 }
 
 impl Memory {
@@ -105,12 +142,17 @@ impl Memory {
         let word = |i: usize| {
             bytes.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
         };
-        Memory { last_step_ms: word(0).unwrap_or(0), last_bite_ms: word(1).unwrap_or(0) }
+        Memory {
+            last_step_ms: word(0).unwrap_or(0),
+            last_bite_ms: word(1).unwrap_or(0),
+            summoner: word(2).unwrap_or(0),
+        }
     }
 
     fn bytes(self) -> Vec<u8> {
         let mut out = self.last_step_ms.to_le_bytes().to_vec();
         out.extend_from_slice(&self.last_bite_ms.to_le_bytes());
+        out.extend_from_slice(&self.summoner.to_le_bytes());
         out
     }
 }
@@ -227,7 +269,21 @@ impl Wolves {
         Reply::Done(format!("{{\"hp\":{hp}}}").into_bytes())
     }
 
-    fn summon(ctx: &mut Context<'_>, actor: EntityId, payload: &[u8]) -> Reply {
+    /// Summoned wolves owned here: `actor`'s, and everyone's.
+    fn summoned(ctx: &Context<'_>, actor: EntityId) -> (usize, usize) {
+        let mut mine = 0;
+        let mut all = 0;
+        for wolf in ctx.npcs() {
+            let summoner = Memory::read(ctx.private_state(wolf).unwrap_or_default()).summoner;
+            if summoner != 0 {
+                all += 1;
+                mine += usize::from(summoner == actor.0);
+            }
+        }
+        (mine, all)
+    }
+
+    fn summon(&mut self, ctx: &mut Context<'_>, actor: EntityId, payload: &[u8]) -> Reply {
         let Some(at) = ctx.position(actor) else { return Reply::rejected("summon from where?") };
         let (dx, dy) = std::str::from_utf8(payload)
             .ok()
@@ -242,8 +298,20 @@ impl Wolves {
         if x < 0 || y < 0 || x >= i64::from(width) || y >= i64::from(height) {
             return Reply::rejected("that cell is off the map");
         }
-        match Self::spawn_wolf(ctx, Position::new(x as u32, y as u32)) {
-            Ok(wolf) => Reply::Done(wolf.0.to_string().into_bytes()),
+        let at = Position::new(x as u32, y as u32);
+        if !ctx.owns(at) {
+            return Reply::rejected("that cell is on another shard: summon nearer");
+        }
+        let (mine, all) = Self::summoned(ctx, actor);
+        if let Err(refused) = self.summons.admit(ctx.now(), actor, mine, all) {
+            return Reply::rejected(format!("no wolf: {refused}"));
+        }
+        match Self::spawn_wolf(ctx, at) {
+            Ok(wolf) => {
+                let memory = Memory { summoner: actor.0, ..Memory::default() };
+                let _ = ctx.set_private_state(wolf, memory.bytes());
+                Reply::Done(wolf.0.to_string().into_bytes())
+            }
             Err(why) => Reply::Rejected(why),
         }
     }
@@ -251,6 +319,7 @@ impl Wolves {
 
 impl Game for Wolves {
     fn tick(&mut self, ctx: &mut Context<'_>) {
+        self.summons.forget_refilled(ctx.now());
         let wolves = ctx.npcs();
         if wolves.len() < self.per_shard {
             if let Some(at) = ctx.random_cell() {
@@ -272,7 +341,7 @@ impl Game for Wolves {
     fn action(&mut self, ctx: &mut Context<'_>, actor: EntityId, action: Action<'_>) -> Reply {
         match action.kind {
             ATTACK => Self::attack(ctx, actor, action.target),
-            SUMMON => Self::summon(ctx, actor, action.payload),
+            SUMMON => self.summon(ctx, actor, action.payload),
             other => Reply::rejected(format!("unknown action {other}")),
         }
     }
@@ -332,9 +401,13 @@ mod tests {
 
     #[test]
     fn memory_and_kills_survive_their_bytes() {
-        let memory = Memory { last_step_ms: 5, last_bite_ms: 1 << 40 };
+        let memory = Memory { last_step_ms: 5, last_bite_ms: 1 << 40, summoner: 17 };
         assert_eq!(Memory::read(&memory.bytes()), memory);
         assert_eq!(Memory::read(b""), Memory::default());
+        // A wolf handed over by a shard of the former version has no summoner: a
+        // population wolf.
+        let before = [5u64.to_le_bytes(), 1u64.to_le_bytes()].concat();
+        assert_eq!(Memory::read(&before).summoner, 0);
         assert_eq!(kills(b"{\"kills\":12}"), 12);
         assert_eq!(kills(b""), 0);
     }

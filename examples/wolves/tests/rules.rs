@@ -68,7 +68,7 @@ impl Scenario {
         let metrics = Arc::new(ShardMetrics::new(&Default::default(), ME));
         let now = Instant::now();
         // No population of its own: the scenarios summon every wolf.
-        let game = Box::new(Wolves { per_shard: 0 });
+        let game = Box::new(Wolves::new(0));
         let mut core = ShardCore::with_game(&config, metrics, now, game);
         core.handle(now, Event::View(view));
         core.handle(now, Event::LinkOpened { link: LINK, gateway: 1, lane: 0 });

@@ -20,11 +20,24 @@
 //! Like `meridian-world`, this crate does no I/O and reads no clock: time and randomness
 //! come from the context, which the shard derives from its events and its seed, so the
 //! same events give the same game (and `meridian-sim` can run games too).
+//!
+//! Actions that create entities need a budget: an NPC costs its shard for as long as it
+//! lives, so the action rate limit alone lets one player fill a shard. [`budget`] has a
+//! small helper for that, [`SpawnBudget`]: a cap on what one player may have alive, a cap
+//! on what the shard may hold, and a token bucket per player, driven by
+//! [`Context::now`]; refused, the game answers `REJECTED` with the refusal's text. The
+//! example game (`meridian-wolves`) uses it for SUMMON. The API has no metrics of its own:
+//! a refusal answered `REJECTED` is counted with every other rejected action in the
+//! shard's `meridian_shard_actions_rejected_total`, and [`SpawnBudget::refusals`] counts
+//! them by reason for the game to log.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use meridian_world::{Direction, Position};
+
+pub mod budget;
+pub use budget::{Rate, SpawnBudget, SpawnLimits, SpawnRefusal, SpawnRefusals};
 
 /// An entity's id: players and NPCs share one id space, unique across the cluster.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -102,7 +115,7 @@ pub enum GameError {
     TooLarge(usize),
     #[error("an NPC's kind must not be 0 (that is a player)")]
     NoKind,
-    #[error("an NPC's name must be 1..=32 bytes")]
+    #[error("an NPC's name must be a valid player name (1..=32 bytes once normalised; see validate_name)")]
     BadName,
     #[error("no entity ids to hand out yet (etcd is slow or unreachable)")]
     NoIds,

@@ -282,6 +282,27 @@ mod tests {
         assert!(said.contains("--resume-key must be at least 32"), "{said}");
     }
 
+    /// `--dev` without `--resume-key` makes a random key per process, and says so; it never
+    /// falls back to a key anyone can read (the fixed dev key this replaced is refused).
+    #[test]
+    fn dev_mode_without_a_resume_key_makes_a_random_one() {
+        let one = shard(&["--dev"]).expect("valid");
+        let two = shard(&["--dev"]).expect("valid");
+        assert!(one.resume_key_generated && two.resume_key_generated);
+        let (one, two) = (one.config.resume_keys, two.config.resume_keys);
+        assert_ne!(one.current().id(), two.current().id(), "two nodes, two keys");
+        assert!(two.verify(&one.mint(5, 6)).is_err(), "one node's token is refused by another");
+        assert_eq!(one.verify(&one.mint(5, 6)).map(|t| t.nonce), Ok(6));
+        let published = b"meridian-dev-mode-insecure-resume-key".to_vec();
+        let published = TokenKeys::from(TokenKey::new(published).expect("a key"));
+        assert!(one.verify(&published.mint(5, 6)).is_err(), "the old published key is refused");
+
+        let given = shard(&["--dev", "--resume-key", KEY]).expect("valid");
+        assert!(!given.resume_key_generated);
+        let expected = TokenKey::new(vec![0xa1; 16]).expect("a key").id();
+        assert_eq!(given.config.resume_keys.current().id(), expected);
+    }
+
     /// The resume keys and the admin token, declared once, are read by every command that
     /// takes them: the operator commands' token also after a subcommand (it is global there).
     #[test]

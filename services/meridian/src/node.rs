@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::cli::{GatewayNode, ShardNode};
 
@@ -21,6 +21,17 @@ async fn terminated() {
     }
 }
 
+/// Says that this node's resume key is its own random one (`--dev` without `--resume-key`).
+fn warn_generated_resume_key(generated: bool) {
+    if generated {
+        warn!(
+            "no --resume-key given: using a random resume key made at startup; resume tokens \
+             will not survive a restart of this node and are refused by every other node (give \
+             every node the same --resume-key / MERIDIAN_RESUME_KEY for that)"
+        );
+    }
+}
+
 /// Writes `value` to `path` atomically (write to a temporary file, then rename).
 pub fn write_json_atomically(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
     let tmp = path.with_extension("json.tmp");
@@ -31,6 +42,7 @@ pub fn write_json_atomically(path: &Path, value: &serde_json::Value) -> anyhow::
 }
 
 pub fn run_shard(node: ShardNode) -> anyhow::Result<()> {
+    warn_generated_resume_key(node.resume_key_generated);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let grpc = tokio::net::TcpListener::bind(node.listen)
@@ -54,6 +66,7 @@ pub fn run_shard(node: ShardNode) -> anyhow::Result<()> {
 }
 
 pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
+    warn_generated_resume_key(node.resume_key_generated);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         if let Some(address) = &node.store {

@@ -541,9 +541,8 @@ impl Host for ShardCore {
         if kind == 0 {
             return Err(GameError::NoKind);
         }
-        if validate_name(name).is_err() {
-            return Err(GameError::BadName);
-        }
+        // An NPC's name follows the players' rules, and is shown normalised as theirs are.
+        let name = validate_name(name).map_err(|_| GameError::BadName)?;
         checked_state(&state)?;
         if !self.geometry.owns(at) {
             return Err(GameError::NotHere(at));

@@ -58,9 +58,17 @@ impl Ctx {
             name: account.name.clone().unwrap_or(login.name),
             ..login
         };
-        if let Err(invalid) = validate_name(&login.name) {
-            return self.refuse(conn, slot, invalid.code(), &invalid.to_string(), 0);
-        }
+        // The name is stored and shown normalised; in dev mode it is also the account, so
+        // "ＡＢＣ" logs in as the account "ABC", not as a second player named "ABC".
+        let name = match validate_name(&login.name) {
+            Ok(name) => name,
+            Err(invalid) => {
+                return self.refuse(conn, slot, invalid.code(), &invalid.to_string(), 0)
+            }
+        };
+        let account =
+            if login.token.is_empty() { Account { id: name.clone(), name: None } } else { account };
+        let login = meridian_protocol::pb::Login { name, ..login };
         debug!(account = %account.id, name = %login.name, "login");
         let spawn = login.spawn.filter(|_| dev_mode);
         if self.shared.config.store {

@@ -53,7 +53,8 @@ pub struct CommonArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct ResumeKeyArgs {
     /// Secret that signs resume tokens, hex (at least 32 hex digits), shared by every node
-    /// of the cluster. Required unless --dev, where a fixed insecure key is the default.
+    /// of the cluster. Required unless --dev, where a random key is made at startup (tokens
+    /// then do not survive a restart and no other node takes them).
     #[arg(long, env = "MERIDIAN_RESUME_KEY", hide_env_values = true)]
     pub resume_key: Option<String>,
     /// Keys of a rotation, hex, comma-separated: resume tokens they signed are still taken
@@ -196,17 +197,30 @@ pub(super) fn check_lease_ttl(ttl: Duration, problems: &mut Vec<String>) {
     }
 }
 
-/// The key used in dev mode when none is given. Never use it in production: it is public.
-const DEV_RESUME_KEY: &[u8] = b"meridian-dev-mode-insecure-resume-key";
+/// 32 random bytes from the kernel, for a resume-token key nobody was given.
+fn random_resume_key() -> std::io::Result<TokenKey> {
+    let mut bytes = vec![0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))?;
+    Ok(TokenKey::new(bytes).expect("invariant: 32 bytes is a long enough key"))
+}
 
 /// Who may read the admin port's private pages (see `--admin-token`).
 pub(super) fn admin_access(common: &CommonArgs) -> meridian_observe::Private {
     meridian_observe::Private::from_config(common.token.admin_token.as_deref(), common.dev)
 }
 
-pub(super) fn resume_keys(common: &CommonArgs, problems: &mut Vec<String>) -> TokenKeys {
-    let fallback =
-        || TokenKey::new(DEV_RESUME_KEY.to_vec()).expect("invariant: dev key is long enough");
+/// The resume-token keys. In dev mode with no `--resume-key`, the current key is a random
+/// one made here, and `generated` is set so the node can say so: its tokens are then
+/// refused by every other node and by itself after a restart. (It used to be a fixed key
+/// published in this file, with which anyone could mint a token for any player.)
+pub(super) fn resume_keys(
+    common: &CommonArgs,
+    generated: &mut bool,
+    problems: &mut Vec<String>,
+) -> TokenKeys {
+    // Stands in for a key that was refused, so that every problem is still listed.
+    let placeholder = || TokenKey::new(vec![0; 32]).expect("invariant: 32 bytes is long enough");
     let parse = |flag: &str, hex: &str, problems: &mut Vec<String>| {
         let bytes: Option<Vec<u8>> = hex
             .len()
@@ -223,14 +237,21 @@ pub(super) fn resume_keys(common: &CommonArgs, problems: &mut Vec<String>) -> To
         key
     };
     let current = match &common.resume_keys.resume_key {
-        Some(hex) => parse("--resume-key", hex, problems).unwrap_or_else(fallback),
-        None => {
-            if !common.dev {
-                problems
-                    .push("--resume-key (MERIDIAN_RESUME_KEY) is required outside --dev".into());
-            }
-            fallback()
+        Some(hex) => parse("--resume-key", hex, problems).unwrap_or_else(placeholder),
+        None if !common.dev => {
+            problems.push("--resume-key (MERIDIAN_RESUME_KEY) is required outside --dev".into());
+            placeholder()
         }
+        None => match random_resume_key() {
+            Ok(key) => {
+                *generated = true;
+                key
+            }
+            Err(error) => {
+                problems.push(format!("making a random resume key (/dev/urandom): {error}"));
+                placeholder()
+            }
+        },
     };
     let previous = common
         .resume_keys

@@ -236,6 +236,8 @@ pub struct GatewayNode {
     /// The WebSocket front's address, if it is on.
     pub ws: Option<SocketAddr>,
     pub common: CommonArgs,
+    /// `--dev` without `--resume-key`: the resume key is a random one of this process's.
+    pub resume_key_generated: bool,
 }
 
 impl GatewayArgs {
@@ -257,7 +259,8 @@ impl GatewayArgs {
         if self.max_output < 4 * self.max_frame {
             problems.push(format!("--max-output {} must be at least 4 frames", self.max_output));
         }
-        let resume_keys = resume_keys(&self.common, &mut problems);
+        let mut resume_key_generated = false;
+        let resume_keys = resume_keys(&self.common, &mut resume_key_generated, &mut problems);
         let tls = self.common.tls.load(self.common.dev, &mut problems);
         let limits = self.limits.limits(self.max_frame, self.max_output, &mut problems);
         let store = self.store.as_deref().and_then(|spec| {
@@ -337,6 +340,7 @@ impl GatewayArgs {
             quic,
             ws: self.ws,
             common: self.common,
+            resume_key_generated,
         };
         finish(node, problems)
     }

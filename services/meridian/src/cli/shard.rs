@@ -104,6 +104,8 @@ pub struct ShardNode {
     pub config: ShardConfig,
     pub listen: SocketAddr,
     pub common: CommonArgs,
+    /// `--dev` without `--resume-key`: the resume key is a random one of this process's.
+    pub resume_key_generated: bool,
 }
 
 impl ShardArgs {
@@ -125,7 +127,8 @@ impl ShardArgs {
         if self.listen.ip().is_unspecified() && self.advertise.is_none() {
             problems.push("--listen on an unspecified address needs --advertise".into());
         }
-        let resume_keys = resume_keys(&self.common, &mut problems);
+        let mut resume_key_generated = false;
+        let resume_keys = resume_keys(&self.common, &mut resume_key_generated, &mut problems);
         let tls = self.common.tls.load(self.common.dev, &mut problems);
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
@@ -154,6 +157,8 @@ impl ShardArgs {
             game: self.game.config(&mut problems),
             tls,
         };
-        finish(ShardNode { config, listen: self.listen, common: self.common }, problems)
+        let node =
+            ShardNode { config, listen: self.listen, common: self.common, resume_key_generated };
+        finish(node, problems)
     }
 }

@@ -41,6 +41,7 @@ for_both_backends!(
     slow_reader::never_reading_client,
     garbage::garbage_frames,
     text::control_characters,
+    text::impersonating_names,
     ws_floods::ws_fragment_flood,
     ws_floods::ws_ping_flood,
 );

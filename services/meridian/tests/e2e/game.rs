@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use meridian_testkit::pb::{server_message::Kind as S, Direction, ServerMessage};
+use meridian_testkit::pb::{server_message::Kind as S, Direction, ErrorCode, ServerMessage};
 use meridian_testkit::{deadline, http_get, msg, wait_until, Bot, Cluster, ClusterOptions, Io};
 use meridian_wolves::{health, ATTACK, BITE, SUMMON, WOLF};
 
@@ -278,6 +278,63 @@ fn npcs_are_drained_with_their_shard() {
             "hana saw the wolf leave or come back while it changed shards: {got:?}"
         );
         ensure!(hana.view().sees(wolf), "and still sees it");
+        Ok(())
+    })
+}
+
+/// SUMMON has a budget (issue 31, item 9): 3 at once, then 1 a second, and at most 5
+/// summoned wolves alive per player, so a real cluster refuses the sixth summon of a player
+/// whose five wolves live, and counts the refusals with the shard's rejected actions.
+#[test]
+fn a_player_may_have_five_summoned_wolves_and_no_sixth() {
+    with_cluster(wolves_on_four_shards(), |cluster| {
+        let mut kim = Bot::connect(cluster.client_addr(0))?;
+        kim.login("kim", Some((100, 100)))?;
+        let offsets = [(3, 0), (3, 1), (3, -1), (-3, 0), (-3, 1)];
+        let mut wolves = Vec::new();
+        let mut too_fast = 0;
+        let mut client_time = 0;
+        let mut answer = |kim: &mut Bot, (dx, dy): (i32, i32)| {
+            client_time += 1;
+            let t = client_time;
+            kim.send(&msg::action(SUMMON, 0, format!("{dx},{dy}").as_bytes(), t))?;
+            let got =
+                kim.recv_until(deadline(Duration::from_secs(5)), "an answer", |m| answers(m, t))?;
+            anyhow::Ok(got.last().and_then(|m| m.kind.clone()))
+        };
+        // Summons as fast as it is allowed to, waiting for the rate where it must.
+        let until = deadline(Duration::from_secs(10));
+        while wolves.len() < offsets.len() {
+            ensure!(Instant::now() < until, "five wolves within 10 s: {wolves:?}");
+            match answer(&mut kim, offsets[wolves.len()])? {
+                Some(S::ActionDone(done)) => wolves.push(String::from_utf8(done.payload)?),
+                Some(S::Error(error)) if error.detail.contains("too fast") => {
+                    too_fast += 1;
+                    listen(&mut kim, Duration::from_millis(200))?;
+                }
+                other => bail!("summon {}: {other:?}", wolves.len() + 1),
+            }
+        }
+        ensure!(too_fast >= 1, "the fourth summon, at once, is too fast");
+        // A second later the rate has a token again, but five are alive.
+        listen(&mut kim, Duration::from_millis(1100))?;
+        match answer(&mut kim, (0, 3))? {
+            Some(S::Error(error)) => ensure!(
+                error.code == ErrorCode::Rejected as i32 && error.detail.contains("5 alive"),
+                "the sixth: {error:?}"
+            ),
+            other => bail!("the sixth summon was not refused: {other:?}"),
+        }
+        let mut rejected = 0;
+        for shard in cluster.shards() {
+            let Ok((200, body)) = http_get(shard.admin, "/metrics") else { continue };
+            rejected += body
+                .lines()
+                .filter(|l| l.starts_with("meridian_shard_actions_rejected_total"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64;
+        }
+        ensure!(rejected > too_fast, "{rejected} rejected actions counted, {too_fast} + 1 sent");
         Ok(())
     })
 }
