@@ -17,6 +17,13 @@ const KEEPALIVE_INTERVAL_SECS: libc::c_int = 10;
 const KEEPALIVE_PROBES: libc::c_int = 3;
 const USER_TIMEOUT_MS: libc::c_int = 60_000;
 
+/// Send buffer asked for on every accepted client socket (game port and WebSocket port,
+/// io_uring and epoll alike). Setting it turns off the kernel's autotuning, which would
+/// otherwise let a client that never reads hold up to `tcp_wmem`'s maximum (4 MiB here)
+/// of kernel memory that the output budgets never see. Linux doubles the value for its
+/// bookkeeping, so a client's worst case is its output budget plus 128 KiB.
+pub const CLIENT_SEND_BUFFER_BYTES: libc::c_int = 64 * 1024;
+
 /// Binds a game listener with SO_REUSEPORT and a deep accept queue.
 pub fn bind_game_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -41,8 +48,10 @@ fn set(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
     }
 }
 
-/// No Nagle delay, keep-alive probes, and a bound on unacknowledged output.
+/// No Nagle delay, keep-alive probes, a bound on unacknowledged output, and a fixed
+/// send buffer ([`CLIENT_SEND_BUFFER_BYTES`]).
 pub fn configure_client_socket(fd: RawFd) {
+    set(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, CLIENT_SEND_BUFFER_BYTES);
     set(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
     set(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
     set(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS);
@@ -118,4 +127,38 @@ pub fn raise_open_files_limit() -> io::Result<u64> {
         }
     }
     Ok(limit.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    fn send_buffer(fd: RawFd) -> libc::c_int {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: valid pointers to a c_int and its length.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "getsockopt(SO_SNDBUF): {}", io::Error::last_os_error());
+        value
+    }
+
+    #[test]
+    fn an_accepted_client_socket_gets_the_fixed_send_buffer() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let _client = std::net::TcpStream::connect(listener.local_addr().expect("local addr"))
+            .expect("connect loopback");
+        let (accepted, _) = listener.accept().expect("accept");
+        configure_client_socket(accepted.as_raw_fd());
+        // Linux reports twice what was asked (its bookkeeping share).
+        assert_eq!(send_buffer(accepted.as_raw_fd()), 2 * CLIENT_SEND_BUFFER_BYTES);
+    }
 }
