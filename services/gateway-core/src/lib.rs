@@ -494,7 +494,8 @@ impl Core {
         let Some(Entry::Client(conn)) = self.endpoints.get_mut(endpoint) else { return false };
         let Some(ws) = conn.ws.as_mut() else { return false };
         let before = conn.out.len();
-        ws.close(&mut conn.out, websocket::CLOSE_NORMAL);
+        let code = ws.close_code();
+        ws.close(&mut conn.out, code);
         conn.out.len() != before
     }
 

@@ -31,6 +31,8 @@
 //!   client's code if it is one a peer may send (RFC 6455 section 7.4: 1000-1003,
 //!   1007-1014, 3000-4999), carries 1002 (protocol error) for any other code or a one-byte
 //!   body, 1007 for a reason that is not UTF-8, and no code when the client gave none.
+//! - The gateway's own close carries [`WsState::close_code`]: 1002 after a broken frame, 1003
+//!   after a text message, 1009 after a message over the frame limit, else 1000.
 //! - Behind a TLS-terminating ingress (`wss://`), the ingress speaks TLS and this code
 //!   plain WebSocket.
 
@@ -58,6 +60,10 @@ pub const CLOSE_NORMAL: u16 = 1000;
 pub const CLOSE_PROTOCOL_ERROR: u16 = 1002;
 /// Close codes: data that does not fit its type (here: a close reason that is not UTF-8).
 pub const CLOSE_INVALID_DATA: u16 = 1007;
+/// Close code: the endpoint got data of a type it cannot accept (a text message).
+pub const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
+/// Close code: a message too big to process (over the frame limit).
+pub const CLOSE_TOO_BIG: u16 = 1009;
 
 /// What a text message or a broken frame becomes for the core: a frame whose one-byte
 /// body (`0xff`, a field of the reserved wire type 7) no protobuf decoder takes, so it is
@@ -87,6 +93,9 @@ pub struct WsState {
     message: Vec<u8>,
     /// The close frame is written: nothing may follow it.
     close_sent: bool,
+    /// The code the gateway's own close carries ([`WsState::close_code`]): why input
+    /// ended, if it ended on something refused.
+    failed_with: Option<u16>,
     /// What to tell the client, as one message, once upgraded: a refusal (the gateway is
     /// full), as a length-delimited frame.
     refusal: Option<Vec<u8>>,
@@ -123,8 +132,16 @@ impl WsState {
             message: Vec::new(),
             assembling: false,
             close_sent: false,
+            failed_with: None,
             refusal,
         }
+    }
+
+    /// The code for the close frame the gateway sends when it ends the session: 1002, 1003
+    /// or 1009 if the client's input ended on a broken frame, a text message or a message
+    /// over the frame limit (RFC 6455 section 7.4.1), else 1000.
+    pub fn close_code(&self) -> u16 {
+        self.failed_with.unwrap_or(CLOSE_NORMAL)
     }
 
     /// Protocol messages may be written: upgraded and not closed.
@@ -295,7 +312,7 @@ impl WsState {
             let head = match FrameHead::parse(rest) {
                 Parsed::Incomplete => break,
                 Parsed::Broken => {
-                    self.fail(frames, &UNDECODABLE);
+                    self.fail(frames, &UNDECODABLE, CLOSE_PROTOCOL_ERROR);
                     break;
                 }
                 Parsed::Head(head) => head,
@@ -307,7 +324,7 @@ impl WsState {
                     // Only the length matters to the core: it refuses the message at once.
                     let mut prefix = Vec::with_capacity(10);
                     prost::encoding::encode_varint(so_far + head.len, &mut prefix);
-                    self.fail(frames, &prefix);
+                    self.fail(frames, &prefix, CLOSE_TOO_BIG);
                     break;
                 }
             }
@@ -359,17 +376,20 @@ impl WsState {
                     self.phase = Phase::Done;
                     read.ended = true;
                 }
-                // Text (no protocol message is), a new message inside a fragmented one,
-                // or a continuation of nothing.
-                _ => self.fail(frames, &UNDECODABLE),
+                // Text: no protocol message is.
+                (TEXT, _, false) => self.fail(frames, &UNDECODABLE, CLOSE_UNSUPPORTED_DATA),
+                // A new message inside a fragmented one, a continuation of nothing, or a
+                // fragmented control frame.
+                _ => self.fail(frames, &UNDECODABLE, CLOSE_PROTOCOL_ERROR),
             }
         }
         used
     }
 
     /// Input ends on something the core refuses (and then closes the connection).
-    fn fail(&mut self, frames: &mut Vec<u8>, refused: &[u8]) {
+    fn fail(&mut self, frames: &mut Vec<u8>, refused: &[u8], code: u16) {
         frames.extend_from_slice(refused);
+        self.failed_with = Some(code);
         self.phase = Phase::Done;
         self.carry = Vec::new();
         self.message = Vec::new();
@@ -750,16 +770,27 @@ mod tests {
 
     #[test]
     fn text_oversized_and_broken_frames_reach_the_core_as_refusals_and_end_reading() {
-        let cases: [(Vec<u8>, Vec<u8>); 6] = [
-            (client_frame(FIN | TEXT, b"{}"), UNDECODABLE.to_vec()),
-            (client_frame(FIN | BINARY, &[0; 4097]), vec![0x81, 0x20]), // varint 4097
-            (client_frame(FIN | BINARY, &[0; 70_000])[..20].to_vec(), vec![0xf0, 0xa2, 0x04]),
-            (client_frame(FIN | CONTINUATION, &[1]), UNDECODABLE.to_vec()),
-            (client_frame(FIN | 0x3, &[1]), UNDECODABLE.to_vec()),
-            (client_frame(PING, &[1]), UNDECODABLE.to_vec()),
+        // What the core is handed, and the code the gateway's close frame then carries
+        // (RFC 6455 section 7.4.1: 1003 for data it cannot take, 1009 for a message too
+        // big, 1002 for a broken frame).
+        let cases: [(Vec<u8>, Vec<u8>, u16); 7] = [
+            (client_frame(FIN | TEXT, b"{}"), UNDECODABLE.to_vec(), CLOSE_UNSUPPORTED_DATA),
+            // varint 4097
+            (client_frame(FIN | BINARY, &[0; 4097]), vec![0x81, 0x20], CLOSE_TOO_BIG),
+            (
+                client_frame(FIN | BINARY, &[0; 70_000])[..20].to_vec(),
+                vec![0xf0, 0xa2, 0x04],
+                CLOSE_TOO_BIG,
+            ),
+            (client_frame(FIN | CONTINUATION, &[1]), UNDECODABLE.to_vec(), CLOSE_PROTOCOL_ERROR),
+            (client_frame(FIN | 0x3, &[1]), UNDECODABLE.to_vec(), CLOSE_PROTOCOL_ERROR),
+            (client_frame(PING, &[1]), UNDECODABLE.to_vec(), CLOSE_PROTOCOL_ERROR),
+            // Unmasked.
+            (vec![FIN | BINARY, 1, 8], UNDECODABLE.to_vec(), CLOSE_PROTOCOL_ERROR),
         ];
-        for (bytes, refused) in cases {
+        for (bytes, refused, code) in cases {
             let mut state = upgraded();
+            assert_eq!(state.close_code(), CLOSE_NORMAL, "before anything went wrong");
             let (mut frames, mut out) = (Vec::new(), Vec::new());
             state.read(&bytes, 4096, &mut free, &mut frames, &mut out);
             assert_eq!(frames, refused);
@@ -767,12 +798,10 @@ mod tests {
             state.read(&more, 4096, &mut free, &mut frames, &mut out);
             assert_eq!(frames, refused, "nothing is read after");
             assert_eq!(state.held(), 0);
+            assert_eq!(state.close_code(), code, "{bytes:02x?}");
+            state.close(&mut out, state.close_code());
+            assert_eq!(out, [&[FIN | CLOSE, 2][..], &code.to_be_bytes()].concat());
         }
-        // Unmasked.
-        let mut state = upgraded();
-        let (mut frames, mut out) = (Vec::new(), Vec::new());
-        state.read(&[FIN | BINARY, 1, 8], 4096, &mut free, &mut frames, &mut out);
-        assert_eq!(frames, UNDECODABLE);
     }
 
     #[test]
