@@ -307,7 +307,15 @@ fn flood(front: Front, flood: Flood) {
         }
         // (Cut between the two looks, by what was on its way when the writes stopped: what
         // it was told is not waited for.)
-        ensure!(heard.pongs as f64 <= read, "{} pongs for {read} pings read", heard.pongs);
+        // Pongs answer pings read, counted when they are read, before their pongs are written.
+        // The reader heard pongs until it stopped, after `read` was sampled (the budget
+        // refills meanwhile), so they are held against what was read by then.
+        let read_by_now = counted("meridian_gateway_ws_frames_in_total", &kind)? - read_before;
+        ensure!(
+            heard.pongs as f64 <= read_by_now,
+            "{} pongs for {read_by_now} pings read",
+            heard.pongs
+        );
         // An epoll gateway that stopped reading the attacker sees its reset only once the
         // budget has paid for what waits; the login deadline closes it at the latest.
         reset(stream);
