@@ -11,6 +11,7 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::balance::Bounds;
 use crate::layout::compute_partition;
 use crate::model::{ClusterView, PartitionMap, Region, ShardId};
 use crate::{ClusterError, ClusterKeys};
@@ -22,13 +23,12 @@ pub struct Coordinator {
     client: Client,
     keys: ClusterKeys,
     me: ShardId,
-    width: u32,
-    height: u32,
+    bounds: Bounds,
 }
 
 impl Coordinator {
-    pub fn new(client: Client, keys: ClusterKeys, me: ShardId, width: u32, height: u32) -> Self {
-        Coordinator { client, keys, me, width, height }
+    pub fn new(client: Client, keys: ClusterKeys, me: ShardId, bounds: Bounds) -> Self {
+        Coordinator { client, keys, me, bounds }
     }
 
     /// Campaigns on `lease` and, while leader, keeps the partition in step with the
@@ -89,12 +89,12 @@ impl Coordinator {
             let owners = view.partition.as_ref().map(|p| p.owners()).unwrap_or_default();
             let wanted = if owners != live {
                 // Membership changed: a fresh grid over the serving shards.
-                Some(compute_partition(&live, self.width, self.height))
+                Some(compute_partition(&live, self.bounds.width, self.bounds.height))
             } else if last_balance.elapsed() >= BALANCE_PERIOD {
                 // Same members: move borders toward the load, one damped step a period.
                 last_balance = std::time::Instant::now();
                 let regions = view.partition.as_ref().map(|p| p.regions.as_slice()).unwrap_or(&[]);
-                crate::balance::rebalance(regions, &view, self.width, self.height)
+                crate::balance::rebalance(regions, &view, self.bounds)
             } else {
                 None
             };
@@ -133,7 +133,8 @@ impl Coordinator {
             }
             None => (1, Compare::version(key.as_str(), CompareOp::Equal, 0)),
         };
-        let map = PartitionMap { epoch, width: self.width, height: self.height, regions };
+        let map =
+            PartitionMap { epoch, width: self.bounds.width, height: self.bounds.height, regions };
         let value = serde_json::to_string(&map).expect("invariant: a partition map serialises");
         let txn = Txn::new().when([compare]).and_then([TxnOp::put(key.as_str(), value, None)]);
         let response = self.client.txn(txn).await.map_err(ClusterError::from_etcd)?;

@@ -30,7 +30,7 @@ mod registration;
 #[cfg(feature = "etcd")]
 mod watch;
 
-pub use balance::rebalance;
+pub use balance::{rebalance, Bounds};
 #[cfg(feature = "etcd")]
 pub use contact::{lapse_grace, EtcdContact};
 #[cfg(feature = "etcd")]

@@ -64,16 +64,34 @@ pub struct ShardRecord {
 /// 400-cell map makes it 800 numbers per shard record.
 pub const LOAD_BAND: u32 = 1;
 
-/// A shard's players counted per band of columns (`x`) and per band of rows (`y`).
+/// Entities around a player (in the sectors of its neighbourhood, about twice its sight
+/// square) at which it counts as fully in a crowd in [`LoadProfile::crowd_x`].
+pub const CROWD: u32 = 200;
+
+/// A shard's players counted per band of columns (`x`) and per band of rows (`y`), and how
+/// crowded they stand.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoadProfile {
     pub x: Vec<u32>,
     pub y: Vec<u32>,
+    /// Per band, the sum over its players of how crowded each stands, in hundredths: a
+    /// player with [`CROWD`] or more entities around it counts 100, one alone about 0. The
+    /// balancer's price of a border near them (see `balance`). Empty from shards that do not
+    /// report it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub crowd_x: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub crowd_y: Vec<u32>,
 }
 
 impl LoadProfile {
     pub fn is_empty(&self) -> bool {
         self.x.is_empty() && self.y.is_empty()
+    }
+
+    /// How much a player with `around` entities around it adds to the crowd profiles.
+    pub fn crowd_weight(around: usize) -> u32 {
+        (around.min(CROWD as usize) as u32 * 100).div_ceil(CROWD)
     }
 }
 

@@ -361,7 +361,10 @@ mod tests {
         x[(305 / LOAD_BAND) as usize] = 4;
         y[(55 / LOAD_BAND) as usize] = 4;
         view.shards.insert(ShardId(1), record(1, ShardState::Serving, 6, LoadProfile::default()));
-        view.shards.insert(ShardId(2), record(2, ShardState::Serving, 4, LoadProfile { x, y }));
+        view.shards.insert(
+            ShardId(2),
+            record(2, ShardState::Serving, 4, LoadProfile { x, y, ..Default::default() }),
+        );
         view.shards.insert(ShardId(5), record(5, ShardState::Draining, 0, LoadProfile::default()));
         view.partition = Some(PartitionMap {
             epoch: 7,

@@ -15,17 +15,26 @@ use crate::types::Seat;
 /// confirmed (so a sequential sample of all shards always finds it somewhere).
 const LISTED_AFTER_ACK: Duration = Duration::from_secs(1);
 
-/// Where this shard's players stand, by band of `LOAD_BAND` columns and rows.
+/// Where this shard's players stand, and how crowded, by band of `LOAD_BAND` columns and
+/// rows.
 pub(crate) fn load_profile(world: &World) -> LoadProfile {
     let config = world.config();
     let band = meridian_cluster::LOAD_BAND;
+    let (columns, rows) =
+        (config.width.div_ceil(band) as usize, config.height.div_ceil(band) as usize);
     let mut load = LoadProfile {
-        x: vec![0; config.width.div_ceil(band) as usize],
-        y: vec![0; config.height.div_ceil(band) as usize],
+        x: vec![0; columns],
+        y: vec![0; rows],
+        crowd_x: vec![0; columns],
+        crowd_y: vec![0; rows],
     };
     for (_, at) in world.local_players() {
-        load.x[(at.x / band) as usize] += 1;
-        load.y[(at.y / band) as usize] += 1;
+        let (column, row) = ((at.x / band) as usize, (at.y / band) as usize);
+        let crowd = LoadProfile::crowd_weight(world.crowding(at));
+        load.x[column] += 1;
+        load.y[row] += 1;
+        load.crowd_x[column] += crowd;
+        load.crowd_y[row] += crowd;
     }
     load
 }

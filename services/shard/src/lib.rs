@@ -256,8 +256,11 @@ pub async fn run(
         election_client,
         keys.clone(),
         config.id,
-        config.world.width,
-        config.world.height,
+        meridian_cluster::Bounds {
+            width: config.world.width,
+            height: config.world.height,
+            sight: config.world.view_range,
+        },
     );
     tokio::spawn(coordinator.run(lease, watch.changes()));
 

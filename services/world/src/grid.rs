@@ -138,6 +138,20 @@ impl SectorGrid {
         }
     }
 
+    /// How many members the sectors around `position` hold (a superset of those in sight of
+    /// it, read in O(1)).
+    pub(crate) fn population_near(&self, position: Position) -> usize {
+        let rect = self.around(position);
+        let mut n = 0;
+        for row in rect.y0..=rect.y1 {
+            let row_start = (row * self.columns) as usize;
+            for column in rect.x0..=rect.x1 {
+                n += self.sectors[row_start + column as usize].len();
+            }
+        }
+        n
+    }
+
     /// How many members all sectors hold, for consistency checks.
     pub(crate) fn n_members(&self) -> usize {
         self.sectors.iter().map(Vec::len).sum()

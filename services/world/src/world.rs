@@ -314,6 +314,13 @@ impl World {
         });
     }
 
+    /// How crowded the neighbourhood of `at` is: the entities of the sectors around it, a
+    /// superset of those in sight of it (about twice the sight square's area), counted
+    /// without visiting them.
+    pub fn crowding(&self, at: Position) -> usize {
+        self.grid.population_near(at)
+    }
+
     /// Appends to `out` every local player that sees the cell `at` (including one standing on
     /// it), in no particular order.
     pub fn observers_of(&self, at: Position, out: &mut Vec<PlayerId>) {
