@@ -2,7 +2,9 @@
 //! connection (already framed; copied once, re-headed for WebSocket), in order across a
 //! handoff: output of a new owner is held until the old owner's `released_to` marker,
 //! answers to a resume or a takeover settle the session, and answered moves are counted
-//! off. Called by `links` (bytes from a link) and by the harness's test mail.
+//! off. Called by `links` (bytes from a link), by `timers` (a handoff to a shard whose link
+//! the routing table now has: the session follows the player there) and by the door's test
+//! mail.
 
 use std::sync::Arc;
 

@@ -1,7 +1,8 @@
 //! Players whose shard or link failed: a dead shard's players restored on the owners of
 //! their last acknowledged cells, a broken link's players let go (every move in flight
 //! answered) and restored once a shard can take them, or told to resume. Called by
-//! `links` (a link failed), the door (a dead shard's mail) and `timers`.
+//! `links` (a link failed), the door (a dead shard's mail), `timers`, `delivery` (a player
+//! handed to a shard it lost) and `output` (a closing player's `Leave` to every shard).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -43,8 +43,8 @@
 //! - `ids`: the block of player ids a worker takes from;
 //! - `metrics`: the gateway's counters, which the shell's admin port renders.
 //!
-//! Only the gateway's event loops (`meridian-gateway`'s `uring.rs`, `epoll.rs`, `quic.rs`)
-//! and the harness of `fuzzing.rs` call the door; nothing outside this crate touches a
+//! Only the gateway's event loops (`meridian-gateway`'s `uring.rs`, `epoll.rs`, `quic.rs`,
+//! and its `shell.rs`, which they call) and the harness of `fuzzing.rs` call the door; nothing outside this crate touches a
 //! connection's state. This crate has no tokio, mio, io-uring or quinn below it (`.ci/rooms`
 //! checks with `cargo tree`), so the compiler keeps it sans-IO: it cannot open a socket,
 //! spawn a task, sleep or wait on a channel.

@@ -1,7 +1,8 @@
 //! Inputs on their way to the shards: this turn's, one batch per shard link, and batches
 //! a link had no room for, sent before anything newer for the same shard so every
-//! player's inputs stay in sequence. Filled by `messages` and `failover` (through
-//! [`Ctx::relay`]), emptied into the links by [`Core::flush_inputs`] at the end of a turn.
+//! player's inputs stay in sequence. Filled by `messages`, `failover` and `output` (through
+//! [`Ctx::relay`]) and by `delivery` (inputs resent to a new owner), emptied into the links
+//! by [`Core::flush_inputs`] at the end of a turn.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

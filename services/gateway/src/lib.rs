@@ -4,9 +4,10 @@
 //! as fallback and baseline), its own listener (SO_REUSEPORT), its own connections and
 //! buffers: workers share nothing on the per-message path but a lock-free routing table.
 //! Frames are checked by the sans-IO codec, answered locally where the gateway can (ping,
-//! protocol errors), and otherwise batched per loop iteration onto one gRPC stream per
-//! shard. Shards answer with ready-made frames that the worker appends to the client's
-//! bounded output queue without re-encoding them.
+//! protocol errors), and otherwise batched per loop iteration onto the worker's own relay
+//! link to each shard (length-prefixed frames on TCP, no gRPC). Shards answer with
+//! ready-made frames that the worker appends to the client's bounded output queue without
+//! re-encoding them.
 //!
 //! Only this crate touches io_uring. It never applies game rules: the shard does.
 

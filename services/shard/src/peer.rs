@@ -1,5 +1,7 @@
-//! Shard-to-shard streams: one outgoing `Peer` stream per other region owner, fed once per
-//! round of the world task, and the receiving side that fences each batch by epoch.
+//! Shard-to-shard streams: one outgoing `Peer` stream per other registered shard (region
+//! owner or not: a draining shard still hands players off and must hear the confirmations),
+//! fed once per round of the world task. The receiving side, which fences each batch by
+//! epoch, is `service.rs`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

@@ -1,7 +1,8 @@
 //! The client's messages, one kind per file, as mini-redis handles one command per file:
 //! [`Ctx::handle_message`] dispatches a decoded `ClientMessage` to its kind's handler.
-//! Called by `intake` only; the handlers answer through `output` and relay through
-//! `outgoing`.
+//! The dispatch is called by `intake` only (login's other entries: the store's answer from
+//! the door's `handle_mail`, and `delivery` placing a login whose player no shard holds);
+//! the handlers answer through `output` and relay through `outgoing`.
 
 mod action;
 mod chat;
