@@ -215,6 +215,7 @@ namespace Meridian.Client
         /// Fails with the server's error (INVALID_TOKEN, INVALID_ARGUMENT...) as a <see cref="MeridianException"/>;
         /// the connection then stays open for another try.
         /// </summary>
+        /// <param name="name">The display name (in dev mode without a token, also the account).</param>
         /// <param name="spawn">Where to appear; honoured by servers in dev mode only.</param>
         /// <param name="token">A JWT from the studio's login service, outside dev mode.</param>
         public Task<LoginInfo> LoginAsync(string name, Position? spawn = null, string token = "")

@@ -116,7 +116,7 @@ namespace Meridian.Client
 
     // ---- server to client: the kinds of ServerMessage's oneof ----
 
-    /// <summary>One kind of <c>ServerMessage</c>. Decode with <see cref="Codec.DecodeServer"/>.</summary>
+    /// <summary>One kind of <c>ServerMessage</c>. Decode with <see cref="Codec.DecodeServer(byte[])"/>.</summary>
     public abstract class ServerMessage
     {
     }
