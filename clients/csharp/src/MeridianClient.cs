@@ -140,6 +140,8 @@ namespace Meridian.Client
         readonly Stopwatch clock = Stopwatch.StartNew();
         readonly AnswerBook answers = new AnswerBook();
         readonly Queue<Outgoing> outbox = new Queue<Outgoing>();
+        // Moves and actions in the outbox: registered with the answer book, not yet sent.
+        int heldRequests;
         readonly Dictionary<ulong, double> pings = new Dictionary<ulong, double>();
         readonly TokenBucket moveBucket, chatBucket, actionBucket;
         readonly Random random;
@@ -156,7 +158,7 @@ namespace Meridian.Client
         MeridianException fatal;
         bool moveOn;
         // Resuming.
-        double resumeDeadline, nextAttemptAt, delay;
+        double resumeDeadline, nextAttemptAt, attemptDeadline, delay;
         bool attemptInFlight;
         int attempts;
         MeridianException lastResumeError;
@@ -289,7 +291,7 @@ namespace Meridian.Client
             if (State == ClientState.Playing && transport != null)
             {
                 // What is still held back would be answered UNAVAILABLE after the Logout anyway.
-                outbox.Clear();
+                ClearOutbox();
                 transport.Send(Encode(new Logout()));
             }
             return ShutDown(CloseReason.Logout, "logged out before the answer");
@@ -463,6 +465,8 @@ namespace Meridian.Client
             else if (State == ClientState.Resuming && attemptInFlight)
             {
                 transport = opened;
+                // A gateway that took the connection but cannot resume (no shard for it) is left for the next.
+                attemptDeadline = Now + options.OpenTimeout.TotalSeconds;
                 Transmit(Encode(new Resume { Token = Info.ResumeToken }));
             }
             else
@@ -538,7 +542,7 @@ namespace Meridian.Client
                     return;
                 }
                 // The shard was restored under us: nothing still pending was applied.
-                outbox.Clear();
+                ClearOutbox();
                 answers.FailAll("not applied: the view was reset");
                 View.Apply(message);
             }
@@ -657,7 +661,7 @@ namespace Meridian.Client
         {
             State = ClientState.Resuming;
             pings.Clear();
-            outbox.Clear();
+            ClearOutbox();
             answers.FailAll("the connection dropped before the answer: it may or may not have been applied");
             resumeDeadline = Now + options.ResumeWindow.TotalSeconds;
             delay = options.ReconnectDelay.TotalSeconds;
@@ -690,7 +694,7 @@ namespace Meridian.Client
             double due = double.MaxValue;
             if (State == ClientState.Resuming)
             {
-                due = attemptInFlight ? resumeDeadline : Math.Min(nextAttemptAt, resumeDeadline);
+                due = attemptInFlight ? (transport != null ? Math.Min(attemptDeadline, resumeDeadline) : resumeDeadline) : Math.Min(nextAttemptAt, resumeDeadline);
             }
             else if (State == ClientState.Playing)
             {
@@ -711,6 +715,10 @@ namespace Meridian.Client
                         ?? new MeridianException(ErrorCode.UNAVAILABLE, "could not resume within the resume window", 0, true));
                     return;
                 }
+                if (attemptInFlight && transport != null && now >= attemptDeadline)
+                {
+                    AttemptFailed(new MeridianException(ErrorCode.UNAVAILABLE, "no ViewReset from " + CurrentGateway + " within " + options.OpenTimeout.TotalSeconds + " s", 0, true));
+                }
                 if (!attemptInFlight && now >= nextAttemptAt)
                 {
                     attemptInFlight = true;
@@ -726,9 +734,16 @@ namespace Meridian.Client
             }
         }
 
+        void ClearOutbox()
+        {
+            outbox.Clear();
+            heldRequests = 0;
+        }
+
         void Enqueue(byte[] body, Bucket bucket, bool request)
         {
             outbox.Enqueue(new Outgoing { Body = body, Bucket = bucket, Request = request });
+            if (request) heldRequests++;
             Flush();
         }
 
@@ -741,12 +756,13 @@ namespace Meridian.Client
                 var next = outbox.Peek();
                 if (options.PaceToLimits)
                 {
-                    if (next.Request && answers.Count > options.MaxInFlight) return;
+                    if (next.Request && answers.Count - heldRequests >= options.MaxInFlight) return;
                     double now = Now;
                     var bucket = next.Bucket == Bucket.Move ? moveBucket : next.Bucket == Bucket.Chat ? chatBucket : next.Bucket == Bucket.Action ? actionBucket : null;
                     if (bucket != null && !bucket.TryTake(now)) return;
                 }
                 outbox.Dequeue();
+                if (next.Request) heldRequests--;
                 Transmit(next.Body);
             }
         }
@@ -823,7 +839,7 @@ namespace Meridian.Client
             State = ClientState.Closed;
             attemptInFlight = false;
             pings.Clear();
-            outbox.Clear();
+            ClearOutbox();
             answers.FailAll("the connection is closed");
             var current = transport;
             transport = null;

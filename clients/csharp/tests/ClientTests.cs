@@ -213,6 +213,39 @@ namespace Meridian.Client.Tests
         }
 
         [Test]
+        public static void No_more_than_max_in_flight_requests_are_outstanding()
+        {
+            using (var gateway = new FakeGateway())
+            using (var client = new MeridianClient(new ClientOptions { Gateways = { gateway.Address }, MaxInFlight = 5 }))
+            {
+                var held = new List<Move>();
+                FakeConnection connection = null;
+                gateway.Hook = (c, m) =>
+                {
+                    var move = m as Move;
+                    if (move == null) return false;
+                    lock (held) { held.Add(move); connection = c; }
+                    return true;
+                };
+                client.Wait(client.LoginAsync("patient"), Wait);
+                var moves = Enumerable.Range(0, 12).Select(_ => client.MoveAsync(Direction.DOWN)).ToList();
+                Func<int> heldCount = () => { lock (held) return held.Count; };
+                Assert.True(client.PollUntil(() => heldCount() == 5, Wait), "five sent");
+                // Nothing more goes while five are unanswered (a bounded look, not a wait for an event).
+                client.PollUntil(() => heldCount() > 5, TimeSpan.FromMilliseconds(300));
+                Assert.Equal(5, heldCount(), "still five in flight");
+                Assert.Equal(12, client.Pending, "twelve pending in all");
+                gateway.Hook = (c, m) => false;
+                lock (held)
+                {
+                    foreach (var move in held) connection.Send(new Moved { PlayerId = 1, Position = new Position(5, 6), ClientTime = move.ClientTime });
+                }
+                Assert.True(client.PollUntil(() => moves.All(m => m.IsCompleted), Wait), "all twelve answered once the first five were");
+                Assert.True(moves.All(m => m.Status == System.Threading.Tasks.TaskStatus.RanToCompletion), "and none failed");
+            }
+        }
+
+        [Test]
         public static void A_quiet_client_pings()
         {
             using (var gateway = new FakeGateway())
