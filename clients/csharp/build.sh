@@ -21,4 +21,18 @@ common=(-nologo -warnaserror+ -nowarn:1591 -debug)
 "$csc" "${common[@]}" -target:library -doc:bin/Meridian.Client.xml -out:bin/Meridian.Client.dll src/*.cs
 "$csc" "${common[@]}" -target:exe -r:bin/Meridian.Client.dll -out:bin/Meridian.Client.Tests.exe tests/*.cs
 "$csc" "${common[@]}" -target:exe -r:bin/Meridian.Client.dll -out:bin/Bot.exe examples/Bot/*.cs
+# Every type the library uses must be one of .NET Standard 2.0 (what Unity and Godot load):
+# the type references of the DLL against the types mono's netstandard facade forwards.
+netstandard=/usr/lib/mono/4.7.1-api/Facades/netstandard.dll
+if command -v monodis >/dev/null 2>&1 && [ -f "$netstandard" ]; then
+  outside=$(comm -23 \
+    <(monodis --typeref bin/Meridian.Client.dll | sed -n 's/^[0-9]*: \[[^]]*\]//p' | sed 's|/.*||' | sort -u) \
+    <(monodis --exported "$netstandard" | sed -n 's/^[0-9]*: \([^ ]*\) is in.*/\1/p' | sort -u))
+  if [ -n "$outside" ]; then
+    echo "build.sh: Meridian.Client.dll uses types outside .NET Standard 2.0:" >&2
+    echo "$outside" >&2
+    exit 1
+  fi
+  echo "every type Meridian.Client.dll uses is in .NET Standard 2.0"
+fi
 echo "built into $here/bin: Meridian.Client.dll, Meridian.Client.Tests.exe, Bot.exe ($csc)"

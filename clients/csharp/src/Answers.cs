@@ -7,6 +7,7 @@ using System.Threading.Tasks;
 
 namespace Meridian.Client
 {
+    /// <summary>The moves and actions sent and not yet answered, matched to their answers by client_time (used by <see cref="MeridianClient"/>; public for tools and tests).</summary>
     public sealed class AnswerBook
     {
         sealed class Pending
@@ -34,8 +35,10 @@ namespace Meridian.Client
         /// <summary>Requests sent and not yet answered.</summary>
         public int Count { get { return pending.Count; } }
 
+        /// <summary>Whether a request with this client_time awaits its answer.</summary>
         public bool IsPending(ulong clientTime) { return byTime.ContainsKey(clientTime); }
 
+        /// <summary>Registers a Move sent with <paramref name="clientTime"/>; the task completes with its ack's position.</summary>
         public Task<Position> ExpectMove(ulong clientTime)
         {
             var p = new Pending { ClientTime = clientTime, IsMove = true, Move = NewSource<Position>() };
@@ -43,6 +46,7 @@ namespace Meridian.Client
             return p.Move.Task;
         }
 
+        /// <summary>Registers an Action sent with <paramref name="clientTime"/>; the task completes with ActionDone.payload.</summary>
         public Task<byte[]> ExpectAction(ulong clientTime)
         {
             var p = new Pending { ClientTime = clientTime, Action = NewSource<byte[]>() };
@@ -59,6 +63,7 @@ namespace Meridian.Client
             return violation;
         }
 
+        /// <summary>An ActionDone. Returns a violation, or null.</summary>
         public string OnActionDone(ulong clientTime, byte[] payload)
         {
             Pending p;

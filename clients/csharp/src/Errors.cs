@@ -10,6 +10,7 @@ namespace Meridian.Client
     /// </summary>
     public sealed class MeridianException : Exception
     {
+        /// <summary>What went wrong (docs/protocol.md section 8 says what to do about each).</summary>
         public readonly ErrorCode Code;
         /// <summary>A sentence for logs and humans, not for parsing.</summary>
         public readonly string Detail;
@@ -18,6 +19,7 @@ namespace Meridian.Client
         /// <summary>True when the SDK made this error rather than receiving it from the server.</summary>
         public readonly bool Local;
 
+        /// <summary>An error as the server sent it, or as the SDK makes it (<paramref name="local"/>).</summary>
         public MeridianException(ErrorCode code, string detail, ulong clientTime = 0, bool local = false)
             : base(NameOf(code) + ": " + detail)
         {
@@ -53,6 +55,7 @@ namespace Meridian.Client
     /// </summary>
     public sealed class ProtocolViolation
     {
+        /// <summary>What the server did wrong.</summary>
         public readonly string Description;
         /// <summary>The message that broke the protocol, when it decoded.</summary>
         public readonly ServerMessage Message;

@@ -17,6 +17,7 @@ namespace Meridian.Client
         }
     }
 
+    /// <summary>The varint length prefix of byte-stream transports.</summary>
     public static class Framing
     {
         /// <summary>The protocol's default maximum body in both directions (the prefix not counted).</summary>
@@ -56,6 +57,7 @@ namespace Meridian.Client
     /// </summary>
     public sealed class FrameDecoder
     {
+        /// <summary>The largest body accepted; a longer announced length fails the stream.</summary>
         public readonly int MaxFrameBytes;
         byte[] buffer = new byte[256];
         int start, end;

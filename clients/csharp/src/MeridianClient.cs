@@ -29,6 +29,7 @@ namespace Meridian.Client
         public TimeSpan ResumeWindow = TimeSpan.FromSeconds(30);
         /// <summary>First wait between resume attempts, doubled after each failure up to <see cref="ReconnectMaxDelay"/>.</summary>
         public TimeSpan ReconnectDelay = TimeSpan.FromMilliseconds(250);
+        /// <summary>The longest wait between resume attempts.</summary>
         public TimeSpan ReconnectMaxDelay = TimeSpan.FromSeconds(5);
         /// <summary>Give up opening one connection after this long.</summary>
         public TimeSpan OpenTimeout = TimeSpan.FromSeconds(10);
@@ -42,7 +43,9 @@ namespace Meridian.Client
         public bool PaceToLimits = true;
         /// <summary>Moves per second and burst; a little under the server's 20 so that jitter in transit does not push arrivals over.</summary>
         public double MovesPerSecond = 19, MoveBurst = 10;
+        /// <summary>Chats per second and burst (the server's: 2, burst 5).</summary>
         public double ChatsPerSecond = 1.9, ChatBurst = 4;
+        /// <summary>Actions per second and burst (the server's: 10, burst 20).</summary>
         public double ActionsPerSecond = 9.5, ActionBurst = 15;
         /// <summary>Moves and actions sent and not yet answered; the server refuses past 1,024.</summary>
         public int MaxInFlight = 1000;
@@ -53,21 +56,28 @@ namespace Meridian.Client
     /// <summary>What LoginOk said, plus the resume token in force.</summary>
     public sealed class LoginInfo
     {
+        /// <summary>The player and the world, as LoginOk said.</summary>
         public WorldInfo World;
+        /// <summary>The player's id: the same after every resume.</summary>
         public ulong PlayerId { get { return World.PlayerId; } }
+        /// <summary>Where the player started (the view's <c>Self</c> follows it since).</summary>
         public Position Position { get { return World.Position; } }
         /// <summary>Good for one Resume; each resume's ViewReset brings the next, kept here.</summary>
         public byte[] ResumeToken;
     }
 
+    /// <summary>Where a client's session is.</summary>
     public enum ClientState
     {
         /// <summary>Not connected yet: LoginAsync connects.</summary>
         Idle,
+        /// <summary>Opening a connection for the login.</summary>
         Connecting,
         /// <summary>Connected, not logged in.</summary>
         Open,
+        /// <summary>Login sent, LoginOk awaited.</summary>
         LoggingIn,
+        /// <summary>Logged in: moves, actions and chat may be sent.</summary>
         Playing,
         /// <summary>The connection dropped; reconnecting and resuming on its own.</summary>
         Resuming,
@@ -75,6 +85,7 @@ namespace Meridian.Client
         Closed,
     }
 
+    /// <summary>Why a client closed for good.</summary>
     public enum CloseReason
     {
         /// <summary>LogoutAsync was called.</summary>
@@ -179,8 +190,10 @@ namespace Meridian.Client
         /// <summary>The answer to a keep-alive Ping: client_time and round trip.</summary>
         public event Action<ulong, TimeSpan> Pong;
 
+        /// <summary>A client of the cluster behind these gateways (<c>host:port</c> or <c>ws://host:port/</c>), with the default options. Nothing is opened until <see cref="LoginAsync"/>.</summary>
         public MeridianClient(params string[] gateways) : this(new ClientOptions { Gateways = new List<string>(gateways) }) { }
 
+        /// <summary>A client with these options. Nothing is opened until <see cref="LoginAsync"/>.</summary>
         public MeridianClient(ClientOptions options)
         {
             this.options = options;
@@ -194,6 +207,7 @@ namespace Meridian.Client
             View.Violation += v => Raise(Violation, v);
         }
 
+        /// <summary>Where the session is.</summary>
         public ClientState State { get; private set; }
 
         /// <summary>What LoginOk said, once logged in (its ResumeToken kept current).</summary>
@@ -303,6 +317,7 @@ namespace Meridian.Client
             return ShutDown(CloseReason.Closed, "the connection was closed before the answer");
         }
 
+        /// <summary>Closes without logging out (as <see cref="CloseAsync"/>).</summary>
         public void Dispose()
         {
             CloseAsync();
@@ -363,6 +378,7 @@ namespace Meridian.Client
             return task.Result;
         }
 
+        /// <summary>Polls until <paramref name="task"/> completes; throws its error (unwrapped), or TimeoutException.</summary>
         public void Wait(Task task, TimeSpan timeout)
         {
             if (!PollUntil(() => task.IsCompleted, timeout))

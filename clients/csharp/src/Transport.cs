@@ -14,11 +14,14 @@ namespace Meridian.Client
     /// <summary>Where a gateway listens: <c>host:port</c> for TCP, <c>ws://host:port/</c> for WebSocket.</summary>
     public sealed class Gateway
     {
+        /// <summary>The host name or address.</summary>
         public readonly string Host;
+        /// <summary>The TCP port (the WebSocket's, for a WebSocket gateway).</summary>
         public readonly int Port;
         /// <summary>The WebSocket URL, or null for TCP.</summary>
         public readonly Uri WebSocketUri;
 
+        /// <summary>A TCP gateway, or a WebSocket one when <paramref name="webSocketUri"/> is given.</summary>
         public Gateway(string host, int port, Uri webSocketUri = null)
         {
             Host = host;

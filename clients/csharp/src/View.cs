@@ -15,13 +15,16 @@ namespace Meridian.Client
 
         /// <summary>Players and NPCs share one id space, unique across the cluster.</summary>
         public readonly ulong Id;
+        /// <summary>Its cell, as last heard.</summary>
         public Position Position { get; internal set; }
+        /// <summary>Its display name.</summary>
         public string Name { get; internal set; }
         /// <summary>0 for a player, the game's (non-zero) kind for an NPC.</summary>
         public uint Kind { get; internal set; }
         /// <summary>The entity's public state: game-defined bytes (at most 1024).</summary>
         public byte[] State { get; internal set; }
 
+        /// <summary>Kind 0: a player, not an NPC.</summary>
         public bool IsPlayer { get { return Kind == PlayerKind; } }
 
         internal Entity(ulong id, Position position, string name, uint kind, byte[] state)
@@ -39,14 +42,21 @@ namespace Meridian.Client
     /// <summary>What LoginOk told about the world and the player.</summary>
     public sealed class WorldInfo
     {
+        /// <summary>The player's id, unique across the cluster.</summary>
         public ulong PlayerId;
+        /// <summary>The name it logged in with.</summary>
         public string Name;
+        /// <summary>Where it started.</summary>
         public Position Position;
+        /// <summary>The map's size: 0 &lt;= x &lt; MapWidth, 0 &lt;= y &lt; MapHeight.</summary>
         public uint MapWidth;
+        /// <summary>The map's height.</summary>
         public uint MapHeight;
+        /// <summary>Sight: A sees B iff |ax - bx| &lt;= ViewRange and |ay - by| &lt;= ViewRange.</summary>
         public uint ViewRange;
     }
 
+    /// <summary>What the player sees: kept by the client inside Poll(), read it there or after.</summary>
     public sealed class View
     {
         readonly Dictionary<ulong, Entity> entities = new Dictionary<ulong, Entity>();
@@ -65,6 +75,7 @@ namespace Meridian.Client
         public event Action<ulong, string, Entity> Chat;
         /// <summary>Everything seen was forgotten (a resume or restore); Entered for everything in sight follows.</summary>
         public event Action<Position> Reset;
+        /// <summary>A message that breaks the protocol (also relayed as the client's Violation event).</summary>
         public event Action<ProtocolViolation> Violation;
 
         /// <summary>The player itself, once logged in; null before.</summary>
