@@ -246,6 +246,39 @@ namespace Meridian.Client.Tests
         }
 
         [Test]
+        public static void Every_error_code_reaches_the_app_typed()
+        {
+            using (var gateway = new FakeGateway())
+            using (var client = new MeridianClient(new ClientOptions { Gateways = { gateway.Address }, PaceToLimits = false }))
+            {
+                var codes = Enum.GetValues(typeof(ErrorCode)).Cast<ErrorCode>().ToList();
+                int next = 0;
+                gateway.Hook = (c, m) =>
+                {
+                    var action = m as ActionRequest;
+                    if (action == null) return false;
+                    var code = codes[Interlocked.Increment(ref next) - 1];
+                    c.Send(new ErrorMessage { Code = code, Detail = "detail " + code, ClientTime = action.ClientTime });
+                    return true;
+                };
+                var events = new List<MeridianException>();
+                client.Error += events.Add;
+                client.Wait(client.LoginAsync("errors"), Wait);
+                foreach (var code in codes)
+                {
+                    var error = Assert.Throws<MeridianException>(() => client.Wait(client.ActionAsync(1), Wait), code.ToString());
+                    Assert.True(error.Code == code && error.Detail == "detail " + code && !error.Local, "typed as " + code + ": " + error);
+                    Assert.Equal(code.ToString(), error.CodeName, "the code's name");
+                }
+                // An error that answers nothing pending is an Error event, typed the same way.
+                gateway.Accepted.Take().Send(new ErrorMessage { Code = ErrorCode.INVALID_ARGUMENT, Detail = "chat too long" });
+                Assert.True(client.PollUntil(() => events.Count == 1, Wait), "the Error event");
+                Assert.Equal(ErrorCode.INVALID_ARGUMENT, events[0].Code, "typed");
+                Assert.True(new MeridianException((ErrorCode)99, "x").CodeName == "UNKNOWN_99", "a code from a newer server has a name too");
+            }
+        }
+
+        [Test]
         public static void A_quiet_client_pings()
         {
             using (var gateway = new FakeGateway())
