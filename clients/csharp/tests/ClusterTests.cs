@@ -23,14 +23,16 @@ namespace Meridian.Client.Tests
         static string startError;
 
         readonly Process process;
+        readonly string directory;
         public readonly string LogPath;
         /// <summary>Per gateway: TCP address, WebSocket address, pid.</summary>
         public readonly List<string> Tcp = new List<string>(), Ws = new List<string>();
         public readonly List<int> GatewayPids = new List<int>();
 
-        TestCluster(Process process, string logPath, string ready)
+        TestCluster(Process process, string directory, string logPath, string ready)
         {
             this.process = process;
+            this.directory = directory;
             LogPath = logPath;
             // The ready file is JSON; these are the only fields read, so a regex does.
             var gateways = ready.Substring(ready.IndexOf("\"gateways\"", StringComparison.Ordinal));
@@ -84,7 +86,13 @@ namespace Meridian.Client.Tests
             var log = Path.Combine(dir, "up.log");
             var args = "up --shards 2 --gateways 3 --port 0 --quic-port 0 --ws-port 0 --etcd-port 0 --game wolves"
                 + " --ready-file " + readyFile + " --cluster cs-test-" + Process.GetCurrentProcess().Id;
-            var info = new ProcessStartInfo(bin, args)
+            // If this runner dies without stopping it (killed by a timeout, say), `up` gets SIGTERM
+            // and stops its nodes: setpriv's parent-death signal. It fires when the starting
+            // *thread* ends, so the runner starts the cluster from its main thread.
+            ProcessStartInfo info;
+            if (File.Exists("/usr/bin/setpriv")) info = new ProcessStartInfo("/usr/bin/setpriv", "--pdeathsig TERM " + bin + " " + args);
+            else info = new ProcessStartInfo(bin, args);
+            info = new ProcessStartInfo(info.FileName, info.Arguments)
             {
                 UseShellExecute = false,
                 RedirectStandardOutput = true,
@@ -108,7 +116,7 @@ namespace Meridian.Client.Tests
                 if (File.Exists(readyFile))
                 {
                     var ready = File.ReadAllText(readyFile);
-                    if (ready.Contains("\"gateways\"")) return new TestCluster(process, log, ready);
+                    if (ready.Contains("\"gateways\"")) return new TestCluster(process, dir, log, ready);
                 }
             }
             Signal(process.Id, "TERM");
@@ -142,6 +150,7 @@ namespace Meridian.Client.Tests
                     Console.WriteLine("meridian up did not stop within 20 s; killing it");
                     Signal(shared.process.Id, "KILL");
                 }
+                try { Directory.Delete(shared.directory, true); } catch (IOException) { }
                 shared = null;
             }
         }

@@ -89,6 +89,12 @@ namespace Meridian.Client.Tests
             var failures = new List<string>();
             try
             {
+                if (tests.Any(t => t.Attribute.Cluster))
+                {
+                    // On this thread, which lives as long as the run (see TestCluster.Start); a
+                    // failure to start is reported by every cluster test.
+                    try { var started = TestCluster.Shared; } catch (Exception) { }
+                }
                 foreach (var test in tests)
                 {
                     string name = test.Method.DeclaringType.Name + "." + test.Method.Name;
