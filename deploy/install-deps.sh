@@ -95,6 +95,9 @@ check_node() {
     [ "$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null)" -ge 18 ] 2>/dev/null
 }
 check_flock() { has flock; }
+# The C# SDK (clients/csharp/build.sh, its tests): mono and its C# compiler (Debian's
+# mono-complete ships mono-csc/mcs; csc where Roslyn is installed).
+check_mono() { has mono && { has csc || has mono-csc || has mcs; }; }
 # The player store's tests start their own PostgreSQL server (services/testkit/src/postgres.rs):
 # Debian's server binaries, run as the package's `postgres` user when the tests run as root.
 check_postgres() {
@@ -134,6 +137,7 @@ if [ "$mode" = test ]; then
     need check_venv "apt:python3-venv" "python3 -m venv with ensurepip (.ci/chart-check's kubernetes-validate venv)"
     need check_unzip "apt:unzip" "unzip (.ci/chart-check unpacks Helm's wheel)"
     need check_node "apt:nodejs npm" "node >= 18 and npm (the TypeScript SDK's tests, the /play page's bundle check)"
+    need check_mono "apt:mono-complete" "mono and a C# compiler, csc or mono-csc (the C# SDK's build and tests)"
     need check_flock "apt:util-linux" "flock (.ci/chart-check's cache lock)"
     need check_postgres "apt:postgresql util-linux" "PostgreSQL's server binaries /usr/lib/postgresql/*/bin (initdb, pg_ctl) and, as root, the postgres user and runuser (the player store's tests)"
     need check_rustfmt "rustup:rustfmt" "rustfmt (cargo fmt in .ci/run)"

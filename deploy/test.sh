@@ -74,7 +74,10 @@ typescript_sdk() {
     (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && npm run -s lint && npm test && npm run -s check:play) ||
         { echo "test.sh: the TypeScript SDK failed, or services/gateway/src/play.js is stale (npm run bundle:play in clients/typescript)" >&2; return 1; }
 }
+# The C# SDK's library, tests and example bot (mono's compiler); its tests run below.
+csharp_build() { nice -n 5 clients/csharp/build.sh; }
 step python-venv python_venv
+step csharp-build csharp_build
 step bench-unittests bench_unittests
 step typescript-sdk typescript_sdk
 # The Helm chart, offline: lint, render for several Kubernetes versions, strict schemas.
@@ -92,6 +95,11 @@ cargo test --workspace --doc
 # The Python client (pytest; against a real `meridian up` of the binary built above).
 phase "the Python client (pytest)"
 MERIDIAN_BIN="$target/debug/meridian" PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python
+# The C# client: unit tests, then against a real `meridian up` of the binary built above
+# (each test bounded by the runner; it prints its counts).
+finish csharp-build
+phase "the C# client (mono)"
+MERIDIAN_BIN="$target/debug/meridian" timeout 900 mono clients/csharp/bin/Meridian.Client.Tests.exe all
 
 finish bench-unittests
 finish typescript-sdk
