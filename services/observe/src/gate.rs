@@ -10,7 +10,8 @@
 //!   passes held from one address, the next connection from it is refused at once, so one
 //!   address cannot fill the port.
 //! - **In all**: past [`GateLimits::max`], the newcomer takes the place of the *oldest*
-//!   pass not [`Pass::busy`], which is told to close ([`Pass::evicted`]). A genuine peer
+//!   pass that has not [`Pass::spoke`] (sent its first byte), or failing one the oldest
+//!   not [`Pass::busy`]; that one is told to close ([`Pass::evicted`]). A genuine peer
 //!   speaks as soon as it is connected and holds its pass for a round trip or two; a
 //!   connection held open in silence, or dribbling, grows old, so it is the one that goes.
 //!   Strangers from many addresses can then keep a peer out only by opening connections
@@ -58,6 +59,7 @@ struct Waiting {
     address: IpAddr,
     evict: Arc<Notify>,
     busy: Arc<AtomicBool>,
+    spoke: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -146,19 +148,31 @@ impl Gate {
     /// closed at once: its address holds its share, or every pass is busy. When the gate is
     /// full, the oldest pass not busy is evicted to make room.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Pass> {
+        self.admit_as(peer, false)
+    }
+
+    /// [`Gate::admit`], without the per-address share when `exempt` (an address the node
+    /// is told to trust with more, such as loopback under `meridian up`).
+    pub fn admit_as(self: &Arc<Self>, peer: IpAddr, exempt: bool) -> Option<Pass> {
         let address = address_key(peer);
         let mut state = self.lock();
-        if state.per_address.get(&address).copied().unwrap_or(0) >= self.limits.per_address {
+        let held = state.per_address.get(&address).copied().unwrap_or(0);
+        if !exempt && held >= self.limits.per_address {
             drop(state);
             self.closed.inc("per_address");
             return None;
         }
         if state.waiting.len() >= self.limits.max {
-            let oldest = state
-                .waiting
-                .iter()
-                .find(|(_, w)| !w.busy.load(Ordering::Relaxed))
-                .map(|(&id, w)| (id, Arc::clone(&w.evict)));
+            let idle = |w: &&Waiting| !w.busy.load(Ordering::Relaxed);
+            let silent = |w: &&Waiting| idle(w) && !w.spoke.load(Ordering::Relaxed);
+            let oldest = |keep: &dyn Fn(&&Waiting) -> bool| {
+                state
+                    .waiting
+                    .iter()
+                    .find(|(_, w)| keep(w))
+                    .map(|(&id, w)| (id, Arc::clone(&w.evict)))
+            };
+            let oldest = oldest(&silent).or_else(|| oldest(&idle));
             let Some((id, evict)) = oldest else {
                 drop(state);
                 self.closed.inc("full");
@@ -171,11 +185,17 @@ impl Gate {
         }
         let id = state.next;
         state.next += 1;
-        let (evict, busy) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
-        let waiting = Waiting { address, evict: Arc::clone(&evict), busy: Arc::clone(&busy) };
+        let evict = Arc::new(Notify::new());
+        let (busy, spoke) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let waiting = Waiting {
+            address,
+            evict: Arc::clone(&evict),
+            busy: Arc::clone(&busy),
+            spoke: Arc::clone(&spoke),
+        };
         state.waiting.insert(id, waiting);
         *state.per_address.entry(address).or_insert(0) += 1;
-        Some(Pass { gate: Arc::clone(self), id, evict, busy })
+        Some(Pass { gate: Arc::clone(self), id, evict, busy, spoke })
     }
 }
 
@@ -185,6 +205,7 @@ pub struct Pass {
     id: u64,
     evict: Arc<Notify>,
     busy: Arc<AtomicBool>,
+    spoke: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Pass {
@@ -202,6 +223,12 @@ impl Pass {
     /// Marks the connection as being answered (not to be evicted) or not.
     pub fn busy(&self, busy: bool) {
         self.busy.store(busy, Ordering::Relaxed);
+    }
+
+    /// Marks the connection as having sent its first byte: while silent ones wait, they
+    /// are evicted before it.
+    pub fn spoke(&self) {
+        self.spoke.store(true, Ordering::Relaxed);
     }
 
     /// Runs `work` until it is done, the pass is evicted or `within` passed (counted as
@@ -259,6 +286,9 @@ mod tests {
         assert!(gate.admit(ip("10.0.0.1")).is_none(), "a third from one address");
         assert!(gate.admit(ip("::ffff:10.0.0.1")).is_none(), "the same address, IPv4-mapped");
         assert!(gate.admit(ip("10.0.0.2")).is_some(), "another address");
+        let exempt = gate.admit_as(ip("10.0.0.1"), true);
+        assert!(exempt.is_some(), "an exempt address has no share");
+        drop(exempt);
         let v6 = [gate.admit(ip("2001:db8::1")), gate.admit(ip("2001:db8::2"))];
         assert!(v6.iter().all(Option::is_some));
         assert!(gate.admit(ip("2001:db8::3")).is_none(), "one /64 is one address");
@@ -297,6 +327,26 @@ mod tests {
         drop(third);
         assert!(gate.admit(ip("10.0.0.5")).is_some());
         drop(first);
+    }
+
+    /// A connection that spoke outlives silent ones older than it.
+    #[tokio::test]
+    async fn silent_passes_go_before_those_that_spoke() {
+        let (gate, _) = gate(10, 3);
+        let spoke = gate.admit(ip("10.0.0.1")).unwrap();
+        spoke.spoke();
+        let silent = [gate.admit(ip("10.0.0.2")).unwrap(), gate.admit(ip("10.0.0.3")).unwrap()];
+        let new = gate.admit(ip("10.0.0.4")).unwrap();
+        new.spoke();
+        let cut = silent[0].within(Duration::from_secs(5), std::future::pending::<()>()).await;
+        assert_eq!(cut, Err(Cut::Evicted), "the oldest silent one");
+        let newer = gate.admit(ip("10.0.0.5")).unwrap();
+        newer.spoke();
+        let cut = silent[1].within(Duration::from_secs(5), std::future::pending::<()>()).await;
+        assert_eq!(cut, Err(Cut::Evicted), "the next silent one, still before the one that spoke");
+        let _newest = gate.admit(ip("10.0.0.6")).unwrap();
+        let cut = spoke.within(Duration::from_secs(5), std::future::pending::<()>()).await;
+        assert_eq!(cut, Err(Cut::Evicted), "with only speakers left, the oldest of them");
     }
 
     #[tokio::test]

@@ -339,12 +339,16 @@ pub enum Early {
     Cut(Cut),
 }
 
-/// Waits, within [`FIRST_BYTE_WITHIN`], until `tcp` has a byte to read (left unread).
+/// Waits, within [`FIRST_BYTE_WITHIN`], until `tcp` has a byte to read (left unread), and
+/// marks the pass as having spoken (silent connections are evicted first).
 pub async fn first_byte(tcp: &TcpStream, pass: &Pass) -> Result<(), Early> {
     let mut first = [0u8; 1];
     match pass.within(FIRST_BYTE_WITHIN, tcp.peek(&mut first)).await {
         Ok(Ok(0)) => Err(Early::Gone(None)),
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(_)) => {
+            pass.spoke();
+            Ok(())
+        }
         Ok(Err(error)) => Err(Early::Gone(Some(error))),
         Err(cut) => Err(Early::Cut(cut)),
     }
