@@ -314,7 +314,7 @@ pub(crate) fn connect_socket(addr: SocketAddr, options: RawOptions) -> std::io::
     if let Some(within) = options.connect_within {
         let value = libc::timeval {
             tv_sec: libc::time_t::try_from(within.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_usec: libc::suseconds_t::try_from(within.subsec_micros()).unwrap_or(0),
+            tv_usec: libc::suseconds_t::from(within.subsec_micros()),
         };
         // SAFETY: a valid pointer to a timeval and its size.
         let rc = unsafe {
