@@ -282,6 +282,10 @@ async fn serve_connection(stream: TcpStream, admin: Arc<Admin>, pass: Pass) {
         }
     };
     if let Err(error) = outcome {
+        if error.is_timeout() {
+            // No whole request head in time (a slow client, or a kept-alive one idle).
+            pass.deadline_passed();
+        }
         debug!(%error, "admin connection ended");
     }
 }
@@ -550,6 +554,10 @@ mod tests {
         let mut slow = Client::connect(&addr).await;
         slow.send("GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
         assert!(slow.closed().await, "a head never finished");
+        let metrics = ask(&addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
+        let counted =
+            "meridian_untrusted_connections_closed_total{port=\"admin\",reason=\"deadline\"} 1\n";
+        assert!(metrics.body.contains(counted), "{metrics:?}");
         let mut idle = Client::connect(&addr).await;
         idle.send("GET /healthz HTTP/1.1\r\n\r\n").await;
         assert_eq!(idle.answer(false).await.status, 200);

@@ -231,6 +231,12 @@ impl Pass {
         self.spoke.store(true, Ordering::Relaxed);
     }
 
+    /// Counts the connection as closed at a deadline its port keeps itself (the admin
+    /// port's request-head deadline, which hyper enforces).
+    pub fn deadline_passed(&self) {
+        self.gate.closed.inc("deadline");
+    }
+
     /// Runs `work` until it is done, the pass is evicted or `within` passed (counted as
     /// `deadline`).
     pub async fn within<F: Future>(&self, within: Duration, work: F) -> Result<F::Output, Cut> {

@@ -169,11 +169,12 @@ pub fn slow_admin_clients_keep_no_probe_out() {
         let acks = bystander.finish()?;
         eprintln!(
             "admin probes (/healthz then /readyz) during the attack: {}; slow clients: one \
-             address {one:?}, eight {many:?}; gate closed {} per address, {} evicted; \
-             bystander {acks} acks",
+             address {one:?}, eight {many:?}; gate closed {} per address, {} evicted, {} \
+             past the head deadline; bystander {acks} acks",
             summary(&probes),
             closed(admin, "admin", "per_address")?,
             closed(admin, "admin", "evicted")?,
+            closed(admin, "admin", "deadline")?,
         );
         all_in(probes, "probe pair")?;
         Ok(())
