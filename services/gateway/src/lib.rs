@@ -235,7 +235,8 @@ pub async fn run(
     let quic_addr = match quic {
         Some(front) => {
             let addr = front.local_addr().map_err(GatewayError::Listener)?;
-            workers.spawn_quic(front)?;
+            let waiting = meridian_observe::Gate::new("quic", quic::WAITING_FOR_STREAM, &registry);
+            workers.spawn_quic(front, waiting)?;
             Some(addr)
         }
         None => None,

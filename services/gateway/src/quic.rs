@@ -22,6 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use meridian_observe::{Gate, GateLimits};
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info};
 
@@ -39,18 +40,27 @@ const EVENTS: usize = 1024;
 const READ_CHUNK: usize = 64 * 1024;
 /// How long the TLS handshake may take.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
-/// How long a connected client may take to open its session stream.
-const STREAM_WITHIN: Duration = Duration::from_secs(10);
+/// How long a connected client may take to open its session stream (a client opens it,
+/// and writes its login, as soon as the handshake is done).
+const STREAM_WITHIN: Duration = Duration::from_secs(2);
 /// Handshakes in flight beyond which a client must first prove its address (a QUIC Retry
 /// round trip), so a flood of spoofed Initial packets costs the gateway one packet each.
 const HANDSHAKES_BEFORE_RETRY: usize = 256;
-/// Handshakes in flight beyond which new clients are refused outright.
+/// Handshakes in flight beyond which new clients are refused outright. A handshake counts
+/// until it is done, not while the client is waited for to open its stream: that wait is
+/// bounded by [`WAITING_FOR_STREAM`] instead, so idle connections cannot fill this.
 const HANDSHAKES_MAX: usize = 4096;
+/// Connections past their handshake waiting for their session stream, bounded like every
+/// connection not yet trusted (`meridian_observe::gate`): at most 16 from one address
+/// (more are closed at once with [`CLOSE_BUSY`]; the addresses `--limit-exempt` names have
+/// no such share), 1,024 in all, past which a newcomer takes the place of the oldest.
+pub const WAITING_FOR_STREAM: GateLimits = GateLimits { per_address: 16, max: 1024 };
 
 /// Application close codes (QUIC CONNECTION_CLOSE), for clients' logs.
 const CLOSE_DONE: u32 = 0;
 const CLOSE_NO_ALPN: u32 = 1;
 const CLOSE_NO_STREAM: u32 = 2;
+const CLOSE_BUSY: u32 = 3;
 
 /// A bound QUIC socket and its TLS configuration, made before the gateway starts so bad
 /// certificates and taken ports are reported at start-up.
@@ -147,14 +157,14 @@ pub fn spawn(
     shared: Arc<Shared>,
     mail: Inbox,
     failed: Arc<WorkerFailed>,
+    waiting: Arc<Gate>,
 ) -> io::Result<(WakeFn, JoinHandle<()>)> {
     let notify = Arc::new(Notify::new());
     let waker = Arc::clone(&notify);
     let thread = std::thread::Builder::new().name("gw-quic".into()).spawn(move || {
-        let result = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .and_then(|runtime| runtime.block_on(serve(index, front, shared, mail, notify)));
+        let result = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(
+            |runtime| runtime.block_on(serve(index, front, shared, mail, notify, waiting)),
+        );
         report_exit(index, &failed, result)
     })?;
     Ok((Arc::new(move || waker.notify_one()), thread))
@@ -176,6 +186,7 @@ async fn serve(
     shared: Arc<Shared>,
     mail: Inbox,
     notify: Arc<Notify>,
+    waiting: Arc<Gate>,
 ) -> io::Result<()> {
     let addr = front.socket.local_addr()?;
     let endpoint = quinn::Endpoint::new(
@@ -186,8 +197,13 @@ async fn serve(
     )?;
     let (events_in, mut events) = mpsc::channel(EVENTS);
     let metrics = Arc::clone(&shared.metrics);
-    let accepting =
-        tokio::spawn(accept_loop(endpoint.clone(), events_in.clone(), Arc::clone(&metrics)));
+    let exempt = shared.config.limits.exempt.clone();
+    let accepting = tokio::spawn(accept_loop(
+        endpoint.clone(),
+        events_in.clone(),
+        Arc::clone(&metrics),
+        Waiting { gate: waiting, exempt },
+    ));
     let mut this = Loop {
         core: Core::new(index, Arc::clone(&shared), Instant::now()),
         ios: Vec::new(),
@@ -431,10 +447,18 @@ async fn read_link(
     }
 }
 
+/// The connections waiting for their session stream, and the addresses with no share.
+#[derive(Clone)]
+struct Waiting {
+    gate: Arc<Gate>,
+    exempt: Vec<meridian_gateway_core::limits::AddressBlock>,
+}
+
 async fn accept_loop(
     endpoint: quinn::Endpoint,
     events: mpsc::Sender<Event>,
     metrics: Arc<GatewayMetrics>,
+    waiting: Waiting,
 ) {
     let in_flight = Arc::new(AtomicUsize::new(0));
     while let Some(incoming) = endpoint.accept().await {
@@ -454,11 +478,8 @@ async fn accept_loop(
         }
         in_flight.fetch_add(1, Ordering::Relaxed);
         let guard = InFlight(Arc::clone(&in_flight));
-        let (events, metrics) = (events.clone(), Arc::clone(&metrics));
-        tokio::spawn(async move {
-            handshake(incoming, events, metrics).await;
-            drop(guard);
-        });
+        let (events, metrics, waiting) = (events.clone(), Arc::clone(&metrics), waiting.clone());
+        tokio::spawn(handshake(incoming, guard, events, metrics, waiting));
     }
 }
 
@@ -471,11 +492,15 @@ impl Drop for InFlight {
     }
 }
 
-/// One client's handshake, on its own task so a slow or failing one disturbs nobody.
+/// One client's handshake, on its own task so a slow or failing one disturbs nobody; it
+/// counts as in flight (`in_flight`) until the handshake is done, then waits for the
+/// client's stream holding a pass at the `waiting` gate.
 async fn handshake(
     incoming: quinn::Incoming,
+    in_flight: InFlight,
     events: mpsc::Sender<Event>,
     metrics: Arc<GatewayMetrics>,
+    waiting: Waiting,
 ) {
     let remote = incoming.remote_address();
     let started = Instant::now();
@@ -500,6 +525,7 @@ async fn handshake(
             return;
         }
     };
+    drop(in_flight);
     // rustls refuses a client offering only other protocols; one offering none at all
     // would get through it, so the protocol is checked here as well.
     let protocol = connection
@@ -515,13 +541,23 @@ async fn handshake(
     metrics.quic_handshakes.inc();
     metrics.quic_handshake_seconds.observe(started.elapsed().as_secs_f64());
     debug!(%remote, elapsed = ?started.elapsed(), "QUIC handshake complete");
-    match tokio::time::timeout(STREAM_WITHIN, connection.accept_bi()).await {
+    // The handshake proved the address (the client read our packets), so its share is
+    // its own, not a spoofer's.
+    let exempt = waiting.exempt.iter().any(|block| block.contains(remote.ip()));
+    let Some(pass) = waiting.gate.admit_as(remote.ip(), exempt) else {
+        debug!(%remote, "QUIC client refused: its address has too many connections without a stream");
+        connection
+            .close(CLOSE_BUSY.into(), b"too many connections without a stream from your address");
+        return;
+    };
+    match pass.within(STREAM_WITHIN, connection.accept_bi()).await {
         Ok(Ok((send, recv))) => {
+            drop(pass);
             let _ = events.send(Event::Opened { connection, send, recv }).await;
         }
         Ok(Err(error)) => debug!(%remote, %error, "QUIC client left before opening its stream"),
-        Err(_) => {
-            debug!(%remote, "QUIC client opened no stream in time");
+        Err(cut) => {
+            debug!(%remote, ?cut, "QUIC client opened no stream in time, or was evicted");
             connection.close(CLOSE_NO_STREAM.into(), b"open one bidirectional stream");
         }
     }

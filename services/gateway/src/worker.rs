@@ -38,12 +38,16 @@ impl Workers {
 
     /// Starts the QUIC front as the next worker: deliveries reach it by the worker index in
     /// its session ids, like any TCP worker.
-    pub fn spawn_quic(&mut self, front: crate::QuicFront) -> Result<(), GatewayError> {
+    pub fn spawn_quic(
+        &mut self,
+        front: crate::QuicFront,
+        waiting: Arc<meridian_observe::Gate>,
+    ) -> Result<(), GatewayError> {
         let index = self.mailboxes.len();
         let (sender, mail, woken) = mailbox(self.accounts.clone());
         let shared = Arc::clone(&self.shared);
         let (waker, thread) =
-            crate::quic::spawn(index, front, shared, mail, Arc::clone(&self.failed))
+            crate::quic::spawn(index, front, shared, mail, Arc::clone(&self.failed), waiting)
                 .map_err(|source| GatewayError::Worker { index, source })?;
         self.threads.push(thread);
         self.mailboxes.push(Mailbox { sender, waker, woken });

@@ -3,6 +3,13 @@
 //! and an operator's browser, not traffic: HTTP/1.1 with keep-alive on hyper (the HTTP
 //! stack tonic already brings in), GET and HEAD only, every request and client bounded (see
 //! the limits below), since it faces whatever can reach the port.
+//!
+//! Probes must be answered whatever other clients do: every connection holds a place at a
+//! [`Gate`] (at most [`CONNECTIONS_PER_ADDRESS`] from one address, [`CONNECTIONS_MAX`] in
+//! all), and when the port is full a new connection takes the place of the oldest one not
+//! being answered at that moment (a slow or idle client, never a request in progress), so
+//! a kubelet probe that sends its request at once is answered however many half-sent heads
+//! are held open.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,9 +23,9 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tracing::debug;
 
+use crate::gate::{Gate, GateLimits, Pass};
 use crate::Registry;
 
 /// Answers `/readyz`: `Ok(())` when ready, else the reason (sent as the 503 body).
@@ -158,8 +165,12 @@ pub const REQUEST_HEADERS_MAX: usize = 64;
 /// How long one connection may live, however busy: a client that stops reading its answer
 /// holds it no longer than this. It is then closed after the answer in flight (given 5 s).
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
-/// Connections served at once; more wait in the listener's backlog until one closes.
+/// Connections served at once. A new one past it takes the place of the oldest connection
+/// not being answered (closed without a word); none at all is refused (closed at once).
 pub const CONNECTIONS_MAX: usize = 256;
+/// Connections served at once from one address (an IPv6 /64): more are closed at once.
+/// A browser opens 6, a Prometheus scrape and a kubelet probe one each.
+pub const CONNECTIONS_PER_ADDRESS: usize = 32;
 
 /// What every connection's requests are answered from.
 struct Admin {
@@ -175,9 +186,14 @@ struct Admin {
 struct Limits {
     head_within: Duration,
     lifetime: Duration,
+    gate: GateLimits,
 }
 
-const LIMITS: Limits = Limits { head_within: REQUEST_HEAD_WITHIN, lifetime: CONNECTION_LIFETIME };
+const LIMITS: Limits = Limits {
+    head_within: REQUEST_HEAD_WITHIN,
+    lifetime: CONNECTION_LIFETIME,
+    gate: GateLimits { per_address: CONNECTIONS_PER_ADDRESS, max: CONNECTIONS_MAX },
+};
 
 /// Serves the admin endpoints on `listener` until the task is dropped.
 pub async fn serve_admin(listener: TcpListener, registry: Registry, readiness: Readiness) {
@@ -206,26 +222,41 @@ async fn serve_admin_within(
     limits: Limits,
 ) {
     crate::process::register(&registry);
+    let gate = Gate::new("admin", limits.gate, &registry);
     let admin = Arc::new(Admin { registry, readiness, routes, access, limits });
-    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-        let Ok((stream, _)) = listener.accept().await else {
+        // Accepted at once, whatever is open: a connection left in the backlog would wait
+        // behind every slow client, which is what the gate is there to prevent.
+        let (stream, from) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors or memory: try again a little later, not in a spin.
+                debug!(%error, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some(pass) = gate.admit(from.ip()) else {
+            debug!(%from, "admin connection refused: its address holds its share");
             continue;
         };
-        let admin = Arc::clone(&admin);
-        tokio::spawn(async move {
-            serve_connection(stream, admin).await;
-            drop(slot);
-        });
+        tokio::spawn(serve_connection(stream, Arc::clone(&admin), pass));
     }
 }
 
-async fn serve_connection(stream: TcpStream, admin: Arc<Admin>) {
+async fn serve_connection(stream: TcpStream, admin: Arc<Admin>, pass: Pass) {
     let limits = admin.limits;
+    let pass = Arc::new(pass);
+    let answering = Arc::clone(&pass);
     let service = hyper::service::service_fn(move |request| {
-        let admin = Arc::clone(&admin);
-        async move { Ok::<_, Infallible>(answer(&admin, request).await) }
+        let (admin, pass) = (Arc::clone(&admin), Arc::clone(&answering));
+        async move {
+            // Not evicted while answering: a newcomer takes an idle connection's place.
+            pass.busy(true);
+            let answer = answer(&admin, request).await;
+            pass.busy(false);
+            Ok::<_, Infallible>(answer)
+        }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -238,6 +269,10 @@ async fn serve_connection(stream: TcpStream, admin: Arc<Admin>) {
     tokio::pin!(connection);
     let outcome = tokio::select! {
         outcome = connection.as_mut() => outcome,
+        () = pass.evicted() => {
+            debug!("admin connection closed: the port is full and it was the oldest idle one");
+            return;
+        }
         _ = tokio::time::sleep(limits.lifetime) => {
             connection.as_mut().graceful_shutdown();
             match tokio::time::timeout(Duration::from_secs(5), connection.as_mut()).await {
@@ -247,6 +282,10 @@ async fn serve_connection(stream: TcpStream, admin: Arc<Admin>) {
         }
     };
     if let Err(error) = outcome {
+        if error.is_timeout() {
+            // No whole request head in time (a slow client, or a kept-alive one idle).
+            pass.deadline_passed();
+        }
         debug!(%error, "admin connection ended");
     }
 }
@@ -503,8 +542,7 @@ mod tests {
     /// is closed; an idle kept-alive connection too.
     #[tokio::test]
     async fn bounds_request_heads_and_slow_clients() {
-        let limits =
-            Limits { head_within: Duration::from_millis(300), lifetime: CONNECTION_LIFETIME };
+        let limits = Limits { head_within: Duration::from_millis(300), ..LIMITS };
         let addr = serve_as(Private::Open, limits).await;
         let big =
             format!("GET /healthz HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(REQUEST_HEAD_MAX));
@@ -516,10 +554,64 @@ mod tests {
         let mut slow = Client::connect(&addr).await;
         slow.send("GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
         assert!(slow.closed().await, "a head never finished");
+        let metrics = ask(&addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
+        let counted =
+            "meridian_untrusted_connections_closed_total{port=\"admin\",reason=\"deadline\"} 1\n";
+        assert!(metrics.body.contains(counted), "{metrics:?}");
         let mut idle = Client::connect(&addr).await;
         idle.send("GET /healthz HTTP/1.1\r\n\r\n").await;
         assert_eq!(idle.answer(false).await.status, 200);
         assert!(idle.closed().await, "an idle kept-alive connection");
+    }
+
+    /// A connection from `ip` (127.x.y.z: every loopback address is this host's).
+    async fn connect_from(addr: &str, ip: &str) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        socket.connect(addr.parse().unwrap()).await.unwrap()
+    }
+
+    /// Slow clients holding every place (half a head each, from several addresses) keep no
+    /// probe out: one address gets its share and no more, and a probe takes the place of
+    /// the oldest slow client.
+    #[tokio::test]
+    async fn probes_are_answered_whatever_slow_clients_hold() {
+        let limits = Limits { gate: GateLimits { per_address: 4, max: 8 }, ..LIMITS };
+        let addr = serve_as(Private::Open, limits).await;
+        let mut slow = Vec::new();
+        for ip in ["127.0.0.2", "127.0.0.3"] {
+            for _ in 0..4 {
+                let mut stream = connect_from(&addr, ip).await;
+                stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+                slow.push(Client { stream, unread: Vec::new() });
+            }
+        }
+        let mut fifth = Client { stream: connect_from(&addr, "127.0.0.2").await, unread: vec![] };
+        assert!(fifth.closed().await, "a fifth connection from one address is closed at once");
+        // Each probe keeps its connection (and so its place): each takes the place of the
+        // oldest slow client, not of the probes before it.
+        let mut probes = Vec::new();
+        for round in 0..3 {
+            let mut probe = Client::connect(&addr).await;
+            probe.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            let answer = probe.answer(false).await;
+            assert_eq!((answer.status, answer.body.as_str()), (200, "ok\n"), "round {round}");
+            probes.push(probe);
+        }
+        for (n, client) in slow.iter_mut().take(3).enumerate() {
+            assert!(client.closed().await, "slow client {n} evicted");
+        }
+        let mut scrape = Client::connect(&addr).await;
+        scrape.send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let metrics = scrape.answer(false).await;
+        let counted = |reason: &str| {
+            format!(
+                "meridian_untrusted_connections_closed_total{{port=\"admin\",reason=\"{reason}\"}}"
+            )
+        };
+        assert!(metrics.body.contains(&format!("{} 1\n", counted("per_address"))), "{metrics:?}");
+        // The /metrics request took a fourth place.
+        assert!(metrics.body.contains(&format!("{} 4\n", counted("evicted"))), "{metrics:?}");
     }
 
     /// Pages that name players need the node's admin token (a header, or the URL for a

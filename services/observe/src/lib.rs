@@ -10,6 +10,8 @@
 mod admin;
 #[cfg(feature = "http")]
 mod client;
+#[cfg(feature = "http")]
+pub mod gate;
 mod metrics;
 pub mod process;
 
@@ -19,6 +21,8 @@ pub use admin::{
 };
 #[cfg(feature = "http")]
 pub use client::{admin_get, admin_get_as};
+#[cfg(feature = "http")]
+pub use gate::{Cut, Gate, GateLimits, Pass};
 pub use metrics::{Counter, CounterFamily, Gauge, Histogram, Kind, Registry};
 pub use process::set_build_info;
 

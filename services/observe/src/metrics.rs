@@ -221,8 +221,18 @@ impl Registry {
     pub fn render(&self) -> String {
         let entries = self.entries.lock().expect("invariant: metrics lock is never poisoned");
         let mut out = String::with_capacity(entries.len() * 96);
+        // One group per name, in the order names were first registered: a family whose
+        // members were registered apart (the admin port's gate, then the QUIC front's) is
+        // still one group, as the exposition format requires.
+        let mut first_of: std::collections::HashMap<&str, usize> = Default::default();
+        let mut order: Vec<(usize, usize)> = Vec::with_capacity(entries.len());
+        for (at, entry) in entries.iter().enumerate() {
+            let group = *first_of.entry(entry.name.as_str()).or_insert(at);
+            order.push((group, at));
+        }
+        order.sort_unstable();
         let mut last_name = "";
-        for entry in entries.iter() {
+        for entry in order.iter().map(|&(_, at)| &entries[at]) {
             let kind = match entry.metric {
                 Metric::Counter(_) | Metric::CounterFn(_) => "counter",
                 Metric::FloatFn(Kind::Counter, _) => "counter",
@@ -309,5 +319,21 @@ mod tests {
         assert!(text.contains("meridian_delay_seconds_bucket{le=\"0.01\"} 1\n"));
         assert!(text.contains("meridian_delay_seconds_count 1\n"));
         assert!(text.contains("# TYPE meridian_epoch gauge\nmeridian_epoch{node=\"a\"} 7\n"));
+    }
+
+    /// Members of one family registered apart still render as one group, where the name
+    /// first appeared.
+    #[test]
+    fn a_family_registered_apart_renders_as_one_group() {
+        let registry = Registry::default();
+        registry.counter("meridian_a_total", "A.", &[("port", "admin")]).inc();
+        registry.counter("meridian_b_total", "B.", &[]);
+        registry.counter("meridian_a_total", "A.", &[("port", "quic")]).add(2);
+        let text = registry.render();
+        let want = "# HELP meridian_a_total A.\n# TYPE meridian_a_total counter\n\
+                    meridian_a_total{port=\"admin\"} 1\nmeridian_a_total{port=\"quic\"} 2\n\
+                    # HELP meridian_b_total B.\n";
+        assert!(text.starts_with(want), "{text}");
+        assert_eq!(text.matches("# HELP meridian_a_total").count(), 1, "{text}");
     }
 }

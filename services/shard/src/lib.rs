@@ -284,6 +284,7 @@ pub async fn run(
     });
     let routes = admin_routes(commands.clone(), Arc::clone(&readiness));
     let access = meridian_observe::Access::new(config.admin.clone(), &[], &registry);
+    let gate = meridian_observe::Gate::new("grpc", meridian_tls::UNTRUSTED, &registry);
     tokio::spawn(serve_admin_with(admin, registry, readiness, routes, access));
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(publish_load(
@@ -323,7 +324,7 @@ pub async fn run(
     };
     // `Server::tcp_nodelay` applies only to listeners tonic binds itself: `port` sets it on
     // every connection it accepts.
-    let server = port::serve(grpc, router, links, config.tls.clone(), stopped);
+    let server = port::serve(grpc, router, links, config.tls.clone(), gate, stopped);
 
     let mut changes = watch.changes();
     let me = config.id;

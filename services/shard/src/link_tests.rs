@@ -44,7 +44,8 @@ impl Port {
         let (commands, world) = mpsc::channel(16);
         let (_view_sender, changes) = watch::channel(ClusterView::default());
         let view = Arc::new(EpochCell::new(ClusterView::default()));
-        let metrics = Arc::new(ShardMetrics::new(&Default::default(), ShardId(1)));
+        let registry = meridian_observe::Registry::default();
+        let metrics = Arc::new(ShardMetrics::new(&registry, ShardId(1)));
         let (stop, stopping) = watch::channel(false);
         let links =
             Links::new(commands.clone(), Arc::clone(&metrics), stopping.clone(), tls.clone())
@@ -61,7 +62,8 @@ impl Port {
         let stopped = async {
             let _ = server_stopped.await;
         };
-        let server = crate::port::serve(listener, router, Arc::new(links), tls, stopped);
+        let gate = meridian_observe::Gate::new("grpc", meridian_tls::UNTRUSTED, &registry);
+        let server = crate::port::serve(listener, router, Arc::new(links), tls, gate, stopped);
         Port { addr, world, metrics, stop, stop_server: Some(stop_server), server }
     }
 

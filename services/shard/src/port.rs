@@ -4,28 +4,32 @@
 //! Plain, a connection is told by its first 8 bytes: `meridian_rpc::link::MAGIC` makes it a
 //! relay link; anything else (an HTTP/2 preface) goes to tonic. With mutual TLS, by the
 //! protocol its client chose in the handshake (ALPN, `meridian_tls::incoming`). Either way
-//! at most [`SORTING_MAX`] connections are being sorted (or shaking hands) at once (both
-//! accept through `meridian_tls::accept_bounded`: past it, new ones wait in the kernel's
-//! accept queue), and one that shows nothing within `link::HELLO_WITHIN` (10 s) is dropped
-//! and counted.
+//! a connection is accepted at once and holds a pass at the port's gate until it is sorted
+//! (or past its handshake): at most 32 from one address (more are closed at once), 256 in
+//! all (past it a newcomer takes the place of the oldest), and one that sends no byte within
+//! `meridian_tls::FIRST_BYTE_WITHIN` (1 s) or shows nothing within `link::HELLO_WITHIN`
+//! (10 s) is dropped and counted (`meridian_untrusted_connections_closed_total{port="grpc"}`,
+//! `meridian_shard_connections_silent_total`). So strangers holding connections open cannot
+//! keep a gateway's relay link or a peer's stream out (issue 31, item 5).
 
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use meridian_observe::{Cut, Gate, Pass};
 use meridian_rpc::link::MAGIC;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Router;
 use tracing::debug;
 
+use meridian_tls::Early;
+
 use crate::link::Links;
 
-/// Connections being sorted at most (as many as TLS handshakes in flight).
-const SORTING_MAX: usize = 256;
 /// Connections sorted and waiting for tonic to take them.
 const FOR_TONIC: usize = 64;
 
@@ -36,17 +40,18 @@ pub(crate) fn serve(
     router: Router,
     links: Arc<Links>,
     tls: Option<Arc<meridian_tls::NodeTls>>,
+    gate: Arc<Gate>,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     match tls {
         Some(tls) => {
             let (relay_links, relayed) = mpsc::channel(FOR_TONIC);
             tokio::spawn(serve_tls_links(links, relayed));
-            let incoming = meridian_tls::incoming(listener, tls, relay_links);
+            let incoming = meridian_tls::incoming(listener, tls, gate, relay_links);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
         None => {
-            let incoming = sort_plain(listener, links);
+            let incoming = sort_plain(listener, links, gate);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
     }
@@ -97,31 +102,46 @@ async fn opening(tcp: &TcpStream) -> io::Result<Opening> {
 /// The plain connections of `listener` that are not relay links, for tonic's
 /// `serve_with_incoming`; relay links are served here. Ends when the returned stream is
 /// dropped.
-fn sort_plain(listener: TcpListener, links: Arc<Links>) -> ReceiverStream<io::Result<TcpStream>> {
+fn sort_plain(
+    listener: TcpListener,
+    links: Arc<Links>,
+    gate: Arc<Gate>,
+) -> ReceiverStream<io::Result<TcpStream>> {
     let (grpc, streams) = mpsc::channel(FOR_TONIC);
     tokio::spawn(async move {
-        let sorting = |tcp: TcpStream, from, permit: OwnedSemaphorePermit| {
+        let sorting = |tcp: TcpStream, from, pass: Pass| {
             let (grpc, links) = (grpc.clone(), Arc::clone(&links));
             tokio::spawn(async move {
-                match tokio::time::timeout(links.hello_within(), opening(&tcp)).await {
+                let sorted = async {
+                    meridian_tls::first_byte(&tcp, &pass).await?;
+                    pass.within(links.hello_within(), opening(&tcp)).await.map_err(Early::Cut)
+                };
+                match sorted.await {
                     Ok(Ok(Opening::Relay)) => {
-                        drop(permit);
+                        drop(pass);
                         links.serve(tcp, None).await;
                     }
                     Ok(Ok(Opening::Other)) => {
+                        drop(pass);
                         let _ = grpc.send(Ok(tcp)).await;
-                        drop(permit);
                     }
-                    Ok(Ok(Opening::Nothing)) => debug!(%from, "connection closed before a byte"),
-                    Ok(Err(error)) => debug!(%from, %error, "connection failed before a byte"),
-                    Err(_) => {
+                    Ok(Ok(Opening::Nothing)) | Err(Early::Gone(None)) => {
+                        debug!(%from, "connection closed before a byte")
+                    }
+                    Ok(Err(error)) | Err(Early::Gone(Some(error))) => {
+                        debug!(%from, %error, "connection failed before a byte")
+                    }
+                    Err(Early::Cut(Cut::Deadline)) => {
                         links.metrics().connections_silent.inc();
                         debug!(%from, "connection showed nothing in time; dropped");
+                    }
+                    Err(Early::Cut(Cut::Evicted)) => {
+                        debug!(%from, "connection evicted by a newer one before it showed anything")
                     }
                 }
             });
         };
-        meridian_tls::accept_bounded(&listener, SORTING_MAX, grpc.closed(), "gRPC", sorting).await;
+        meridian_tls::accept_gated(&listener, &gate, grpc.closed(), "gRPC", sorting).await;
     });
     ReceiverStream::new(streams)
 }

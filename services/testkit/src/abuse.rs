@@ -29,6 +29,9 @@ pub struct RawOptions {
     /// `SO_RCVBUF` before connecting: a small one keeps the kernel from buffering much of
     /// what a client does not read, so the server's own queue fills.
     pub receive_buffer: Option<usize>,
+    /// Give up connecting after this long (`SO_SNDTIMEO`, which Linux applies to a blocking
+    /// `connect`): a server whose accept queue is full leaves a connect hanging otherwise.
+    pub connect_within: Option<Duration>,
 }
 
 /// What one read from a [`RawClient`] gave.
@@ -283,7 +286,7 @@ fn socket_address(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t)
 
 /// A blocking TCP connection to `addr` with `options` applied before the handshake (the
 /// receive buffer must be set before it to bound the window the peer is offered).
-fn connect_socket(addr: SocketAddr, options: RawOptions) -> std::io::Result<TcpStream> {
+pub(crate) fn connect_socket(addr: SocketAddr, options: RawOptions) -> std::io::Result<TcpStream> {
     let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: socket(2) with constant arguments.
     let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -302,6 +305,25 @@ fn connect_socket(addr: SocketAddr, options: RawOptions) -> std::io::Result<TcpS
                 libc::SO_RCVBUF,
                 (&value as *const libc::c_int).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    if let Some(within) = options.connect_within {
+        let value = libc::timeval {
+            tv_sec: libc::time_t::try_from(within.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_usec: libc::suseconds_t::from(within.subsec_micros()),
+        };
+        // SAFETY: a valid pointer to a timeval and its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDTIMEO,
+                (&value as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
             )
         };
         if rc != 0 {

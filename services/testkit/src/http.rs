@@ -11,7 +11,16 @@ use anyhow::{bail, Context};
 /// HTTP/1.0 so the server answers without chunked encoding and closes the connection, which
 /// is how we know the body is complete.
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    let timeout = Duration::from_secs(5);
+    http_get_within(addr, path, Duration::from_secs(5))
+}
+
+/// [`http_get`], failing if connecting, sending or reading any part takes longer than
+/// `timeout` (a probe's timeout: the chart's are 2 s).
+pub fn http_get_within(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, timeout)
         .with_context(|| format!("connecting to admin port {addr} for GET {path}"))?;
     stream.set_read_timeout(Some(timeout))?;

@@ -54,6 +54,7 @@ mod rng;
 pub mod scenario;
 mod scene;
 mod secure_etcd;
+pub mod strangers;
 mod stream;
 mod truth;
 mod view;
@@ -75,7 +76,7 @@ pub use elastic::{
     RestartedEtcd,
 };
 pub use fleet::{Fleet, FleetOptions, Player};
-pub use http::http_get;
+pub use http::{http_get, http_get_within};
 pub use meridian_protocol::pb;
 pub use outcome::{chat_round, Outcome};
 pub use partition::{wait_for_expected_partition, wait_for_partition, Border, Partition, Region};

@@ -210,7 +210,10 @@ impl Drop for QuicClient {
 }
 
 /// TLS 1.3 with rustls+ring, trusting exactly `cert_der`, offering the options' ALPN.
-fn client_config(cert_der: &[u8], options: &QuicOptions) -> anyhow::Result<quinn::ClientConfig> {
+pub(crate) fn client_config(
+    cert_der: &[u8],
+    options: &QuicOptions,
+) -> anyhow::Result<quinn::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from(cert_der.to_vec()))?;

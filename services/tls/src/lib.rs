@@ -20,12 +20,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use meridian_observe::{Cut, Gate, GateLimits, Pass};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 pub use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
@@ -33,11 +34,15 @@ use tracing::{debug, info, warn};
 /// What a relay link's client names in its handshake (gRPC's is `h2`).
 const RELAY_ALPN: &[u8] = meridian_rpc::link::ALPN;
 
-/// TLS handshakes in flight at most on one listener; past it, new connections wait in the
-/// kernel's accept queue.
-const HANDSHAKES_MAX: usize = 256;
 /// How long a client may take over its handshake.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
+/// How long a new connection to a node's gRPC port may stay silent: every genuine client
+/// (a relay link, a peer stream, a health check) speaks first, within a round trip.
+pub const FIRST_BYTE_WITHIN: Duration = Duration::from_secs(1);
+/// Connections to a node's gRPC port not yet past their handshake (or, plain, not yet
+/// sorted): at most 256 in all, a newcomer past it taking the place of the oldest; at most
+/// 32 from one address, more closed at once. See `meridian_observe::gate`.
+pub const UNTRUSTED: GateLimits = GateLimits { per_address: 32, max: 256 };
 
 /// Where a node's CA, certificate and key are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,36 +288,40 @@ pub fn endpoint(
 
 /// The connections of `listener` once their TLS handshake is done: those whose client chose
 /// the relay link's ALPN (`meridian_rpc::link::ALPN`) go to `relay_links`, the others (gRPC,
-/// `h2`) come out of the returned stream, for tonic's `serve_with_incoming`. A failed or slow
-/// handshake is logged, counted and dropped, never handed on. Ends when the returned stream
-/// is dropped.
+/// `h2`) come out of the returned stream, for tonic's `serve_with_incoming`. Until then each
+/// holds a pass at `gate` ([`accept_gated`]) and must send its first byte within
+/// [`FIRST_BYTE_WITHIN`] and finish within 10 s. A failed, silent or slow handshake is
+/// logged, counted and dropped, never handed on. Ends when the returned stream is dropped.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<NodeTls>,
+    gate: Arc<Gate>,
     relay_links: mpsc::Sender<TlsStream<TcpStream>>,
 ) -> ReceiverStream<Result<TlsStream<TcpStream>, io::Error>> {
     let (done, streams) = mpsc::channel(64);
     tokio::spawn(async move {
-        accept_bounded(&listener, HANDSHAKES_MAX, done.closed(), "gRPC", |tcp, from, permit| {
+        accept_gated(&listener, &gate, done.closed(), "gRPC", |tcp, from, pass| {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             let (done, tls, relay_links) = (done.clone(), Arc::clone(&tls), relay_links.clone());
             tokio::spawn(async move {
-                let _permit = permit;
-                match tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(RELAY_ALPN) => {
-                        let _ = relay_links.send(stream).await;
-                    }
-                    Ok(Ok(stream)) => {
-                        let _ = done.send(Ok(stream)).await;
-                    }
+                let handshake = async {
+                    first_byte(&tcp, &pass).await?;
+                    pass.within(HANDSHAKE_WITHIN, acceptor.accept(tcp)).await.map_err(Early::Cut)
+                };
+                let stream = match handshake.await {
+                    Ok(Ok(stream)) => stream,
                     Ok(Err(error)) => {
                         tls.refused();
-                        debug!(%from, %error, "gRPC TLS handshake refused");
+                        return debug!(%from, %error, "gRPC TLS handshake refused");
                     }
-                    Err(_) => {
-                        tls.refused();
-                        debug!(%from, "gRPC TLS handshake took too long");
-                    }
+                    Err(early) => return debug!(%from, ?early, "gRPC TLS handshake cut"),
+                };
+                // Past the handshake: the client showed a certificate from the cluster CA.
+                drop(pass);
+                if stream.get_ref().1.alpn_protocol() == Some(RELAY_ALPN) {
+                    let _ = relay_links.send(stream).await;
+                } else {
+                    let _ = done.send(Ok(stream)).await;
                 }
             });
         })
@@ -321,23 +330,46 @@ pub fn incoming(
     ReceiverStream::new(streams)
 }
 
-/// Accepts connections on `listener` until `stop` resolves, with at most `max` of them
-/// being worked on at once: each goes to `each` with `TCP_NODELAY` set and a permit that
-/// frees its place when dropped (past `max`, new connections wait in the kernel's accept
-/// queue). A failed accept (out of descriptors or memory) is logged as `what`'s and
-/// retried 100 ms later rather than in a spin. The shard's plain port and [`incoming`] both
-/// accept this way.
-pub async fn accept_bounded(
+/// Why a connection ended before it showed what it is.
+#[derive(Debug)]
+pub enum Early {
+    /// It hung up (or failed) before its first byte.
+    Gone(Option<io::Error>),
+    /// Evicted by a newcomer, or past a deadline (counted by the gate).
+    Cut(Cut),
+}
+
+/// Waits, within [`FIRST_BYTE_WITHIN`], until `tcp` has a byte to read (left unread), and
+/// marks the pass as having spoken (silent connections are evicted first).
+pub async fn first_byte(tcp: &TcpStream, pass: &Pass) -> Result<(), Early> {
+    let mut first = [0u8; 1];
+    match pass.within(FIRST_BYTE_WITHIN, tcp.peek(&mut first)).await {
+        Ok(Ok(0)) => Err(Early::Gone(None)),
+        Ok(Ok(_)) => {
+            pass.spoke();
+            Ok(())
+        }
+        Ok(Err(error)) => Err(Early::Gone(Some(error))),
+        Err(cut) => Err(Early::Cut(cut)),
+    }
+}
+
+/// Accepts connections on `listener` until `stop` resolves, each at once (so none waits in
+/// the kernel's queue behind strangers): each gets a pass at `gate` and goes to `each` with
+/// `TCP_NODELAY` set; one whose address holds its share of the gate, or finds every place
+/// busy, is closed at once (the gate counts it). `each` drops the pass once the connection
+/// showed what it is, and closes it if the pass is evicted ([`Pass::within`]). A failed
+/// accept (out of descriptors or memory) is logged as `what`'s and retried 100 ms later
+/// rather than in a spin. The shard's plain port and [`incoming`] both accept this way.
+pub async fn accept_gated(
     listener: &TcpListener,
-    max: usize,
+    gate: &Arc<Gate>,
     stop: impl std::future::Future<Output = ()>,
     what: &'static str,
-    mut each: impl FnMut(TcpStream, std::net::SocketAddr, OwnedSemaphorePermit),
+    mut each: impl FnMut(TcpStream, std::net::SocketAddr, Pass),
 ) {
-    let room = Arc::new(Semaphore::new(max));
     let mut stop = std::pin::pin!(stop);
     loop {
-        let Ok(permit) = Arc::clone(&room).acquire_owned().await else { return };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut stop => return,
@@ -350,10 +382,14 @@ pub async fn accept_bounded(
                 continue;
             }
         };
+        let Some(pass) = gate.admit(from.ip()) else {
+            debug!(%from, port = what, "connection refused: its address holds its share");
+            continue;
+        };
         // Both protocols on these ports carry small batches both ways: without this every
         // one waits for the peer's delayed ACK.
         let _ = tcp.set_nodelay(true);
-        each(tcp, from, permit);
+        each(tcp, from, pass);
     }
 }
 

@@ -52,6 +52,11 @@ async fn talk(
     stream.get_ref().1.peer_certificates().map(|c| c.to_vec())
 }
 
+/// A gate for a test listener, with its own registry.
+fn gate(limits: GateLimits) -> Arc<Gate> {
+    Gate::new("grpc", limits, &meridian_observe::Registry::default())
+}
+
 /// A shard's listener in a temporary directory: (its CA, the shard's TLS, its address,
 /// and the names each accepted connection's client certificate was checked against).
 struct Server {
@@ -71,7 +76,7 @@ async fn server(name: &str) -> Server {
     let addr = listener.local_addr().expect("an address");
     // Relay links are not served here (see `relay_links_and_grpc_share_the_listener`).
     let (relay_links, _) = tokio::sync::mpsc::channel(1);
-    let mut streams = incoming(listener, Arc::clone(&tls), relay_links);
+    let mut streams = incoming(listener, Arc::clone(&tls), gate(UNTRUSTED), relay_links);
     let (seen_tx, seen) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         while let Some(Ok(mut stream)) = streams.next().await {
@@ -258,7 +263,7 @@ async fn relay_links_and_grpc_share_the_listener() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
     let addr = listener.local_addr().expect("an address");
     let (relay_links, mut relayed) = tokio::sync::mpsc::channel(4);
-    let mut grpc = incoming(listener, Arc::clone(&shard), relay_links);
+    let mut grpc = incoming(listener, Arc::clone(&shard), gate(UNTRUSTED), relay_links);
     let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
     let name = ServerName::try_from("shard-1").expect("a name");
 
@@ -283,4 +288,62 @@ async fn relay_links_and_grpc_share_the_listener() {
     let served = grpc.next().await.expect("handed to tonic").expect("a stream");
     assert_eq!(served.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     assert!(relayed.try_recv().is_err(), "not a relay link");
+}
+
+/// A connection from `ip` (any 127.x.y.z is this host).
+async fn connect_from(addr: std::net::SocketAddr, ip: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind(format!("{ip}:0").parse().expect("an address")).expect("binds");
+    socket.connect(addr).await.expect("connects")
+}
+
+/// Whether the server closes `tcp` (within 5 s) without a byte.
+async fn closed(tcp: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// Strangers holding silent connections (one address past its share, and others filling
+/// every place) keep no relay handshake out: the extra one from the full address is closed
+/// at once, a genuine client takes the place of the oldest silent one, and a silent
+/// connection that is left alone is closed after `FIRST_BYTE_WITHIN`.
+#[tokio::test]
+async fn silent_strangers_keep_no_genuine_handshake_out() {
+    let (_dir, ca, shard) = in_memory("strangers");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let addr = listener.local_addr().expect("an address");
+    let (relay_links, mut relayed) = tokio::sync::mpsc::channel(4);
+    let gate = gate(GateLimits { per_address: 4, max: 8 });
+    let _grpc = incoming(listener, Arc::clone(&shard), Arc::clone(&gate), relay_links);
+    let mut silent = Vec::new();
+    for ip in ["127.0.0.2", "127.0.0.3"] {
+        for _ in 0..4 {
+            silent.push(connect_from(addr, ip).await);
+        }
+    }
+    let started = std::time::Instant::now();
+    let mut fifth = connect_from(addr, "127.0.0.2").await;
+    assert!(closed(&mut fifth).await, "a fifth from one address is closed at once");
+    assert!(started.elapsed() < FIRST_BYTE_WITHIN, "closed at once, not at the deadline");
+    assert_eq!(gate.closed("per_address"), 1);
+
+    let gateway = NodeTls::load(ca.issue("gateway-3").expect("issued")).expect("loads");
+    let connector = tokio_rustls::TlsConnector::from(gateway.relay_client_config());
+    let name = ServerName::try_from("shard-1").expect("a name");
+    let tcp = TcpStream::connect(addr).await.expect("connects");
+    let mut link = connector.connect(name, tcp).await.expect("a relay handshake");
+    link.write_all(meridian_rpc::link::MAGIC).await.expect("writes");
+    relayed.recv().await.expect("handed to the relay links");
+    assert!(closed(&mut silent[0]).await, "the oldest silent one made room");
+    assert_eq!(gate.closed("evicted"), 1);
+    // The rest go at their first-byte deadline.
+    for (n, tcp) in silent.iter_mut().enumerate().skip(1) {
+        assert!(closed(tcp).await, "silent connection {n}");
+    }
+    assert!(started.elapsed() >= FIRST_BYTE_WITHIN);
+    assert_eq!(gate.closed("deadline"), 7);
+    assert_eq!(gate.waiting(), 0);
 }

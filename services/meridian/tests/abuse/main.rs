@@ -24,6 +24,7 @@ mod garbage;
 mod link_cut;
 mod ping_flood;
 mod slow_reader;
+mod strangers;
 mod text;
 mod ws_floods;
 mod zigzag;
@@ -50,4 +51,20 @@ for_both_backends!(
 #[test]
 fn a_broken_gateway_link_restores_its_players() {
     link_cut::a_broken_gateway_link_restores_its_players();
+}
+
+/// The doors before trust are the same whatever the client backend: io_uring only.
+#[test]
+fn silent_connections_keep_no_relay_out() {
+    strangers::silent_connections_keep_no_relay_out();
+}
+
+#[test]
+fn slow_admin_clients_keep_no_probe_out() {
+    strangers::slow_admin_clients_keep_no_probe_out();
+}
+
+#[test]
+fn quic_connections_without_a_stream_keep_no_client_out() {
+    strangers::quic_connections_without_a_stream_keep_no_client_out();
 }
