@@ -84,6 +84,8 @@ pub struct Plan {
     pub source_ips: u32,
     pub name_prefix: String,
     pub spawn_area: Option<SpawnArea>,
+    /// Battle mode: moves stay inside `spawn_area`.
+    pub battle: bool,
     /// Shard borders (columns, rows): acks that land across one count as crossings.
     pub border_x: Vec<u32>,
     pub border_y: Vec<u32>,
@@ -218,7 +220,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         plan: &plan,
         stats: &stats,
         player_id,
-        position: AtomicU64::new(u64::MAX),
+        position: AtomicU64::new(login_cell.map_or(u64::MAX, pack)),
         ledger: Mutex::new(Ledger::default()),
         sight: plan.action_interval.map(|_| {
             let mut sight = Sight::new(WOLF);
@@ -403,6 +405,30 @@ fn take_action(queue: &mut VecDeque<(u64, Instant, Aim)>, ct: u64) -> Option<(In
     queue.remove(position).map(|(_, sent_at, aimed)| (sent_at, aimed))
 }
 
+/// `direction`, or its opposite if a step that way from `position` (packed, `u64::MAX` if
+/// unknown) would leave `area`.
+fn stay_inside(area: SpawnArea, position: u64, direction: pb::Direction) -> pb::Direction {
+    use pb::Direction::{Down, Left, Right, Up};
+    if position == u64::MAX {
+        return direction;
+    }
+    let (x, y) = ((position >> 32) as u32, position as u32);
+    let leaves = match direction {
+        Up => y <= area.y0,
+        Down => y >= area.y1,
+        Left => x <= area.x0,
+        Right => x >= area.x1,
+        _ => false,
+    };
+    match (leaves, direction) {
+        (false, _) => direction,
+        (true, Up) => Down,
+        (true, Down) => Up,
+        (true, Left) => Right,
+        (true, _) => Left,
+    }
+}
+
 fn pack((x, y): (u32, u32)) -> u64 {
     (u64::from(x) << 32) | u64::from(y)
 }
@@ -489,7 +515,10 @@ impl Session<'_> {
                 let attack = pb::Action { kind: ATTACK, payload: Vec::new(), target, client_time };
                 client_message::Kind::Action(attack)
             } else {
-                let direction = DIRECTIONS[rng.random_range(0..DIRECTIONS.len())];
+                let mut direction = DIRECTIONS[rng.random_range(0..DIRECTIONS.len())];
+                if let (true, Some(area)) = (self.plan.battle, self.plan.spawn_area) {
+                    direction = stay_inside(area, self.position.load(Ordering::Relaxed), direction);
+                }
                 self.ledger().outstanding.push_back((client_time, now));
                 bump(&self.stats.moves_sent);
                 client_message::Kind::Move(pb::Move { direction: direction as i32, client_time })
@@ -714,6 +743,18 @@ impl Session<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_battle_bot_turns_back_at_the_edge_of_its_area() {
+        use pb::Direction::{Down, Left, Right, Up};
+        let area = SpawnArea { x0: 190, y0: 190, x1: 209, y1: 209 };
+        assert_eq!(stay_inside(area, pack((200, 200)), Up), Up);
+        assert_eq!(stay_inside(area, pack((200, 190)), Up), Down);
+        assert_eq!(stay_inside(area, pack((200, 209)), Down), Up);
+        assert_eq!(stay_inside(area, pack((190, 200)), Left), Right);
+        assert_eq!(stay_inside(area, pack((209, 200)), Right), Left);
+        assert_eq!(stay_inside(area, u64::MAX, Left), Left, "position unknown yet");
+    }
 
     #[test]
     fn an_action_aims_across_when_a_border_separates_bot_and_wolf() {

@@ -52,6 +52,12 @@ pub struct Cli {
     #[arg(long, env = "MERIDIAN_LOADTEST_SPAWN_AREA")]
     pub spawn_area: Option<SpawnArea>,
 
+    /// Battle mode: bots spawn in --spawn-area and stay there, turning back at its edge (a
+    /// step that would leave it goes the opposite way). A 20x20 area puts every bot in
+    /// sight of every other.
+    #[arg(long, requires = "spawn_area", env = "MERIDIAN_LOADTEST_BATTLE")]
+    pub battle: bool,
+
     /// Spread bots over K loopback source addresses 127.0.0.1 .. 127.0.0.K (beyond ~14k
     /// sockets one source address runs out of ephemeral ports). Loopback targets only.
     #[arg(long, default_value_t = 1, env = "MERIDIAN_LOADTEST_SOURCE_IPS")]
@@ -224,6 +230,8 @@ pub struct Config {
     pub json: Option<std::path::PathBuf>,
     pub seed: u64,
     pub spawn_area: Option<SpawnArea>,
+    /// `--battle`: bots stay inside the spawn area.
+    pub battle: bool,
     pub border_x: Vec<u32>,
     pub border_y: Vec<u32>,
     pub source_ips: u32,
@@ -334,6 +342,7 @@ impl Config {
             json: cli.json,
             seed: cli.seed,
             spawn_area: cli.spawn_area,
+            battle: cli.battle,
             border_x: cli.border_x,
             border_y: cli.border_y,
             source_ips: cli.source_ips,

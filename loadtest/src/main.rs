@@ -133,6 +133,7 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
         source_ips: config.source_ips,
         name_prefix: config.name_prefix.clone(),
         spawn_area: config.spawn_area,
+        battle: config.battle,
         border_x: config.border_x.clone(),
         border_y: config.border_y.clone(),
         move_interval: config.move_interval,

@@ -778,31 +778,32 @@ impl ShardCore {
                 }
             }
             let (link, session, generation) = (seat.link, seat.session, seat.generation);
-            let message = match envelope.note {
-                Notification::Entered { subject, position, name, kind, state } => {
-                    server::entered_as(subject.0, position.x, position.y, &*name, kind, &state)
+            let note = envelope.note;
+            if let Notification::Moved { subject, position, client_time } = &note {
+                if *subject == envelope.to {
+                    // The mover's own ack: counted so the gateway knows it is answered, and
+                    // its position kept there in case this shard dies.
+                    let message = server::moved(subject.0, position.x, position.y, *client_time);
+                    self.outbox.push_move_answer(link, session, &message);
+                    self.outbox.track(link, session, position.x, position.y, generation);
+                    continue;
                 }
+            }
+            // The same notification for viewer after viewer (a mover's `Moved` goes to all
+            // who see it in a row): encoded once, copied to each.
+            self.outbox.push_shared(link, session, &note, || match &note {
+                Notification::Entered { subject, position, name, kind, state } => Some(
+                    server::entered_as(subject.0, position.x, position.y, &**name, *kind, state),
+                ),
                 Notification::Moved { subject, position, client_time } => {
-                    let message = server::moved(subject.0, position.x, position.y, client_time);
-                    if subject == envelope.to {
-                        // The mover's own ack: counted so the gateway knows it is answered,
-                        // and its position kept there in case this shard dies.
-                        self.outbox.push_move_answer(link, session, &message);
-                        self.outbox.track(link, session, position.x, position.y, generation);
-                        continue;
-                    }
-                    message
+                    Some(server::moved(subject.0, position.x, position.y, *client_time))
                 }
-                Notification::Left { subject } => server::left(subject.0),
-                Notification::Chat { speaker, text } => server::chat(speaker.0, &*text),
-                note @ (Notification::StateChanged { .. } | Notification::Event { .. }) => {
-                    match game_notification(&note) {
-                        Some(message) => message,
-                        None => continue,
-                    }
+                Notification::Left { subject } => Some(server::left(subject.0)),
+                Notification::Chat { speaker, text } => Some(server::chat(speaker.0, &**text)),
+                Notification::StateChanged { .. } | Notification::Event { .. } => {
+                    game_notification(&note)
                 }
-            };
-            self.outbox.push(link, session, &message);
+            });
         }
     }
 

@@ -17,6 +17,8 @@ use meridian_protocol::{encode_frame, next_frame};
 use meridian_rpc::pb::{Delivery, PeerMessage, ShardBatch};
 use meridian_rpc::{split_entries, SHARD_BATCH};
 
+use meridian_world::Notification;
+
 use crate::types::LinkId;
 
 /// Starting size of a connection's frame buffer in a round: a few notifications fit
@@ -43,11 +45,21 @@ struct LinkOut {
     move_answer_ends: Vec<(usize, usize)>,
 }
 
+/// The last notification [`Outbox::push_shared`] encoded, and its frame: the same
+/// notification for the next viewer is copied, not encoded again.
+#[derive(Default)]
+struct LastShared {
+    note: Option<Notification>,
+    /// Its frame; empty if the notification has no frame (a game's that it does not send).
+    frame: Vec<u8>,
+}
+
 /// Output of one round of the world task. Reused across rounds: the maps keep their
 /// capacity; only the frame buffers handed to gRPC are new.
 #[derive(Default)]
 pub struct Outbox {
     links: FxHashMap<LinkId, LinkOut>,
+    last_shared: LastShared,
     /// Messages pushed since the last drain.
     n_messages: u64,
     /// Errors among them, by code (for the errors-by-code metric).
@@ -66,14 +78,34 @@ impl Outbox {
     }
 
     fn slot(&mut self, link: LinkId, session: u64) -> (&mut LinkOut, usize) {
-        let out = self.links.entry(link).or_default();
-        let index = *out.by_session.entry(session).or_insert_with(|| {
-            out.deliveries.push(Delivery { session, ..Default::default() });
-            let bytes = Vec::with_capacity(FRAMES_CAPACITY);
-            out.frames.push(Frames { bytes, tracked_at: 0 });
-            out.deliveries.len() - 1
-        });
-        (out, index)
+        slot(&mut self.links, link, session)
+    }
+
+    /// Appends the frame of `note`, which many viewers may be sent in a row, for a
+    /// connection: `message` makes its message (`None`: nothing is sent for it), called
+    /// only when `note` differs from the last one pushed this way.
+    pub fn push_shared(
+        &mut self,
+        link: LinkId,
+        session: u64,
+        note: &Notification,
+        message: impl FnOnce() -> Option<ServerMessage>,
+    ) {
+        let last = &mut self.last_shared;
+        if last.note.as_ref() != Some(note) {
+            last.frame.clear();
+            if let Some(message) = message() {
+                encode_frame(&message, &mut last.frame);
+            }
+            last.note = Some(note.clone());
+        }
+        if last.frame.is_empty() {
+            return;
+        }
+        let (out, index) = slot(&mut self.links, link, session);
+        out.frames[index].bytes.extend_from_slice(&last.frame);
+        // Never an error: notifications are news about others.
+        self.n_messages += 1;
     }
 
     /// Appends one framed message for a connection.
@@ -157,6 +189,22 @@ impl Outbox {
     pub fn forget_link(&mut self, link: LinkId) {
         self.links.remove(&link);
     }
+}
+
+/// The index of a connection's delivery in its link's output this round, made if new.
+fn slot(
+    links: &mut FxHashMap<LinkId, LinkOut>,
+    link: LinkId,
+    session: u64,
+) -> (&mut LinkOut, usize) {
+    let out = links.entry(link).or_default();
+    let index = *out.by_session.entry(session).or_insert_with(|| {
+        out.deliveries.push(Delivery { session, ..Default::default() });
+        let bytes = Vec::with_capacity(FRAMES_CAPACITY);
+        out.frames.push(Frames { bytes, tracked_at: 0 });
+        out.deliveries.len() - 1
+    });
+    (out, index)
 }
 
 impl LinkOut {

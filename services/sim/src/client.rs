@@ -62,6 +62,16 @@ impl Client {
             Workload::ZigZag => {
                 (middle.saturating_sub(3) + rng.random_range(0..6), rng.random_range(0..map))
             }
+            Workload::Battle => {
+                let (x0, y0, side) = Workload::battle_box(map, settings.view_range);
+                (x0 + rng.random_range(0..side), y0 + rng.random_range(0..side))
+            }
+            Workload::March => {
+                let side = settings.view_range;
+                let x0 = middle.saturating_sub(side + side / 2);
+                let y0 = middle.saturating_sub(side / 2) + side;
+                (x0 + rng.random_range(0..side), y0 + rng.random_range(0..side))
+            }
         };
         Client {
             gateway,
@@ -161,7 +171,14 @@ impl Sim {
         let pick = self.rng.random_range(0..4);
         let client = &mut self.clients[i];
         let (x, y) = client.at;
-        let direction = if zigzag {
+        let direction = if self.settings.workload == Workload::March {
+            // East half the time: the crowd drifts across the middle.
+            match pick {
+                0 | 1 => client_pb::Direction::Right,
+                2 => client_pb::Direction::Up,
+                _ => client_pb::Direction::Down,
+            }
+        } else if zigzag {
             if client.zig.1 == 0 {
                 client.zig = (-client.zig.0, 4);
             }
@@ -178,6 +195,19 @@ impl Sim {
                 2 => client_pb::Direction::Left,
                 _ => client_pb::Direction::Right,
             }
+        };
+        let direction = if self.settings.workload == Workload::Battle {
+            // Turn back at the box's edge.
+            let (x0, y0, side) = Workload::battle_box(map, self.settings.view_range);
+            match direction {
+                client_pb::Direction::Up if y <= y0 => client_pb::Direction::Down,
+                client_pb::Direction::Down if y + 1 >= y0 + side => client_pb::Direction::Up,
+                client_pb::Direction::Left if x <= x0 => client_pb::Direction::Right,
+                client_pb::Direction::Right if x + 1 >= x0 + side => client_pb::Direction::Left,
+                other => other,
+            }
+        } else {
+            direction
         };
         let inside = match direction {
             client_pb::Direction::Up => y > 0,

@@ -62,6 +62,10 @@ pub struct Outcome {
     pub refused: u64,
     pub handoffs: u64,
     pub epochs: u64,
+    /// Of `epochs`, those the balancer made (with `Settings::balance`).
+    pub balancer_epochs: u64,
+    /// When the balancer last moved a border.
+    pub last_balance: Option<Duration>,
     pub simulated: Duration,
 }
 
@@ -149,6 +153,8 @@ enum Ev {
     KeepAlive(u32),
     Wake(u32),
     Fault,
+    /// The coordinator's balancer runs (with `Settings::balance`).
+    Balance,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -243,6 +249,8 @@ enum FaultKind {
     EtcdStall,
 }
 
+/// How often the coordinator's balancer runs (its `BALANCE_PERIOD`).
+const BALANCE_PERIOD: Duration = Duration::from_secs(2);
 /// Lease time-to-live of the etcd model.
 const LEASE_TTL: Duration = Duration::from_secs(3);
 /// How long after the workload the cluster gets before views are compared, without and
@@ -336,6 +344,9 @@ impl Sim {
             sim.at(Duration::from_millis(when), Ev::Fault);
         }
         sim.faults_left = faults;
+        if sim.settings.balance {
+            sim.at(BALANCE_PERIOD, Ev::Balance);
+        }
         sim
     }
 
@@ -487,6 +498,24 @@ impl Sim {
                 }
             }
             Ev::KeepAlive(s) => self.keep_alive_answered(s),
+            Ev::Balance => {
+                if !self.playing {
+                    return;
+                }
+                let loads: BTreeMap<u32, meridian_cluster::LoadProfile> = self
+                    .shards
+                    .iter()
+                    .filter_map(|(id, n)| n.core.as_ref().map(|c| (*id, c.load_profile())))
+                    .collect();
+                if self.etcd.rebalance(&loads, self.settings.view_range) {
+                    self.outcome.epochs += 1;
+                    self.outcome.balancer_epochs += 1;
+                    self.outcome.last_balance = Some(self.t);
+                    self.note_all(|| "the balancer moved a border".to_string());
+                    self.publish();
+                }
+                self.after(BALANCE_PERIOD, Ev::Balance);
+            }
             Ev::Fault => {
                 if !self.faults_left.is_empty() {
                     let i = self.rng.random_range(0..self.faults_left.len());

@@ -4,7 +4,8 @@
 use std::collections::BTreeSet;
 
 use meridian_cluster::{
-    compute_partition, ClusterView, PartitionMap, Region, ShardId, ShardRecord, ShardState,
+    compute_partition, Bounds, ClusterView, LoadProfile, PartitionMap, Region, ShardId,
+    ShardRecord, ShardState,
 };
 use meridian_rpc::pb::{peer_message::Kind as Peer, player_input::Kind as Input};
 use meridian_rpc::pb::{PeerMessage, PlayerInput};
@@ -123,6 +124,30 @@ impl Etcd {
         }
         self.write(regions);
         true
+    }
+
+    /// One round of the coordinator's balancer on the shards' reported `loads`, with sight
+    /// `sight`: true if it moved a border (a new epoch).
+    pub fn rebalance(
+        &mut self,
+        loads: &std::collections::BTreeMap<u32, LoadProfile>,
+        sight: u32,
+    ) -> bool {
+        let mut view = self.current().clone();
+        let Some(partition) = view.partition.clone() else { return false };
+        for (id, record) in view.shards.iter_mut() {
+            let load = loads.get(&id.0).cloned().unwrap_or_default();
+            record.players = load.x.iter().map(|&n| u64::from(n)).sum();
+            record.load = load;
+        }
+        let bounds = Bounds { width: self.map, height: self.map, sight };
+        match meridian_cluster::rebalance(&partition.regions, &view, bounds) {
+            Some(regions) if regions != partition.regions => {
+                self.write(regions);
+                true
+            }
+            _ => false,
+        }
     }
 
     fn repartition(&mut self) {

@@ -25,6 +25,9 @@ pub struct Settings {
     /// etcd watch lag per node, drawn from 0..=this.
     pub view_lag: Duration,
     pub faults: Faults,
+    /// Run the coordinator's balancer (`meridian_cluster::rebalance`) every 2 s on the load
+    /// profiles the shard cores report, as a real cluster does.
+    pub balance: bool,
 }
 
 /// Faults injected during the workload.
@@ -103,6 +106,7 @@ impl Settings {
             max_delay: Duration::from_millis(rng.random_range(0..=20)),
             view_lag: Duration::from_millis(rng.random_range(0..=200)),
             faults,
+            balance: false,
         }
     }
 
@@ -120,6 +124,37 @@ impl Settings {
             max_delay: Duration::from_millis(5),
             view_lag: Duration::from_millis(100),
             faults: Faults { border_moves: 4, ..Faults::default() },
+            balance: false,
+        }
+    }
+
+    /// A battle (issue 29): a crowd in one box of the view range's side (all in sight of
+    /// all) on the corner of four shards, wandering but staying in it, with the real
+    /// balancer moving borders. Its first adjustment takes the borders out of the crowd;
+    /// then a standing battle moves none.
+    pub fn battle(clients: u32) -> Settings {
+        Settings {
+            workload: Workload::Battle,
+            duration: Duration::from_secs(10),
+            faults: Faults::default(),
+            balance: true,
+            ..Settings::corners(clients)
+        }
+    }
+
+    /// A crowd walking across a border (issue 30): it starts west of the middle and drifts
+    /// east, with the real balancer moving borders after it, the streams lagging by
+    /// different amounts.
+    pub fn march(clients: u32, seed: u64) -> Settings {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x3a7c_5eed);
+        Settings {
+            workload: Workload::March,
+            duration: Duration::from_secs(6),
+            max_delay: Duration::from_millis(rng.random_range(0..=30)),
+            view_lag: Duration::from_millis(rng.random_range(0..=300)),
+            faults: Faults::default(),
+            balance: true,
+            ..Settings::corners(clients)
         }
     }
 }
@@ -135,4 +170,17 @@ pub enum Workload {
     ZigZag,
     /// Random walks with logins, logouts, dropped connections and resumes.
     Churn,
+    /// A crowd in a box of the view range's side on the map's middle, staying in it.
+    Battle,
+    /// A crowd of the view range's side west of the middle, drifting east across it.
+    March,
+}
+
+impl Workload {
+    /// The box a battle's crowd spawns in and keeps to (x0, y0, side), on a map of `map`
+    /// cells with sight `view_range`.
+    pub fn battle_box(map: u32, view_range: u32) -> (u32, u32, u32) {
+        let corner = (map / 2).saturating_sub(view_range / 2);
+        (corner, corner, view_range)
+    }
 }

@@ -136,6 +136,47 @@ fn a_crowd_on_corners_sees_exactly_while_borders_move() {
 }
 
 /// A seed replays exactly: the same events, moves, answers and handoffs.
+/// Issue 29: a battle on the corner of four shards with the real balancer. Its first
+/// adjustment takes the borders out of the crowd (a few epochs, in the first rounds); a
+/// standing battle then moves no border, and views stay exact throughout.
+#[test]
+fn a_standing_battle_moves_the_borders_once_and_then_never() {
+    // A crowd of 200 stands as a battle to the balancer (each sees all, so each counts
+    // fully; see `meridian_cluster::CROWD`). Two seeds: each is a long run.
+    for seed in 1..=2 {
+        let outcome = match run(seed, &Settings::battle(200)) {
+            Ok(outcome) => outcome,
+            Err(violation) => panic!("{violation}"),
+        };
+        assert!(
+            outcome.balancer_epochs <= 3,
+            "seed {seed}: the balancer made {} epochs under a standing battle",
+            outcome.balancer_epochs
+        );
+        let last = outcome.last_balance.unwrap_or_default();
+        assert!(
+            last <= std::time::Duration::from_secs(6),
+            "seed {seed}: the balancer still moved borders at {last:?} ({outcome:?})"
+        );
+        assert!(
+            outcome.balancer_epochs > 0,
+            "seed {seed}: the crowd on the corner was never uncut"
+        );
+    }
+}
+
+/// Issue 30: a crowd walking across a border while the real balancer moves it, streams
+/// lagging by different amounts. No hold may wait for a `Released` (fault-free runs fail
+/// on a ghost release timeout), and views are exact after.
+#[test]
+fn a_crowd_marching_across_a_border_sees_exactly() {
+    for seed in 1..=16 {
+        if let Err(violation) = run(seed, &Settings::march(60, seed)) {
+            panic!("{violation}");
+        }
+    }
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let settings = Settings::swarm(7);
