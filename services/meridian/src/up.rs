@@ -109,7 +109,37 @@ fn spawn(command: &mut Command, name: &str, ready_file: PathBuf) -> anyhow::Resu
     Ok(Node { name: name.to_string(), child, ready_file })
 }
 
+/// The first gateway's ports, tried before anything starts: a port something else holds
+/// (another `meridian up` most often) is an error naming it and the flag, rather than a
+/// gateway that dies after etcd and the shards started. The gateway checks again when it
+/// binds (it never shares a port it did not open), so a port taken in between is still
+/// refused.
+fn check_ports_free(args: &UpArgs) -> anyhow::Result<()> {
+    let loopback = std::net::Ipv4Addr::LOCALHOST;
+    let mut taken = Vec::new();
+    for (port, flag, what) in
+        [(args.port, "--port", "game"), (args.ws_port, "--ws-port", "WebSocket")]
+    {
+        if port != 0 && TcpListener::bind((loopback, port)).is_err() {
+            taken.push(format!("the {what} port {port} (TCP) is taken: give {flag} another"));
+        }
+    }
+    if args.quic_port != 0 && std::net::UdpSocket::bind((loopback, args.quic_port)).is_err() {
+        let port = args.quic_port;
+        taken.push(format!("the QUIC port {port} (UDP) is taken: give --quic-port another"));
+    }
+    if taken.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{} (another Meridian cluster? `meridian status` shows the one on the default etcd; 0 \
+         takes any free port)",
+        taken.join("; ")
+    )
+}
+
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    check_ports_free(&args)?;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
     let run_dir = std::env::temp_dir().join(format!("meridian-up-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&run_dir)?;

@@ -15,6 +15,7 @@ mod check;
 mod defaults;
 mod durations;
 mod help;
+mod ports;
 mod web;
 
 use std::path::Path;
