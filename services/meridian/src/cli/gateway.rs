@@ -50,9 +50,9 @@ pub struct GatewayArgs {
     /// one of them; in dev mode a Login without a token is the account named by its name.
     #[arg(long, env = "MERIDIAN_JWKS")]
     pub jwks: Option<std::path::PathBuf>,
-    /// The player store: `postgres://...` (a cluster) or `sqlite:PATH` (one machine). Each
-    /// account then keeps its player id across logins. Without it every login is a new
-    /// player.
+    /// The player store: `postgres://...` or `postgresql://...` (a cluster), `sqlite:PATH` or
+    /// a plain file path (one machine); any other scheme is refused. Each account then keeps
+    /// its player id across logins. Without it every login is a new player.
     #[arg(long, env = "MERIDIAN_STORE")]
     pub store: Option<String>,
     /// Event loop: io_uring (falls back to epoll if unavailable) or epoll.
@@ -263,9 +263,16 @@ impl GatewayArgs {
         let resume_keys = resume_keys(&self.common, &mut resume_key_generated, &mut problems);
         let tls = self.common.tls.load(self.common.dev, &mut problems);
         let limits = self.limits.limits(self.max_frame, self.max_output, &mut problems);
+        // Read now so that a missing or broken key file is refused before anything starts;
+        // the gateway reads it again when it runs (and whenever it changes).
+        if let Some(path) = &self.jwks {
+            if let Err(error) = meridian_gateway::accounts::KeyFile::open(path, self.common.dev) {
+                problems.push(format!("--jwks {error}"));
+            }
+        }
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
-                .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
+                .map_err(|e| problems.push(format!("--store: {e}")))
                 .ok()
         });
         // The former millisecond flags, where given, stand for the new ones.

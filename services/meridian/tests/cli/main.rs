@@ -16,6 +16,7 @@ mod defaults;
 mod durations;
 mod help;
 mod ports;
+mod validation;
 mod web;
 
 use std::path::Path;
