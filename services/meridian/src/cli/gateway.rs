@@ -281,14 +281,18 @@ impl GatewayArgs {
             self.quic_keep_alive_ms.map_or(self.quic_keep_alive, Duration::from_millis);
         let quic = self.quic.map(|addr| {
             let timeouts = QuicTimeouts { idle, keep_alive };
-            if idle < Duration::from_millis(500) || idle > Duration::from_secs(600) {
-                problems
-                    .push(format!("--quic-idle-timeout {idle:?} must be between 500ms and 10m"));
-            }
-            if keep_alive.is_zero() || keep_alive * 2 > idle {
+            if !quic_idle_timeout_in_range(idle) {
                 problems.push(format!(
-                    "--quic-keep-alive {keep_alive:?} must be above 0 and at most half the idle \
-                     timeout"
+                    "--quic-idle-timeout {} must be between 500ms and 10m",
+                    shown(idle)
+                ));
+            } else if keep_alive.is_zero() || keep_alive * 2 > idle {
+                // Only against an idle timeout that is itself right: a wrong one is the
+                // problem to fix, and the keep-alive is then judged against the new one.
+                problems.push(format!(
+                    "--quic-keep-alive {} must be above 0 and at most half the idle timeout ({})",
+                    shown(keep_alive),
+                    shown(idle)
                 ));
             }
             let cert = match (self.quic_cert.clone(), self.quic_key.clone()) {
@@ -358,4 +362,18 @@ fn advertised_host(advertise: &str) -> Option<String> {
     let (host, _port) = advertise.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     (!host.is_empty()).then(|| host.to_string())
+}
+
+/// The QUIC idle timeouts a gateway takes (`up` checks its own flag against it too).
+pub fn quic_idle_timeout_in_range(idle: Duration) -> bool {
+    (Duration::from_millis(500)..=Duration::from_secs(600)).contains(&idle)
+}
+
+/// A duration as a flag's value is written: `0` rather than `0ns`.
+pub(super) fn shown(duration: Duration) -> String {
+    if duration.is_zero() {
+        "0".into()
+    } else {
+        format!("{duration:?}")
+    }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::common::{check_lease_ttl, resume_keys_of, AdminTokenArgs, ResumeKeyArgs};
-use super::gateway::Io;
+use super::gateway::{quic_idle_timeout_in_range, shown, Io};
 use super::shard::GameArgs;
 use super::{finish, parse_duration, DEFAULT_CLUSTER};
 
@@ -120,7 +120,16 @@ impl UpArgs {
         if self.save_interval < Duration::from_secs(1) {
             problems.push("--save-interval must be at least 1s".into());
         }
-        // What the nodes would refuse is refused here, before etcd or any node starts.
+        // What the nodes would refuse is refused here, before etcd or any node starts. The
+        // gateways' keep-alive is a third of the idle timeout: only the latter is `up`'s flag.
+        let quic_idle =
+            self.quic_idle_timeout_ms.map_or(self.quic_idle_timeout, Duration::from_millis);
+        if !quic_idle_timeout_in_range(quic_idle) {
+            problems.push(format!(
+                "--quic-idle-timeout {} must be between 500ms and 10m",
+                shown(quic_idle)
+            ));
+        }
         resume_keys_of(&self.resume_keys, true, &mut false, &mut problems);
         if let Some(path) = &self.jwks {
             if let Err(error) = meridian_gateway::accounts::KeyFile::open(path, true) {

@@ -46,6 +46,8 @@ fn refused(run: &CommandRun, port: u16, flag: &str) -> anyhow::Result<()> {
     ensure!(run.stderr.contains(&port), "the message names the {port}: {run:?}");
     ensure!(run.stderr.contains(flag), "the message names {flag}: {run:?}");
     ensure!(run.stderr.contains("is taken"), "the message says it is taken: {run:?}");
+    // stderr is a file here: the log lines before the error carry no colour codes.
+    ensure!(!run.stderr.contains('\x1b'), "no ANSI escape in a log written to a file: {run:?}");
     ensure!(
         run.stderr.matches("in use").count() <= 1,
         "the cause is said once, not repeated: {run:?}"
