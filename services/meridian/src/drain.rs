@@ -32,6 +32,9 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
         }
         let started = Instant::now();
         let mut changes = watch.changes();
+        // The record changes far more often than its progress (every load report): a line
+        // is printed only when what it says changes.
+        let mut last_said = None;
         loop {
             let view = changes.borrow_and_update().clone();
             match view.shards.get(&shard) {
@@ -42,12 +45,18 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
                     );
                     return Ok(());
                 }
-                Some(record) => println!(
-                    "{shard}: {:?}, {} players left ({:.0} s)",
-                    record.state,
-                    record.players,
-                    started.elapsed().as_secs_f64()
-                ),
+                Some(record) => {
+                    let progress = (record.state, record.players);
+                    if last_said != Some(progress) {
+                        last_said = Some(progress);
+                        println!(
+                            "{shard}: {:?}, {} players left ({:.0} s)",
+                            record.state,
+                            record.players,
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                }
             }
             if started.elapsed() > args.timeout {
                 bail!("{shard} did not finish draining within {:?}", args.timeout);

@@ -363,15 +363,39 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        let mut child = signal(SignalKind::child())?;
+        // A child that exited before the SIGCHLD handler was in place is found by this
+        // first look; every later exit wakes the loop.
+        reap_exited(&mut nodes);
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = child.recv() => reap_exited(&mut nodes),
+            }
         }
         anyhow::Ok(())
     })?;
     println!("meridian up: stopping");
     drop(nodes);
     Ok(())
+}
+
+/// Reaps the nodes that exited while the cluster runs (a shard `meridian drain` emptied
+/// exits 0), so none is left a zombie, and says so; they leave the list, so stopping does
+/// not signal a pid that may since belong to another process.
+fn reap_exited(nodes: &mut Nodes) {
+    nodes.list.retain_mut(|node| match node.child.try_wait() {
+        Ok(Some(status)) if status.success() => {
+            println!("meridian up: {} exited ({status}; drained?); the rest go on", node.name);
+            false
+        }
+        Ok(Some(status)) => {
+            println!("meridian up: {} exited ({status}); the rest go on without it", node.name);
+            false
+        }
+        Ok(None) | Err(_) => true,
+    });
 }
 
 fn check_alive(nodes: &mut Nodes) -> anyhow::Result<()> {

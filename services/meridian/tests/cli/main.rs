@@ -13,6 +13,7 @@
 
 mod check;
 mod defaults;
+mod drain;
 mod durations;
 mod help;
 mod ports;
