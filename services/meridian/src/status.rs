@@ -199,6 +199,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     if args.json {
         let value = json!({
             "cluster": args.cluster.cluster,
+            "etcd": args.cluster.etcd,
             "shards": view.shards.values().map(|shard| {
                 let mut entry = serde_json::to_value(shard).unwrap_or_default();
                 let ready = health.get(&shard.id).is_some_and(|a| matches!(a, Some((200, _))));
@@ -211,7 +212,19 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    println!("cluster {}", args.cluster.cluster);
+    // Which cluster and which etcd: `status` with no flags reads the defaults (port 2379,
+    // cluster "meridian"), which may be another local cluster than the one meant.
+    println!(
+        "cluster {} in etcd at {} (--cluster NAME, --etcd URL for another)",
+        args.cluster.cluster,
+        args.cluster.etcd.join(",")
+    );
+    if view.shards.is_empty() && view.gateways.is_empty() {
+        println!(
+            "  nothing is registered under this name in this etcd: is the cluster called \
+             something else (--cluster), or served by another etcd (--etcd)?"
+        );
+    }
     println!("shards ({}):", view.shards.len());
     for shard in view.shards.values() {
         let health = match health.get(&shard.id) {
