@@ -71,7 +71,7 @@ pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         if let Some(address) = &node.store {
-            let store = meridian_store::Store::open(address).await.context("player store")?;
+            let store = meridian_store::Store::open(address).await.context("--store")?;
             node.config.accounts =
                 Some(meridian_gateway::accounts::Accounts(Arc::new(StoreAccounts(store))));
         }

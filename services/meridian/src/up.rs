@@ -166,6 +166,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     // by etcd a moment later; another process (a parallel test's etcd) can take one in
     // between. A start that fails that way is retried on new ports.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // A PostgreSQL store is tried once here, before etcd and the nodes start: one that
+    // does not answer is one error, not the same error from every shard and gateway.
+    if let Some(spec) = store.as_deref().filter(|spec| !spec.starts_with("sqlite:")) {
+        let address = meridian_store::Address::parse(spec)?;
+        if matches!(address, meridian_store::Address::Postgres(_)) {
+            runtime.block_on(meridian_store::Store::open(&address)).context("--store")?;
+        }
+    }
     let mut attempt = 0;
     let (etcd_url, etcd_args) = loop {
         attempt += 1;

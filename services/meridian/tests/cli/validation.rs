@@ -175,3 +175,21 @@ fn a_gateway_refuses_a_missing_jwks_before_it_looks_for_etcd() {
         Ok(())
     })());
 }
+
+/// A PostgreSQL store that does not answer is one error from `up`, before it starts etcd
+/// or a node (not the same error from every shard and gateway).
+#[test]
+fn up_tries_a_postgres_store_once_before_it_starts() {
+    check((|| {
+        let nowhere = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let store = format!("postgres://meridian@{nowhere}/game");
+        let run = run_up(&["--store", &store])?;
+        ensure!(!run.status.success(), "must exit non-zero: {run:?}");
+        ensure!(run.stderr.matches("player store unavailable").count() == 1, "once: {run:?}");
+        ensure!(run.stderr.matches("Connection refused").count() == 1, "once: {run:?}");
+        ensure!(run.stderr.contains("--store"), "names the flag: {run:?}");
+        ensure!(!run.stderr.contains("exited during start-up"), "no node was started: {run:?}");
+        ensure!(run.left.is_empty(), "nothing is left behind: {run:?}");
+        Ok(())
+    })());
+}
