@@ -6,7 +6,7 @@
 //! `--move-interval` on an open-loop schedule. It measures the delay from sending a move to
 //! receiving that bot's own `Moved` echo, counts notifications, errors by code, disconnects
 //! and lost moves, prints one progress line per second to stderr, and prints a JSON
-//! summary to stdout (and to `--json PATH`).
+//! summary to stdout, or with `--json PATH` to that file (and its gist to stdout).
 //!
 //! With `--ramp` it adds bots step by step and reports the largest number whose p99 stays
 //! under `--max-p99`; with `--html` it also writes a self-contained report with plots.
@@ -77,10 +77,15 @@ async fn main() -> ExitCode {
 async fn run_and_report(config: &Config) -> anyhow::Result<()> {
     let summary = run(config).await?;
     let json = serde_json::to_string_pretty(&summary).context("serializing the summary")?;
-    println!("{json}");
-    if let Some(path) = &config.json {
-        std::fs::write(path, format!("{json}\n"))
-            .with_context(|| format!("writing the summary to {}", path.display()))?;
+    // With `--json PATH` the summary (a thousand lines with its per-second figures) goes
+    // to the file and stdout gets its gist; without, stdout is the summary.
+    match &config.json {
+        Some(path) => {
+            std::fs::write(path, format!("{json}\n"))
+                .with_context(|| format!("writing the summary to {}", path.display()))?;
+            println!("{}", gist(&summary, path));
+        }
+        None => println!("{json}"),
     }
     if let Some(path) = &config.html {
         let value: serde_json::Value = serde_json::from_str(&json)?;
@@ -98,6 +103,30 @@ async fn run_and_report(config: &Config) -> anyhow::Result<()> {
             .with_context(|| format!("writing the report to {}", path.display()))?;
     }
     Ok(())
+}
+
+/// A few lines a person reads after a run whose summary went to `path`.
+fn gist(summary: &Summary, path: &std::path::Path) -> String {
+    let ms = |value: Option<f64>| value.map_or("-".to_string(), |ms| format!("{ms:.1}"));
+    let delay = &summary.delay_ms;
+    format!(
+        "loadtest {label}: {connected} of {target} bots connected; moves: {sent} sent, {acked} \
+         acked, {lost} lost, {errored} errored; {disconnects} disconnects\n  \
+         delay ms: p50 {p50}  p99 {p99}  max {max}\n  \
+         the whole summary: {path}",
+        label = summary.label,
+        connected = summary.bots_connected,
+        target = summary.bots_target,
+        sent = summary.moves_sent,
+        acked = summary.moves_acked,
+        lost = summary.moves_lost,
+        errored = summary.moves_errored,
+        disconnects = summary.disconnects,
+        p50 = ms(delay.p50),
+        p99 = ms(delay.p99),
+        max = ms(delay.max),
+        path = path.display(),
+    )
 }
 
 /// Runs the whole test; fails only when the target cannot be reached at all.

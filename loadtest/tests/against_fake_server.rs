@@ -426,7 +426,8 @@ async fn run_loadtest(args: &[&str]) -> Output {
         .expect("loadtest binary runs")
 }
 
-/// Runs the binary, checks it succeeded and that stdout and `--json` hold the same summary.
+/// Runs the binary, checks it succeeded, that `--json` holds the summary and that stdout
+/// then holds only its gist, naming the file (issue 32: it printed the whole summary).
 async fn run_ok(test: &str, args: &[&str]) -> Value {
     let path = json_path(test);
     let mut all_args = args.to_vec();
@@ -435,14 +436,29 @@ async fn run_ok(test: &str, args: &[&str]) -> Value {
     let output = run_loadtest(&all_args).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "loadtest {all_args:?} failed: {stderr}");
-    let from_stdout: Value = serde_json::from_slice(&output.stdout).expect("stdout is the JSON");
     let from_file: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("--json file written"))
             .expect("--json file is JSON");
     let _ = std::fs::remove_file(&path);
-    assert_eq!(from_stdout, from_file, "stdout and --json differ");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.lines().count() <= 3, "the gist, not the summary, on stdout: {stdout}");
+    assert!(stdout.contains(&path_arg), "stdout names the --json file: {stdout}");
+    let sent = format!("{} sent", n(&from_file, "moves_sent"));
+    assert!(stdout.contains(&sent), "the gist says {sent:?}: {stdout}");
     assert!(stderr.contains("bots"), "expected progress lines on stderr, got: {stderr}");
-    from_stdout
+    from_file
+}
+
+/// Without `--json` the summary itself is stdout (for a pipe into `jq`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_json_the_summary_is_stdout() {
+    let (addr, _counts) = start_fake_server(Behaviour::default()).await;
+    let addr = addr.to_string();
+    let args = ["--addr", &addr, "--bots", "2", "--duration", "1s", "--move-interval", "100ms"];
+    let output = run_loadtest(&args).await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let summary: Value = serde_json::from_slice(&output.stdout).expect("stdout is the JSON");
+    assert_eq!(n(&summary, "bots_target"), 2);
 }
 
 fn n(summary: &Value, field: &str) -> u64 {

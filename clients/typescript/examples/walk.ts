@@ -1,9 +1,10 @@
 // A bot that logs in, says hello, walks in a square and prints who it sees (the README's example).
-// Run it with any TypeScript runner, e.g. `npx tsx examples/walk.ts ws://127.0.0.1:7002/`.
+// Run it with `npm run walk` (a `meridian up` cluster's WebSocket port, 7778) or
+// `npm run walk -- ws://HOST:PORT/`: it bundles this file with esbuild, a dev dependency.
 import { WebSocket } from "ws"; // Node 20 only: browsers and Node >= 22 have a global WebSocket.
 import { Connection, MeridianError, PLAYER_KIND } from "../src/index.js";
 
-const connection = await Connection.connect(process.argv[2] ?? "ws://127.0.0.1:7002/", { WebSocket });
+const connection = await Connection.connect(process.argv[2] ?? "ws://127.0.0.1:7778/", { WebSocket });
 const { view } = connection;
 view.on("entered", (e) => console.log(`${e.name} (${e.kind === PLAYER_KIND ? "player" : `NPC ${e.kind}`}) at`, e.position));
 view.on("chat", ({ sender, text }) => console.log(`${sender?.name ?? "someone"}: ${text}`));

@@ -15,7 +15,11 @@ use loadtest::report::{Manifest, Report};
 #[derive(Debug, Parser)]
 #[command(name = "loadtest-report", version)]
 struct Cli {
-    /// The manifest naming the runs, grouped into sections.
+    /// The manifest naming the runs, grouped into sections (JSON): `{"title": "...",
+    /// "sections": [{"name": "...", "runs": [{"label": "...", "summary": "run.json"}]}]}`,
+    /// optionally with `"notes": ["..."]` and `"tables": [{"title", "header": [..], "rows":
+    /// [[..]]}]`; each summary is a `loadtest --json` file, relative to the manifest. README's
+    /// "Load test" section has an example.
     #[arg(long)]
     manifest: PathBuf,
     /// Where to write the HTML page.

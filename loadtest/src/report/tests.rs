@@ -133,3 +133,17 @@ fn axis_labels_stay_short() {
     assert_eq!(compact(12.0), "12");
     assert_eq!(compact(0.25), "0.25");
 }
+
+/// The manifest README shows is one `loadtest-report` reads (issue 32: the format was
+/// undocumented, and a guess failed with "missing field `title`").
+#[test]
+fn the_manifest_in_the_readme_parses() {
+    let readme = include_str!("../../../README.md");
+    let from = readme.find("loadtest-report --manifest").expect("README shows loadtest-report");
+    let block = &readme[from..];
+    let start = block.find("```json\n").expect("a JSON block follows") + "```json\n".len();
+    let end = start + block[start..].find("```").expect("the block ends");
+    let manifest: Manifest = serde_json::from_str(&block[start..end]).expect("it parses");
+    assert_eq!(manifest.sections[0].runs.len(), 2);
+    assert_eq!(manifest.tables[0].rows.len(), 2);
+}

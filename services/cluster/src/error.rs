@@ -2,11 +2,15 @@
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// etcd could not be reached or a request timed out: retry with backoff.
-    #[error("etcd unreachable: {0}")]
-    Unreachable(#[source] etcd_client::Error),
+    ///
+    /// The message carries the client error's gist ([`gist`]), not the error as the source:
+    /// its display repeats the whole tonic chain, which a report printing sources would
+    /// then say twice (and a log line would carry 400 characters of it).
+    #[error("etcd unreachable: {}", gist(.0))]
+    Unreachable(etcd_client::Error),
     /// etcd answered but refused (lease gone, compaction, ...): redo the operation from scratch.
-    #[error("etcd refused the request: {0}")]
-    Refused(#[source] etcd_client::Error),
+    #[error("etcd refused the request: {}", gist(.0))]
+    Refused(etcd_client::Error),
     /// A value under our prefix does not parse: a bug or a foreign writer; skip the key.
     #[error("bad value under {key}: {source}")]
     BadValue {
@@ -59,5 +63,45 @@ impl ClusterError {
             ClusterError::Refused(etcd_client::Error::GRpcStatus(status))
                 if status.code() == tonic::Code::NotFound
         )
+    }
+}
+
+/// What an etcd client error says, for a person: a gRPC status's message and, under it, the
+/// innermost cause ("tcp connect error: Connection refused (os error 111)"), where the
+/// error's own display nests the whole tonic chain, some of it twice.
+pub fn gist(error: &etcd_client::Error) -> String {
+    let mut innermost: &dyn std::error::Error = error;
+    while let Some(next) = innermost.source() {
+        innermost = next;
+    }
+    let cause = innermost.to_string();
+    match error {
+        etcd_client::Error::GRpcStatus(status) if status.message().is_empty() => {
+            format!("{:?}: {cause}", status.code())
+        }
+        etcd_client::Error::GRpcStatus(status) if std::ptr::addr_eq(innermost, error) => {
+            status.message().to_string()
+        }
+        etcd_client::Error::GRpcStatus(status) if cause.contains(status.message()) => cause,
+        etcd_client::Error::GRpcStatus(status) => format!("{}: {cause}", status.message()),
+        _ => cause,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 32: `meridian status` with etcd down said tonic's whole error twice.
+    #[test]
+    fn an_unreachable_etcd_is_said_once_and_briefly() {
+        let status = tonic::Status::unavailable("tcp connect error");
+        let error = ClusterError::from_etcd(etcd_client::Error::GRpcStatus(status));
+        assert!(matches!(error, ClusterError::Unreachable(_)));
+        assert_eq!(error.to_string(), "etcd unreachable: tcp connect error");
+        assert!(std::error::Error::source(&error).is_none(), "no source to print again");
+        let refused = tonic::Status::permission_denied("etcdserver: permission denied");
+        let error = ClusterError::from_etcd(etcd_client::Error::GRpcStatus(refused));
+        assert_eq!(error.to_string(), "etcd refused the request: etcdserver: permission denied");
     }
 }

@@ -37,7 +37,7 @@ pub use contact::{lapse_grace, EtcdContact};
 pub use coordinator::Coordinator;
 pub use epoch_cell::EpochCell;
 #[cfg(feature = "etcd")]
-pub use error::ClusterError;
+pub use error::{gist, ClusterError};
 #[cfg(feature = "etcd")]
 pub use ids::IdAllocator;
 pub use keys::ClusterKeys;
@@ -88,6 +88,14 @@ pub struct Etcd {
 pub struct EtcdTls {
     pub ca: std::path::PathBuf,
     pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl Etcd {
+    /// The question a person should ask when etcd does not answer, for messages and logs:
+    /// "is etcd running at http://127.0.0.1:2379?".
+    pub fn running_at(&self) -> String {
+        format!("is etcd running at {}?", self.endpoints.join(","))
+    }
 }
 
 impl std::fmt::Debug for Etcd {

@@ -168,7 +168,8 @@ pub async fn run(
     // kept for a grace period instead of being taken for deaths (which would close the
     // relay links to every shard).
     let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
-    let watch = until_etcd_answers("reading the cluster", START_PATIENCE, || {
+    let reading = format!("reading the cluster ({})", config.etcd.running_at());
+    let watch = until_etcd_answers(&reading, START_PATIENCE, || {
         ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone())
     })
     .await?;

@@ -55,7 +55,9 @@ pub enum QuicSetupError {
     Quic(String),
     #[error("invalid QUIC transport setting: {0}")]
     Transport(String),
-    #[error("cannot bind the QUIC socket on {addr}: {source}")]
+    /// The io error is the source, not part of the message: a report that prints the
+    /// chain would say it twice.
+    #[error("cannot bind the QUIC socket on {addr}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
 }
 

@@ -24,8 +24,27 @@ const USER_TIMEOUT_MS: libc::c_int = 60_000;
 /// bookkeeping, so a client's worst case is its output budget plus 128 KiB.
 pub const CLIENT_SEND_BUFFER_BYTES: libc::c_int = 64 * 1024;
 
-/// Binds a game listener with SO_REUSEPORT and a deep accept queue.
-pub fn bind_game_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// Binds the first listener on a client port (game or WebSocket) and listens on it.
+///
+/// The bind itself is exclusive (SO_REUSEADDR, so sockets left in TIME_WAIT do not block
+/// a restart, but no SO_REUSEPORT yet): a port that anything else listens on, another
+/// gateway's SO_REUSEPORT group included, fails here with `AddrInUse` instead of being
+/// shared, which would split the players between two clusters. SO_REUSEPORT is set after
+/// the bind and before `listen`, so the listener founds a group that only this gateway's
+/// workers join ([`bind_worker_listener`]); another gateway trying the port later fails
+/// its own exclusive bind the same way.
+pub fn bind_game_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.set_reuse_port(true)?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Binds one more listener into the SO_REUSEPORT group a [`bind_game_listener`] listener
+/// founded on `addr` (a concrete address: the first listener's), for another worker.
+pub(crate) fn bind_worker_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
@@ -149,6 +168,52 @@ mod tests {
         };
         assert_eq!(rc, 0, "getsockopt(SO_SNDBUF): {}", io::Error::last_os_error());
         value
+    }
+
+    #[test]
+    fn a_port_another_listener_holds_is_refused_even_with_reuseport() {
+        // Another gateway (another cluster): its first listener and a worker's.
+        let other = bind_game_listener("127.0.0.1:0".parse().unwrap()).expect("bind loopback");
+        let addr = other.local_addr().expect("local addr");
+        let _other_worker = bind_worker_listener(addr).expect("the other gateway's worker joins");
+        let error = bind_game_listener(addr).expect_err("a taken port must not be shared");
+        assert_eq!(error.kind(), io::ErrorKind::AddrInUse, "{error}");
+        // The wildcard address overlaps loopback: taken as well.
+        let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), addr.port());
+        let error = bind_game_listener(any).expect_err("0.0.0.0 overlaps the taken port");
+        assert_eq!(error.kind(), io::ErrorKind::AddrInUse, "{error}");
+        // A plain listener (anything else on the machine) as well.
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let error = bind_game_listener(plain.local_addr().unwrap()).expect_err("taken");
+        assert_eq!(error.kind(), io::ErrorKind::AddrInUse, "{error}");
+    }
+
+    #[test]
+    fn the_workers_listeners_share_the_first_ones_port_and_its_connections() {
+        let first = bind_game_listener("127.0.0.1:0".parse().unwrap()).expect("bind loopback");
+        let addr = first.local_addr().expect("local addr");
+        let second = bind_worker_listener(addr).expect("a worker joins the group");
+        for listener in [&first, &second] {
+            listener.set_nonblocking(true).expect("nonblocking");
+        }
+        // The kernel spreads connections by a hash of the client's address and port: among
+        // 64 connections, both listeners get some (the chance that one gets none is 2^-63).
+        let clients: Vec<_> = (0..64)
+            .map(|_| std::net::TcpStream::connect(addr).expect("connect loopback"))
+            .collect();
+        let mut accepted = [0usize; 2];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while accepted.iter().sum::<usize>() < clients.len() {
+            assert!(std::time::Instant::now() < deadline, "accepted only {accepted:?} of 64");
+            for (count, listener) in accepted.iter_mut().zip([&first, &second]) {
+                match listener.accept() {
+                    Ok(_) => *count += 1,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                    Err(e) => panic!("accept: {e}"),
+                }
+            }
+        }
+        assert!(accepted.iter().all(|&n| n > 0), "both workers accept: {accepted:?}");
     }
 
     #[test]

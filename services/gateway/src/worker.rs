@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::shared::{mailbox, AccountSender, Mailbox, Shared, WorkerFailed, WorkerStart};
-use crate::sockets::bind_game_listener;
+use crate::sockets::bind_worker_listener;
 use crate::{GatewayError, IoBackend};
 
 pub struct Workers {
@@ -93,8 +93,8 @@ impl Workers {
 }
 
 /// One listener per worker on the same address (SO_REUSEPORT lets the kernel spread new
-/// connections across them). The first is the one the caller bound; it must have been
-/// bound with SO_REUSEPORT (see [`crate::sockets::bind_game_listener`]).
+/// connections across them). The first is the one the caller bound; it must come from
+/// [`crate::sockets::bind_game_listener`], which founds the group these join.
 pub fn reuseport_listeners(
     first: std::net::TcpListener,
     workers: usize,
@@ -102,7 +102,7 @@ pub fn reuseport_listeners(
     let addr = first.local_addr()?;
     let mut listeners = vec![first];
     for _ in 1..workers.max(1) {
-        listeners.push(bind_game_listener(addr)?);
+        listeners.push(bind_worker_listener(addr)?);
     }
     for listener in &listeners {
         listener.set_nonblocking(true)?;

@@ -351,4 +351,30 @@ mod tests {
         assert!(refused(&plain_with_ca)
             .contains("--etcd-ca needs every --etcd endpoint to be https://"));
     }
+
+    fn refused_as(command: &[&str]) -> String {
+        let cli = Cli::try_parse_from(command).expect("parses");
+        let refused = match cli.command {
+            Command::Up(up) => up.validate().map(drop),
+            Command::Gateway(gateway) => gateway.validate().map(drop),
+            _ => unreachable!("up or gateway"),
+        };
+        format!("{:#}", refused.expect_err("refused"))
+    }
+
+    /// Issue 32: `up --quic-idle-timeout 0` complained about a `--quic-keep-alive 0ns` that
+    /// was never given (`up` derives it), and only once etcd and the shards ran.
+    #[test]
+    fn a_zero_quic_idle_timeout_is_named_as_given() {
+        let said = refused_as(&["meridian", "up", "--quic-idle-timeout", "0"]);
+        assert!(said.contains("--quic-idle-timeout 0 must be between 500ms and 10m"), "{said}");
+        assert!(!said.contains("keep-alive") && !said.contains("0ns"), "{said}");
+
+        let gateway = ["meridian", "gateway", "--id", "1", "--dev", "--quic", "127.0.0.1:0"];
+        let said = refused_as(&[&gateway[..], &["--quic-idle-timeout", "0"]].concat());
+        assert!(said.contains("--quic-idle-timeout 0 must be between"), "{said}");
+        assert!(!said.contains("--quic-keep-alive"), "the idle timeout is the problem: {said}");
+        let said = refused_as(&[&gateway[..], &["--quic-keep-alive", "6s"]].concat());
+        assert!(said.contains("--quic-keep-alive 6s must be above 0 and at most half"), "{said}");
+    }
 }

@@ -1,6 +1,7 @@
 //! Running a single node (`meridian shard`, `meridian gateway`): bind, announce, serve
 //! until SIGTERM or SIGINT.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -70,16 +71,24 @@ pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         if let Some(address) = &node.store {
-            let store = meridian_store::Store::open(address).await.context("player store")?;
+            let store = meridian_store::Store::open(address).await.context("--store")?;
             node.config.accounts =
                 Some(meridian_gateway::accounts::Accounts(Arc::new(StoreAccounts(store))));
         }
         let game = meridian_gateway::bind_game_listener(node.listen)
-            .with_context(|| format!("binding game listener {}", node.listen))?;
+            .map_err(|error| bind_failed("game", node.listen, "--listen", error))?;
         let quic = match &node.quic {
             Some((addr, cert, timeouts)) => {
-                let front = meridian_gateway::QuicFront::bind(*addr, cert, *timeouts)
-                    .with_context(|| format!("setting up the QUIC front on {addr}"))?;
+                let front = match meridian_gateway::QuicFront::bind(*addr, cert, *timeouts) {
+                    Ok(front) => front,
+                    Err(meridian_gateway::QuicSetupError::Bind { addr, source }) => {
+                        return Err(bind_failed("QUIC (UDP)", addr, "--quic", source));
+                    }
+                    Err(error) => {
+                        return Err(anyhow::Error::new(error)
+                            .context(format!("setting up the QUIC front on {addr}")));
+                    }
+                };
                 info!(
                     quic = %front.local_addr()?,
                     sha256 = %front.cert().sha256,
@@ -93,7 +102,7 @@ pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
         let ws = match node.ws {
             Some(addr) => Some(
                 meridian_gateway::WsFront::bind(addr)
-                    .with_context(|| format!("binding the WebSocket listener {addr}"))?,
+                    .map_err(|error| bind_failed("WebSocket", addr, "--ws", error))?,
             ),
             None => None,
         };
@@ -122,6 +131,21 @@ pub fn run_gateway(mut node: GatewayNode) -> anyhow::Result<()> {
         meridian_gateway::run(node.config, game, quic, ws, admin, terminated()).await?;
         Ok(())
     })
+}
+
+/// A gateway listener that could not be bound. A taken port (by another cluster's gateway
+/// as much as by any other program: the gateway does not share a port it did not open)
+/// names the port and the flag that chose it.
+fn bind_failed(what: &str, addr: SocketAddr, flag: &str, error: std::io::Error) -> anyhow::Error {
+    if error.kind() == std::io::ErrorKind::AddrInUse {
+        anyhow::anyhow!(
+            "the {what} port {port} is taken: something already holds {addr} (another \
+             Meridian cluster?); stop it, or give {flag} another port",
+            port = addr.port()
+        )
+    } else {
+        anyhow::Error::new(error).context(format!("binding the {what} listener {addr} ({flag})"))
+    }
 }
 
 /// The player store as the gateway's account lookup.

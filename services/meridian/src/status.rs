@@ -32,13 +32,31 @@ struct Observed {
     gateways: BTreeMap<GatewayId, Readyz>,
 }
 
+/// An etcd failure as a person reads it: what was being done, the error once, and, when
+/// etcd did not answer, whether it runs where it was looked for.
+fn etcd_failed(
+    what: &str,
+    etcd: &meridian_cluster::Etcd,
+    error: meridian_cluster::ClusterError,
+) -> anyhow::Error {
+    match error {
+        meridian_cluster::ClusterError::Unreachable(_) => {
+            anyhow::anyhow!("{what}: {error}; {}", etcd.running_at())
+        }
+        error => anyhow::Error::new(error).context(what.to_string()),
+    }
+}
+
 async fn observe(args: &StatusArgs) -> anyhow::Result<Observed> {
-    let client = meridian_cluster::connect(&args.cluster.etcd_access.etcd(&args.cluster.etcd))
+    let etcd = args.cluster.etcd_access.etcd(&args.cluster.etcd);
+    let client = meridian_cluster::connect(&etcd)
         .await
-        .with_context(|| format!("connecting to etcd at {}", args.cluster.etcd.join(",")))?;
+        .map_err(|error| etcd_failed("connecting to etcd", &etcd, error))?;
     let watch = ClusterWatch::start(client, ClusterKeys::new(&args.cluster.cluster))
         .await
-        .with_context(|| format!("reading cluster {:?} from etcd", args.cluster.cluster))?;
+        .map_err(|error| {
+            etcd_failed(&format!("reading cluster {:?}", args.cluster.cluster), &etcd, error)
+        })?;
     let view = watch.current();
     // Health as each node reports it on its admin port (/readyz), asked all at once.
     let readyz = |admin: String| async move {
@@ -181,6 +199,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     if args.json {
         let value = json!({
             "cluster": args.cluster.cluster,
+            "etcd": args.cluster.etcd,
             "shards": view.shards.values().map(|shard| {
                 let mut entry = serde_json::to_value(shard).unwrap_or_default();
                 let ready = health.get(&shard.id).is_some_and(|a| matches!(a, Some((200, _))));
@@ -193,7 +212,19 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    println!("cluster {}", args.cluster.cluster);
+    // Which cluster and which etcd: `status` with no flags reads the defaults (port 2379,
+    // cluster "meridian"), which may be another local cluster than the one meant.
+    println!(
+        "cluster {} in etcd at {} (--cluster NAME, --etcd URL for another)",
+        args.cluster.cluster,
+        args.cluster.etcd.join(",")
+    );
+    if view.shards.is_empty() && view.gateways.is_empty() {
+        println!(
+            "  nothing is registered under this name in this etcd: is the cluster called \
+             something else (--cluster), or served by another etcd (--etcd)?"
+        );
+    }
     println!("shards ({}):", view.shards.len());
     for shard in view.shards.values() {
         let health = match health.get(&shard.id) {

@@ -109,7 +109,37 @@ fn spawn(command: &mut Command, name: &str, ready_file: PathBuf) -> anyhow::Resu
     Ok(Node { name: name.to_string(), child, ready_file })
 }
 
+/// The first gateway's ports, tried before anything starts: a port something else holds
+/// (another `meridian up` most often) is an error naming it and the flag, rather than a
+/// gateway that dies after etcd and the shards started. The gateway checks again when it
+/// binds (it never shares a port it did not open), so a port taken in between is still
+/// refused.
+fn check_ports_free(args: &UpArgs) -> anyhow::Result<()> {
+    let loopback = std::net::Ipv4Addr::LOCALHOST;
+    let mut taken = Vec::new();
+    for (port, flag, what) in
+        [(args.port, "--port", "game"), (args.ws_port, "--ws-port", "WebSocket")]
+    {
+        if port != 0 && TcpListener::bind((loopback, port)).is_err() {
+            taken.push(format!("the {what} port {port} (TCP) is taken: give {flag} another"));
+        }
+    }
+    if args.quic_port != 0 && std::net::UdpSocket::bind((loopback, args.quic_port)).is_err() {
+        let port = args.quic_port;
+        taken.push(format!("the QUIC port {port} (UDP) is taken: give --quic-port another"));
+    }
+    if taken.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{} (another Meridian cluster? `meridian status` shows the one on the default etcd; 0 \
+         takes any free port)",
+        taken.join("; ")
+    )
+}
+
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    check_ports_free(&args)?;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
     let run_dir = std::env::temp_dir().join(format!("meridian-up-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&run_dir)?;
@@ -136,6 +166,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     // by etcd a moment later; another process (a parallel test's etcd) can take one in
     // between. A start that fails that way is retried on new ports.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // A PostgreSQL store is tried once here, before etcd and the nodes start: one that
+    // does not answer is one error, not the same error from every shard and gateway.
+    if let Some(spec) = store.as_deref().filter(|spec| !spec.starts_with("sqlite:")) {
+        let address = meridian_store::Address::parse(spec)?;
+        if matches!(address, meridian_store::Address::Postgres(_)) {
+            runtime.block_on(meridian_store::Store::open(&address)).context("--store")?;
+        }
+    }
     let mut attempt = 0;
     let (etcd_url, etcd_args) = loop {
         attempt += 1;
@@ -333,15 +371,39 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        let mut child = signal(SignalKind::child())?;
+        // A child that exited before the SIGCHLD handler was in place is found by this
+        // first look; every later exit wakes the loop.
+        reap_exited(&mut nodes);
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = child.recv() => reap_exited(&mut nodes),
+            }
         }
         anyhow::Ok(())
     })?;
     println!("meridian up: stopping");
     drop(nodes);
     Ok(())
+}
+
+/// Reaps the nodes that exited while the cluster runs (a shard `meridian drain` emptied
+/// exits 0), so none is left a zombie, and says so; they leave the list, so stopping does
+/// not signal a pid that may since belong to another process.
+fn reap_exited(nodes: &mut Nodes) {
+    nodes.list.retain_mut(|node| match node.child.try_wait() {
+        Ok(Some(status)) if status.success() => {
+            println!("meridian up: {} exited ({status}; drained?); the rest go on", node.name);
+            false
+        }
+        Ok(Some(status)) => {
+            println!("meridian up: {} exited ({status}); the rest go on without it", node.name);
+            false
+        }
+        Ok(None) | Err(_) => true,
+    });
 }
 
 fn check_alive(nodes: &mut Nodes) -> anyhow::Result<()> {

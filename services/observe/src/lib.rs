@@ -40,7 +40,12 @@ pub fn init_tracing(json: bool) {
     use tracing_subscriber::{fmt, EnvFilter};
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: a log written to a file or a pipe (a service
+    // manager, `up`'s log, a test) would carry the escape codes as text. NO_COLOR
+    // (no-color.org) turns it off at a terminal too.
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     // A second call (tests that start nodes in-process) keeps the first subscriber.
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }

@@ -180,12 +180,12 @@ pub async fn run(
     // Shared by the watch and the registration: records that lapse while etcd stalls are
     // kept for a grace period instead of being taken for deaths.
     let contact = EtcdContact::new(meridian_cluster::lapse_grace(config.lease_ttl));
-    let watch = meridian_cluster::until_etcd_answers(
-        "reading the cluster",
-        meridian_cluster::START_PATIENCE,
-        || ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone()),
-    )
-    .await?;
+    let reading = format!("reading the cluster ({})", config.etcd.running_at());
+    let watch =
+        meridian_cluster::until_etcd_answers(&reading, meridian_cluster::START_PATIENCE, || {
+            ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone())
+        })
+        .await?;
     // This process's life: a restart under the same id is a later one (see
     // `ShardRecord::incarnation`).
     let incarnation = std::time::SystemTime::now()

@@ -2,9 +2,12 @@
 //! last saved cell, game state and the ownership generation of that save), behind one
 //! interface with two implementations:
 //!
-//! - **SQLite** (`sqlite:PATH`, or a bare path): an embedded file, the default for
+//! - **SQLite** (`sqlite:PATH`, or a plain path with no `SCHEME:` in front): an embedded file, the default for
 //!   `meridian up` and single machines: zero setup;
-//! - **PostgreSQL** (`postgres://...`): for clusters, shared by every shard.
+//! - **PostgreSQL** (`postgres://...` or `postgresql://...`): for clusters, shared by every
+//!   shard.
+//!
+//! Any other scheme is refused ([`Address::parse`]): a misspelt URL is not a file name.
 //!
 //! Saves are **fenced** and **batched**. A save carries the generation of the shard that owns
 //! the player; a row is only overwritten by a save of the same generation or a newer one,
@@ -97,19 +100,50 @@ pub enum Address {
 }
 
 impl Address {
-    /// `postgres://...` or `postgresql://...`: PostgreSQL; `sqlite:PATH` or anything else:
-    /// an SQLite file at that path.
+    /// `postgres://...` or `postgresql://...`: PostgreSQL; `sqlite:PATH` (or
+    /// `sqlite://PATH`): an SQLite file at PATH; a plain path with no `SCHEME:` in front
+    /// (`players.sqlite`, `./data/p.db`, `/var/lib/meridian/p.db`): an SQLite file too.
+    /// Anything else that starts like a URL (`bogus:xyz`, `postgress://db/game`, `mysql://`)
+    /// is refused rather than taken for a file name.
     pub fn parse(spec: &str) -> Result<Address, StoreError> {
         let spec = spec.trim();
         if spec.is_empty() {
             return Err(StoreError::BadAddress("empty".into()));
         }
-        if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-            return Ok(Address::Postgres(spec.to_string()));
+        let Some((scheme, rest)) = url_scheme(spec) else {
+            return Ok(Address::Sqlite(PathBuf::from(spec)));
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" if rest.starts_with("//") => {
+                Ok(Address::Postgres(spec.to_string()))
+            }
+            "postgres" | "postgresql" => Err(StoreError::BadAddress(format!(
+                "{spec:?}: a PostgreSQL address is a URL, postgres://USER@HOST/DATABASE"
+            ))),
+            "sqlite" => {
+                let path = rest.strip_prefix("//").unwrap_or(rest);
+                if path.is_empty() {
+                    return Err(StoreError::BadAddress(format!("{spec:?}: sqlite: needs a path")));
+                }
+                Ok(Address::Sqlite(PathBuf::from(path)))
+            }
+            _ => Err(StoreError::BadAddress(format!(
+                "{spec:?}: unknown scheme {scheme:?}; the store is sqlite:PATH, \
+                 postgres://USER@HOST/DATABASE (or postgresql://), or a plain file path"
+            ))),
         }
-        let path = spec.strip_prefix("sqlite://").or_else(|| spec.strip_prefix("sqlite:"));
-        Ok(Address::Sqlite(PathBuf::from(path.unwrap_or(spec))))
     }
+}
+
+/// The `SCHEME` and the rest of `SCHEME:REST` (RFC 3986's scheme: a letter, then letters,
+/// digits, `+`, `-`, `.`), or `None` for a spec that does not start with one: a path. A
+/// slash before the first colon (`./a:b`, `/tmp/x:y`) makes it a path.
+fn url_scheme(spec: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = spec.split_once(':')?;
+    let mut chars = scheme.chars();
+    let starts_with_letter = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    let scheme_chars = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (starts_with_letter && scheme_chars).then_some((scheme, rest))
 }
 
 /// The player store, whichever kind it is.
@@ -234,7 +268,34 @@ mod tests {
         assert_eq!(Address::parse("sqlite:/d/p.db").unwrap(), Address::Sqlite("/d/p.db".into()));
         assert_eq!(Address::parse("sqlite:///d/p.db").unwrap(), Address::Sqlite("/d/p.db".into()));
         assert_eq!(Address::parse("/d/p.db").unwrap(), Address::Sqlite("/d/p.db".into()));
+        assert_eq!(Address::parse("p.db").unwrap(), Address::Sqlite("p.db".into()));
+        assert_eq!(Address::parse("./a:b.db").unwrap(), Address::Sqlite("./a:b.db".into()));
         assert!(Address::parse("  ").is_err());
+    }
+
+    /// Issue 32: `bogus:xyz` made an SQLite file of that name, `postgress://me@db/game`
+    /// the folders `./postgress:/me@db/game`.
+    #[test]
+    fn unknown_schemes_are_refused_not_taken_for_files() {
+        for spec in [
+            "bogus:xyz",
+            "postgress://me@db/game",
+            "mysql://db/game",
+            "postgres:db",
+            "sqlite:",
+            "sqlite://",
+        ] {
+            let error = Address::parse(spec).expect_err(spec);
+            assert!(matches!(error, StoreError::BadAddress(_)), "{spec}: {error}");
+            assert!(error.to_string().contains(spec), "{spec}: the message names it: {error}");
+        }
+        let error = Address::parse("postgress://me@db/game").unwrap_err().to_string();
+        assert!(error.contains("sqlite:PATH") && error.contains("postgres://"), "{error}");
+        assert_eq!(
+            Address::parse("SQLite:p.db").unwrap(),
+            Address::Sqlite("p.db".into()),
+            "schemes are case-insensitive"
+        );
     }
 
     #[test]

@@ -219,6 +219,17 @@ pub(super) fn resume_keys(
     generated: &mut bool,
     problems: &mut Vec<String>,
 ) -> TokenKeys {
+    resume_keys_of(&common.resume_keys, common.dev, generated, problems)
+}
+
+/// The resume keys `keys` give (a random current one if none and `dev`), with a problem
+/// for each that is not a key: also `up`'s check, before it starts anything.
+pub(super) fn resume_keys_of(
+    keys: &ResumeKeyArgs,
+    dev: bool,
+    generated: &mut bool,
+    problems: &mut Vec<String>,
+) -> TokenKeys {
     // Stands in for a key that was refused, so that every problem is still listed.
     let placeholder = || TokenKey::new(vec![0; 32]).expect("invariant: 32 bytes is long enough");
     let parse = |flag: &str, hex: &str, problems: &mut Vec<String>| {
@@ -236,9 +247,9 @@ pub(super) fn resume_keys(
         }
         key
     };
-    let current = match &common.resume_keys.resume_key {
+    let current = match &keys.resume_key {
         Some(hex) => parse("--resume-key", hex, problems).unwrap_or_else(placeholder),
-        None if !common.dev => {
+        None if !dev => {
             problems.push("--resume-key (MERIDIAN_RESUME_KEY) is required outside --dev".into());
             placeholder()
         }
@@ -253,8 +264,7 @@ pub(super) fn resume_keys(
             }
         },
     };
-    let previous = common
-        .resume_keys
+    let previous = keys
         .resume_key_previous
         .iter()
         .flat_map(|list| list.split(',').map(str::trim).filter(|hex| !hex.is_empty()))

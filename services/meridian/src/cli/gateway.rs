@@ -50,9 +50,9 @@ pub struct GatewayArgs {
     /// one of them; in dev mode a Login without a token is the account named by its name.
     #[arg(long, env = "MERIDIAN_JWKS")]
     pub jwks: Option<std::path::PathBuf>,
-    /// The player store: `postgres://...` (a cluster) or `sqlite:PATH` (one machine). Each
-    /// account then keeps its player id across logins. Without it every login is a new
-    /// player.
+    /// The player store: `postgres://...` or `postgresql://...` (a cluster), `sqlite:PATH` or
+    /// a plain file path (one machine); any other scheme is refused. Each account then keeps
+    /// its player id across logins. Without it every login is a new player.
     #[arg(long, env = "MERIDIAN_STORE")]
     pub store: Option<String>,
     /// Event loop: io_uring (falls back to epoll if unavailable) or epoll.
@@ -263,9 +263,16 @@ impl GatewayArgs {
         let resume_keys = resume_keys(&self.common, &mut resume_key_generated, &mut problems);
         let tls = self.common.tls.load(self.common.dev, &mut problems);
         let limits = self.limits.limits(self.max_frame, self.max_output, &mut problems);
+        // Read now so that a missing or broken key file is refused before anything starts;
+        // the gateway reads it again when it runs (and whenever it changes).
+        if let Some(path) = &self.jwks {
+            if let Err(error) = meridian_gateway::accounts::KeyFile::open(path, self.common.dev) {
+                problems.push(format!("--jwks {error}"));
+            }
+        }
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
-                .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
+                .map_err(|e| problems.push(format!("--store: {e}")))
                 .ok()
         });
         // The former millisecond flags, where given, stand for the new ones.
@@ -274,14 +281,18 @@ impl GatewayArgs {
             self.quic_keep_alive_ms.map_or(self.quic_keep_alive, Duration::from_millis);
         let quic = self.quic.map(|addr| {
             let timeouts = QuicTimeouts { idle, keep_alive };
-            if idle < Duration::from_millis(500) || idle > Duration::from_secs(600) {
-                problems
-                    .push(format!("--quic-idle-timeout {idle:?} must be between 500ms and 10m"));
-            }
-            if keep_alive.is_zero() || keep_alive * 2 > idle {
+            if !quic_idle_timeout_in_range(idle) {
                 problems.push(format!(
-                    "--quic-keep-alive {keep_alive:?} must be above 0 and at most half the idle \
-                     timeout"
+                    "--quic-idle-timeout {} must be between 500ms and 10m",
+                    shown(idle)
+                ));
+            } else if keep_alive.is_zero() || keep_alive * 2 > idle {
+                // Only against an idle timeout that is itself right: a wrong one is the
+                // problem to fix, and the keep-alive is then judged against the new one.
+                problems.push(format!(
+                    "--quic-keep-alive {} must be above 0 and at most half the idle timeout ({})",
+                    shown(keep_alive),
+                    shown(idle)
                 ));
             }
             let cert = match (self.quic_cert.clone(), self.quic_key.clone()) {
@@ -351,4 +362,18 @@ fn advertised_host(advertise: &str) -> Option<String> {
     let (host, _port) = advertise.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     (!host.is_empty()).then(|| host.to_string())
+}
+
+/// The QUIC idle timeouts a gateway takes (`up` checks its own flag against it too).
+pub fn quic_idle_timeout_in_range(idle: Duration) -> bool {
+    (Duration::from_millis(500)..=Duration::from_secs(600)).contains(&idle)
+}
+
+/// A duration as a flag's value is written: `0` rather than `0ns`.
+pub(super) fn shown(duration: Duration) -> String {
+    if duration.is_zero() {
+        "0".into()
+    } else {
+        format!("{duration:?}")
+    }
 }

@@ -48,8 +48,9 @@ pub struct ShardArgs {
     #[arg(long, env = "MERIDIAN_DRAIN_TIMEOUT", value_name = "DURATION", default_value = "60s",
           value_parser = parse_duration)]
     pub drain_timeout: Duration,
-    /// The player store this shard saves its players in: `postgres://...` or `sqlite:PATH`
-    /// (the same one the gateways use). Without it nothing is saved.
+    /// The player store this shard saves its players in: `postgres://...` (or
+    /// `postgresql://`), `sqlite:PATH` or a plain file path (the same one the gateways use);
+    /// any other scheme is refused. Without it nothing is saved.
     #[arg(long, env = "MERIDIAN_STORE")]
     pub store: Option<String>,
     /// Time between saves of the players that moved (they are also saved when they log
@@ -132,7 +133,7 @@ impl ShardArgs {
         let tls = self.common.tls.load(self.common.dev, &mut problems);
         let store = self.store.as_deref().and_then(|spec| {
             meridian_store::Address::parse(spec)
-                .map_err(|e| problems.push(format!("--store {spec:?}: {e}")))
+                .map_err(|e| problems.push(format!("--store: {e}")))
                 .ok()
         });
         if self.save_interval < Duration::from_secs(1) {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::common::{check_lease_ttl, AdminTokenArgs, ResumeKeyArgs};
-use super::gateway::Io;
+use super::common::{check_lease_ttl, resume_keys_of, AdminTokenArgs, ResumeKeyArgs};
+use super::gateway::{quic_idle_timeout_in_range, shown, Io};
 use super::shard::GameArgs;
 use super::{finish, parse_duration, DEFAULT_CLUSTER};
 
@@ -86,9 +86,9 @@ pub struct UpArgs {
     /// development key (`meridian token`) is accepted as well.
     #[arg(long)]
     pub jwks: Option<PathBuf>,
-    /// The player store every shard and gateway uses: `sqlite:PATH`, `postgres://...`, or
-    /// `none` (every login a new player, nothing saved). Default: `sqlite:` a file in the
-    /// data directory.
+    /// The player store every shard and gateway uses: `sqlite:PATH` (or a plain file path),
+    /// `postgres://...` / `postgresql://...`, or `none` (every login a new player, nothing
+    /// saved); any other scheme is refused. Default: `sqlite:` a file in the data directory.
     #[arg(long)]
     pub store: Option<String>,
     /// Keep etcd's data and the player store here: stopping `up` and starting it again with
@@ -119,6 +119,27 @@ impl UpArgs {
         check_lease_ttl(self.lease_ttl, &mut problems);
         if self.save_interval < Duration::from_secs(1) {
             problems.push("--save-interval must be at least 1s".into());
+        }
+        // What the nodes would refuse is refused here, before etcd or any node starts. The
+        // gateways' keep-alive is a third of the idle timeout: only the latter is `up`'s flag.
+        let quic_idle =
+            self.quic_idle_timeout_ms.map_or(self.quic_idle_timeout, Duration::from_millis);
+        if !quic_idle_timeout_in_range(quic_idle) {
+            problems.push(format!(
+                "--quic-idle-timeout {} must be between 500ms and 10m",
+                shown(quic_idle)
+            ));
+        }
+        resume_keys_of(&self.resume_keys, true, &mut false, &mut problems);
+        if let Some(path) = &self.jwks {
+            if let Err(error) = meridian_gateway::accounts::KeyFile::open(path, true) {
+                problems.push(format!("--jwks {error}"));
+            }
+        }
+        if let Some(spec) = self.store.as_deref().filter(|spec| *spec != "none") {
+            if let Err(error) = meridian_store::Address::parse(spec) {
+                problems.push(format!("--store: {error}"));
+            }
         }
         self.game.config(&mut problems);
         finish(self, problems)

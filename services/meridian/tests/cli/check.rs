@@ -59,6 +59,11 @@ fn status_check_exits_non_zero_on_each_problem() {
         let run = cluster.run_meridian(&["status", "--check", "--etcd", &nowhere])?;
         ensure!(run.status.code() == Some(3), "etcd unreachable: {run:?}");
         ensure!(run.stdout.starts_with("cannot check cluster"), "{run:?}");
+        // Issue 32: the cause once, and where etcd was looked for.
+        let hint = format!("is etcd running at {nowhere}?");
+        ensure!(run.stdout.matches(&hint).count() == 1, "says {hint:?} once: {run:?}");
+        ensure!(run.stdout.matches("connect error").count() == 1, "the cause once: {run:?}");
+        ensure!(run.stdout.len() < 200, "one short line: {run:?}");
         Ok(())
     })();
     if let Err(error) = checked {

@@ -44,9 +44,22 @@ fn status_after_up_shows_the_cluster_without_naming_it() {
         ensure!(printed == expected, "up printed {printed:?}, expected {expected:?}");
         let run = cluster.run_meridian(&printed[1..])?;
         ensure!(run.status.success(), "{line}: {run:?}");
-        ensure!(run.stdout.contains("cluster meridian\n"), "{run:?}");
+        // It says which cluster and which etcd it read (issue 32).
+        let read = format!("cluster meridian in etcd at {} (", cluster.etcd_url());
+        ensure!(run.stdout.starts_with(&read), "{run:?}");
+        ensure!(!run.stdout.contains("nothing is registered"), "{run:?}");
         ensure!(run.stdout.contains("shards (1):") && run.stdout.contains("shard-1"), "{run:?}");
         ensure!(run.stdout.contains("gateways (1):"), "{run:?}");
+        // Another name in the same etcd: nothing there, and it says what to check.
+        let run = cluster.run_meridian(&[
+            "status",
+            "--etcd",
+            cluster.etcd_url(),
+            "--cluster",
+            "not-this-one",
+        ])?;
+        ensure!(run.status.success(), "{run:?}");
+        ensure!(run.stdout.contains("nothing is registered under this name"), "{run:?}");
         let run = cluster.run_meridian(&["status", "--check", "--etcd", cluster.etcd_url()])?;
         ensure!(run.status.code() == Some(0), "status --check: {run:?}");
         ensure!(

@@ -10,11 +10,19 @@
 //! - `check`: `meridian status --check` exits 0 on a healthy cluster, 1 with a line per
 //!   problem when a shard or the gateway is killed, and 3 when etcd cannot be reached.
 //! - `web`: `meridian status --web` serves the live map off loopback only with the token.
+//! - `ports`: a game, WebSocket or QUIC port another cluster serves stops `up` and a gateway
+//!   at start, naming the port and the flag (issue 32).
+//! - `validation`: a bad `--store`, `--resume-key` or `--jwks` is refused before anything
+//!   starts, leaving nothing behind (issue 32).
+//! - `drain`: `meridian drain --wait` says each step once, and `up` reaps the drained shard.
 
 mod check;
 mod defaults;
+mod drain;
 mod durations;
 mod help;
+mod ports;
+mod validation;
 mod web;
 
 use std::path::Path;
