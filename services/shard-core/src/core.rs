@@ -50,6 +50,7 @@ use crate::history::History;
 use crate::inputs::Inputs;
 use crate::metrics::ShardMetrics;
 use crate::outbox::{Outbox, PeerRounds};
+use crate::overload::Overload;
 use crate::pause::Pause;
 use crate::peers_seen::PeersSeen;
 use crate::reports;
@@ -116,6 +117,9 @@ pub struct ShardCore {
     resync_due: Vec<PlayerId>,
     /// The game and its NPC ids, mail and changed states (see `game.rs`).
     pub(crate) game: GameSlot,
+    /// The share of moves refused while the gateways cannot take the output (see
+    /// `overload.rs`).
+    pub(crate) overload: Overload,
 }
 
 impl ShardCore {
@@ -134,6 +138,7 @@ impl ShardCore {
     ) -> ShardCore {
         ShardCore {
             game: GameSlot::new(game, config.max_npcs, config.seed ^ u64::from(config.id.0)),
+            overload: Overload::default(),
             id: config.id,
             world: World::new(config.world.clone()),
             geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
@@ -252,6 +257,8 @@ impl ShardCore {
             }
             Event::LeaseConfirmed { .. } => {}
             Event::Tick => self.now = self.now.max(now),
+            // News about the shell's queues, not about players: kept, never held.
+            Event::LinkBacklog { link, queued } => self.overload.backlog(link, queued),
             other => self.pause.hold(other),
         }
     }
@@ -284,6 +291,20 @@ impl ShardCore {
                 }
             }
             Event::LinkClosed { link } => self.drop_link(link),
+            Event::LinkBacklog { link, queued } => {
+                self.overload.backlog(link, queued);
+                if let Some(shed) = self.overload.adjust(self.now) {
+                    if shed > 0 && self.metrics.overload_shed.get() == 0 {
+                        warn!(
+                            link = link.0,
+                            queued, "gateways not keeping up with the output; shedding moves"
+                        );
+                    } else if shed == 0 {
+                        tracing::info!("gateways keeping up again; applying every move");
+                    }
+                    self.metrics.overload_shed.set(i64::from(shed));
+                }
+            }
             Event::LinkCut { link } => {
                 warn!(link = link.0, "gateway link not keeping up; cutting it");
                 self.metrics.links_cut.inc();
@@ -811,6 +832,7 @@ impl ShardCore {
         // Only this link's players: the gateway's other lanes keep their links and players.
         self.links.gone(link);
         self.outbox.forget_link(link);
+        self.overload.forget(link);
         for player in self.roster.seated_on(link) {
             self.remove(player, true);
         }

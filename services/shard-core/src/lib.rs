@@ -19,6 +19,7 @@ mod inputs;
 mod messages;
 mod metrics;
 mod outbox;
+mod overload;
 mod pause;
 mod peers_seen;
 mod players;

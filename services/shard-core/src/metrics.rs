@@ -23,6 +23,8 @@ pub struct ShardMetrics {
     pub leaves: Arc<Counter>,
     pub moves: Arc<Counter>,
     pub moves_rate_limited: Arc<Counter>,
+    pub moves_shed: Arc<Counter>,
+    pub overload_shed: Arc<Gauge>,
     pub chats: Arc<Counter>,
     pub notifications: Arc<Counter>,
     /// Errors the shard sent to clients (through their gateways), by code.
@@ -105,6 +107,16 @@ impl ShardMetrics {
             moves_rate_limited: registry.counter(
                 "meridian_shard_moves_rate_limited_total",
                 "Moves refused by the rate limit.",
+                l,
+            ),
+            moves_shed: registry.counter(
+                "meridian_shard_moves_shed_total",
+                "Moves refused RATE_LIMITED because the gateways could not take the output as fast as it was made (see overload.rs).",
+                l,
+            ),
+            overload_shed: registry.gauge(
+                "meridian_shard_overload_shed_permille",
+                "Thousandths of moves the shard refuses right now for overload (0: none).",
                 l,
             ),
             chats: registry.counter("meridian_shard_chats_total", "Chats spoken.", l),

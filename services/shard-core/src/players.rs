@@ -215,6 +215,12 @@ impl ShardCore {
                         return self.outbox.push_move_answer(link, session, &error);
                     }
                 };
+                if self.overload.shed_move() {
+                    self.metrics.moves_shed.inc();
+                    let detail = "the shard is overloaded: this move was not applied; try again";
+                    let error = server::error(ErrorCode::RateLimited, detail, m.client_time);
+                    return self.outbox.push_move_answer(link, session, &error);
+                }
                 match self.step_entity(player, direction, m.client_time) {
                     Ok(_) => {}
                     Err(WorldError::RateLimited) => {

@@ -70,6 +70,10 @@ pub enum Event {
     LinkClosed { link: LinkId },
     /// A gateway stream stopped reading (its queue is full): it is cut, its players leave.
     LinkCut { link: LinkId },
+    /// After a round was sent: how many batches wait in a gateway stream's queue. A
+    /// backlog makes the shard apply fewer moves (see `overload.rs`) long before the queue
+    /// is full.
+    LinkBacklog { link: LinkId, queued: usize },
     /// A batch of messages from a peer shard, in its stream's order.
     Peer { from: ShardId, messages: Vec<PeerMessage> },
     /// The cluster view changed (members, partition map).

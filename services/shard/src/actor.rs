@@ -235,9 +235,10 @@ impl WorldActor {
         }
     }
 
-    /// Sends the round's output. A gateway link whose queue is full has stopped reading:
-    /// the core cuts it (which makes output of its own: its players leave), and nothing
-    /// more is sent on it.
+    /// Sends the round's output, then tells the core how many batches wait on each gateway
+    /// link (a backlog makes it shed moves). A gateway link whose queue is full anyway has
+    /// stopped reading: the core cuts it (which makes output of its own: its players
+    /// leave), and nothing more is sent on it.
     fn flush(&mut self) {
         loop {
             self.core.flush(&mut self.out);
@@ -265,6 +266,12 @@ impl WorldActor {
             }
             self.send_to_peers(peers);
             if cut.is_empty() {
+                // How far behind each gateway is: the core sheds moves before a queue fills.
+                let now = Instant::now();
+                for (&link, out) in &self.links {
+                    let queued = out.max_capacity() - out.capacity();
+                    self.core.handle(now, Event::LinkBacklog { link, queued });
+                }
                 return;
             }
             for link in cut {
