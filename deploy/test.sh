@@ -62,7 +62,7 @@ python_venv() {
 }
 # The benchmark scripts' parsing and verdicts (stdlib only, no load is run).
 bench_unittests() {
-    PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py loadtest/bench/test_saves.py loadtest/bench/test_game.py
+    PYTHONDONTWRITEBYTECODE=1 python3 -m unittest loadtest/bench/test_suite.py loadtest/bench/test_saves.py loadtest/bench/test_game.py loadtest/bench/test_battle.py
     # The rooms check itself (.ci/rooms: no import circles, no oversize file) and its own
     # tests on synthetic crates.
     .ci/rooms
