@@ -32,8 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import game  # noqa: E402
+from suite import ROOT, cpu_seconds  # noqa: E402
+
 BOX = "190,190,209,209"
 
 
@@ -41,31 +43,10 @@ def log(message):
     print(f"[battle {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def cpu_seconds(pids):
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
-
-
 def scrape(admin):
     """name -> summed value of every sample of the admin port's /metrics."""
-    text = urllib.request.urlopen(f"http://{admin}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        name = name.split("{", 1)[0]
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            pass
-    return out
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=5) as answer:
+        return game.parse_metrics(answer.read().decode())
 
 
 def parse_steps(text):

@@ -245,7 +245,7 @@ mod tests {
     const BOUNDS: Bounds = Bounds { width: 400, height: 400, sight: 20 };
 
     /// Players standing on `cells`, counted by the region (shard) that owns each.
-    fn view_with(regions: &[Region], cells: &[(u32, u32)]) -> ClusterView {
+    pub(super) fn view_with(regions: &[Region], cells: &[(u32, u32)]) -> ClusterView {
         let mut view = ClusterView::default();
         for region in regions {
             let bands = 400usize.div_ceil(LOAD_BAND as usize);
@@ -371,9 +371,9 @@ mod tests {
 
 #[cfg(test)]
 mod battles {
+    use super::tests::view_with;
     use super::*;
     use crate::layout::compute_partition;
-    use crate::model::{ShardRecord, ShardState};
 
     const BOUNDS: Bounds = Bounds { width: 400, height: 400, sight: 20 };
 
@@ -386,31 +386,6 @@ mod battles {
                 .wrapping_add(1_442_695_040_888_963_407);
             ((self.0 >> 33) % u64::from(n)) as u32
         }
-    }
-
-    fn view_with(regions: &[Region], cells: &[(u32, u32)]) -> ClusterView {
-        let mut view = ClusterView::default();
-        for region in regions {
-            let mut load = LoadProfile { x: vec![0; 400], y: vec![0; 400], ..Default::default() };
-            let mut players = 0;
-            for &(x, y) in cells.iter().filter(|(x, y)| region.contains(*x, *y)) {
-                load.x[x as usize] += 1;
-                load.y[y as usize] += 1;
-                players += 1;
-            }
-            super::tests::add_crowding(&mut load, region, cells);
-            let record = ShardRecord {
-                id: region.shard,
-                grpc: String::new(),
-                admin: String::new(),
-                state: ShardState::Serving,
-                players,
-                load,
-                incarnation: 1,
-            };
-            view.shards.insert(region.shard, record);
-        }
-        view
     }
 
     /// `n` players at random cells of the box `x0..x0+side`, `y0..y0+side`.
