@@ -14,8 +14,9 @@
 #                                 check fetches Helm and kubernetes-validate from PyPI), flock,
 #                                 PostgreSQL's server (the player store's tests start their own),
 #                                 rustfmt and clippy (.ci/run), cargo-nextest (the Rust
-#                                 tests), node >= 18 and npm (the TypeScript SDK's tests and
-#                                 the /play bundle check).
+#                                 tests; built from crates.io where missing), node >= 18 and
+#                                 npm (the TypeScript SDK's tests and the /play bundle
+#                                 check), mono (the C# SDK).
 #
 # Without an argument it checks everything (`test`). No crate needs the pkg-config tool or a
 # C++ compiler (Cargo.lock has no cmake or bindgen; its pkg-config crate is libsqlite3-sys's,
@@ -107,17 +108,20 @@ check_postgres() {
 # .ci/run: `cargo fmt --check` and `cargo clippy`.
 check_rustfmt() { cargo fmt --version >/dev/null 2>&1; }
 check_clippy() { cargo clippy --version >/dev/null 2>&1; }
-# deploy/test.sh runs the Rust tests with cargo-nextest (this machine kind ships it).
+# deploy/test.sh runs the Rust tests with cargo-nextest: a fresh machine of this kind does
+# not have it, so it is built from crates.io (a few minutes, once).
 check_nextest() { cargo nextest --version >/dev/null 2>&1; }
 
-# need CHECK FIX WHAT: CHECK is a function above; FIX is "apt:PACKAGE..." or
-# "rustup:COMPONENT..." or "" (cannot be installed here: WHAT says how); WHAT names it.
+# need CHECK FIX WHAT: CHECK is a function above; FIX is "apt:PACKAGE...",
+# "rustup:COMPONENT...", "cargo:CRATE@VERSION" (cargo install --locked from crates.io) or ""
+# (cannot be installed here: WHAT says how); WHAT names it.
 checks=() fixes=() whats=()
 need() { checks+=("$1"); fixes+=("$2"); whats+=("$3"); }
 how() {
     case $1 in
         apt:*) echo "apt package ${1#apt:}" ;;
         rustup:*) echo "rustup component ${1#rustup:}" ;;
+        cargo:*) echo "cargo install --locked ${1#cargo:}" ;;
         *) echo "not installable here" ;;
     esac
 }
@@ -142,17 +146,18 @@ if [ "$mode" = test ]; then
     need check_postgres "apt:postgresql util-linux" "PostgreSQL's server binaries /usr/lib/postgresql/*/bin (initdb, pg_ctl) and, as root, the postgres user and runuser (the player store's tests)"
     need check_rustfmt "rustup:rustfmt" "rustfmt (cargo fmt in .ci/run)"
     need check_clippy "rustup:clippy" "clippy (cargo clippy in .ci/run)"
-    need check_nextest "" "cargo-nextest (deploy/test.sh runs the tests with it): this machine kind ships it; elsewhere 'cargo install --locked cargo-nextest' or the prebuilt binary from https://get.nexte.st"
+    need check_nextest "cargo:cargo-nextest@0.9.143" "cargo-nextest (deploy/test.sh runs the tests with it)"
 fi
 
 # ------------------------------------------------------------------------ check, install
-apt_packages=() components=() missing=()
+apt_packages=() components=() crates=() missing=()
 for i in "${!checks[@]}"; do
     "${checks[i]}" && continue
     missing+=("$i")
     case ${fixes[i]} in
         apt:*) read -ra p <<<"${fixes[i]#apt:}"; apt_packages+=("${p[@]}") ;;
         rustup:*) components+=("${fixes[i]#rustup:}") ;;
+        cargo:*) crates+=("${fixes[i]#cargo:}") ;;
     esac
     echo "install-deps: missing: ${whats[i]} [$(how "${fixes[i]}")]" >&2
 done
@@ -179,6 +184,13 @@ if ((${#components[@]})); then
     else
         echo "install-deps: no rustup to add ${components[*]} with" >&2
     fi
+fi
+
+if ((${#crates[@]})); then
+    for crate in "${crates[@]}"; do
+        echo "install-deps: building $crate from crates.io (cargo install --locked; a few minutes)" >&2
+        cargo install --locked --quiet "$crate" >&2 || echo "install-deps: cargo install $crate failed" >&2
+    done
 fi
 
 # ------------------------------------------------------------------------------ re-check

@@ -218,18 +218,29 @@ impl LoginKeys {
 #[derive(Debug, Clone, Copy)]
 pub struct UnixClock {
     at: std::time::Instant,
-    unix: u64,
+    /// Milliseconds since the Unix epoch at `at`.
+    unix_ms: u64,
 }
 
 impl UnixClock {
     /// `unix` seconds since the Unix epoch at `at` (the shell reads both clocks once).
     pub fn new(at: std::time::Instant, unix: u64) -> UnixClock {
-        UnixClock { at, unix }
+        UnixClock::with_millis(at, unix.saturating_mul(1000))
+    }
+
+    /// `unix_ms` milliseconds since the Unix epoch at `at`.
+    pub fn with_millis(at: std::time::Instant, unix_ms: u64) -> UnixClock {
+        UnixClock { at, unix_ms }
     }
 
     /// Seconds since the Unix epoch at `now`.
     pub fn unix_at(&self, now: std::time::Instant) -> u64 {
-        self.unix + now.saturating_duration_since(self.at).as_secs()
+        self.unix_ms_at(now) / 1000
+    }
+
+    /// Milliseconds since the Unix epoch at `now`.
+    pub fn unix_ms_at(&self, now: std::time::Instant) -> u64 {
+        self.unix_ms + now.saturating_duration_since(self.at).as_millis() as u64
     }
 }
 

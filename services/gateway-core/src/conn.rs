@@ -156,6 +156,9 @@ pub(super) struct Conn {
     /// or died with the old owner. A restore goes there, where the player is, rather than
     /// making a second copy at the owner of its last acknowledged cell.
     pub(super) claim: Option<(ShardId, u64)>,
+    /// This connection's login's `Join.login_stamp` (0 after a resume by token): sent with
+    /// a restore too, so the shard judges a racing login of the account against it.
+    pub(super) login_stamp: u64,
     /// Output from a shard that is taking the player over, held until the current owner's
     /// `released_to` marker, so the player's messages stay in order across a handoff.
     pub(super) held: Vec<(ShardId, Delivery)>,
@@ -218,6 +221,7 @@ impl Conn {
             pending_owner: None,
             handed_from: None,
             claim: None,
+            login_stamp: 0,
             pending_login: None,
             held: Vec::new(),
             held_bytes: 0,

@@ -136,6 +136,7 @@ impl Ctx {
             gateway_id: 0,
             epoch: self.routing().read(|t| t.epoch()),
             state: conn.state.clone(),
+            login_stamp: conn.login_stamp,
         };
         conn.held.clear();
         conn.held_bytes = 0;

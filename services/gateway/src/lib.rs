@@ -212,9 +212,9 @@ pub async fn run(
         Some(file) => accounts::LoginKeys::with(file.keys()),
         None => accounts::LoginKeys::new(config.dev_mode),
     };
-    let unix_now = std::time::SystemTime::now()
+    let unix_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .map_or(0, |d| d.as_millis() as u64);
     let shared = Arc::new(shared::Shared {
         config: config.core(io),
         routing: Arc::clone(&routing),
@@ -225,7 +225,7 @@ pub async fn run(
         admission: limits::Admission::new(config.limits.clone()),
         output_by_worker: (0..loops).map(|_| Default::default()).collect(),
         login_keys,
-        clock: accounts::UnixClock::new(std::time::Instant::now(), unix_now),
+        clock: accounts::UnixClock::with_millis(std::time::Instant::now(), unix_ms),
     });
     if let Some(file) = key_file {
         tokio::spawn(reload_login_keys(file, Arc::clone(&shared)));

@@ -41,6 +41,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, warn};
 
+use crate::claims::Claims;
 use crate::game_slot::{game_notification, GameSlot};
 use crate::gateway_links::GatewayLinks;
 use crate::geometry::Geometry;
@@ -120,6 +121,8 @@ pub struct ShardCore {
     /// The share of moves refused while the gateways cannot take the output (see
     /// `overload.rs`).
     pub(crate) overload: Overload,
+    /// Logins of players seated on other shards, lately (see `claims.rs`).
+    pub(crate) claims: Claims,
 }
 
 impl ShardCore {
@@ -139,6 +142,7 @@ impl ShardCore {
         ShardCore {
             game: GameSlot::new(game, config.max_npcs, config.seed ^ u64::from(config.id.0)),
             overload: Overload::default(),
+            claims: Claims::default(),
             id: config.id,
             world: World::new(config.world.clone()),
             geometry: Geometry::from_view(&ClusterView::default(), config.id, &config.world),
@@ -499,6 +503,7 @@ impl ShardCore {
                 let holder = if needed.holder == 0 { from } else { ShardId(needed.holder) };
                 self.ghost_needed(holder, player, message.generation);
             }
+            Some(Peer::Claim(claim)) => self.on_claim(player, claim),
             Some(Peer::HandoffAck(_)) => {
                 if let Some(handed) = self.handoffs.handed_mut(player) {
                     handed.acked.get_or_insert(self.now);

@@ -89,6 +89,7 @@ impl Harness {
             gateway_id: 0,
             epoch: 0,
             state: Vec::new(),
+            login_stamp: 0,
         };
         self.direct(player, seq, Input::Join(join));
     }
@@ -323,6 +324,7 @@ fn players_are_saved_when_they_moved_and_when_they_leave() {
         gateway_id: 0,
         epoch: 0,
         state: Vec::new(),
+        login_stamp: 0,
     };
     h.direct(1, 1, Input::Join(join));
     h.direct(1, 2, a_move(1));
@@ -796,4 +798,83 @@ fn a_handoff_waits_for_the_link_of_its_own_lane() {
     let seat = h.actor.roster.seat(PlayerId(13)).expect("taken when lane 1's link opened");
     assert_eq!(seat.link, LinkId(2));
     assert_eq!(h.actor.sizes().awaiting_gateway, 0);
+}
+
+/// Issue 31 item 4: two logins of one account raced to two shards, and each was seated.
+/// The shard seating a login tells every other (a `Claim`); the one holding the older login
+/// ends it with REPLACED and closes its connection, whichever claim arrives first; a newer
+/// login stands; and an older login arriving after the claim is refused on arrival.
+#[test]
+fn of_two_logins_racing_to_two_shards_the_later_wins() {
+    use meridian_cluster::{ShardRecord, ShardState};
+    use meridian_rpc::pb::{peer_message::Kind as Peer, Claim, PeerMessage};
+
+    let claim_from_peer = |h: &mut Harness, player: u64, login_stamp: u64| {
+        let claim = Claim { login_stamp, session: 99 };
+        let message =
+            PeerMessage { player_id: player, kind: Some(Peer::Claim(claim)), ..Default::default() };
+        h.actor.handle(h.now, Event::Peer { from: OLD_OWNER, messages: vec![message] });
+    };
+    let join_at = |h: &mut Harness, player: u64, login_stamp: u64| {
+        let spawn = Some(client_pb::Position { x: 10, y: 10 });
+        let join = Join { name: format!("p{player}"), spawn, login_stamp, ..Default::default() };
+        h.direct(player, 1, Input::Join(join));
+    };
+    let mut h = Harness::new();
+    // Shard 2 is registered too: logins seated here are claimed to it.
+    let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
+    let mut view = ClusterView { partition: Some(partition), ..Default::default() };
+    for id in [ME, OLD_OWNER] {
+        let record = ShardRecord {
+            id,
+            grpc: String::new(),
+            admin: String::new(),
+            state: ShardState::Serving,
+            players: 0,
+            load: Default::default(),
+            incarnation: 1,
+        };
+        view.shards.insert(id, record);
+    }
+    view.revision = 2;
+    h.actor.handle(h.now, Event::View(view));
+
+    // A login here is claimed to the other shard.
+    join_at(&mut h, 21, 1_000);
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    let claimed = out.iter().any(|t| {
+        matches!(t, Transmit::Peer { to, messages } if *to == OLD_OWNER
+            && messages.iter().any(|m| m.player_id == 21
+                && matches!(&m.kind, Some(Peer::Claim(c)) if c.login_stamp == 1_000 && c.session == SESSION)))
+    });
+    assert!(claimed, "the login is claimed to shard 2: {out:?}");
+
+    // The other shard seated an older login of the same account: this one stands.
+    claim_from_peer(&mut h, 21, 900);
+    assert!(h.actor.roster.is_seated(PlayerId(21)), "an older claim ends nothing here");
+    assert!(received_all(&mut h).iter().all(|(_, _, m, close)| !close
+        && !matches!(m, Server::Error(e) if e.code == ErrorCode::Replaced as i32)));
+
+    // ... and a newer one: this login ends.
+    claim_from_peer(&mut h, 21, 1_100);
+    assert!(!h.actor.roster.is_seated(PlayerId(21)), "the older login leaves the world");
+    let ended = received_all(&mut h);
+    assert!(
+        ended.iter().any(|(_, session, m, close)| *session == SESSION
+            && *close
+            && matches!(m, Server::Error(e) if e.code == ErrorCode::Replaced as i32)),
+        "its connection is told REPLACED and closed: {ended:?}"
+    );
+
+    // A login older than a claim seen lately is refused on arrival.
+    claim_from_peer(&mut h, 22, 2_000);
+    join_at(&mut h, 22, 1_999);
+    assert!(!h.actor.roster.is_seated(PlayerId(22)));
+    let refused = received_all(&mut h);
+    assert!(
+        matches!(refused.as_slice(), [(_, _, Server::Error(e), true)] if e.code == ErrorCode::Replaced as i32),
+        "told REPLACED, not LoginOk: {refused:?}"
+    );
 }

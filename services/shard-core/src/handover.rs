@@ -175,6 +175,8 @@ impl ShardCore {
             recent: recent_steps(&self.history, player),
             resume_nonce: seat.resume_nonce,
             resume_previous: seat.resume_previous.unwrap_or(0),
+            login_stamp: seat.login.0,
+            login_session: seat.login.1,
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for input in held {
@@ -290,9 +292,11 @@ impl ShardCore {
                 private,
                 resume_nonce,
                 resume_previous,
+                login: (handoff.login_stamp, handoff.login_session),
                 ..seat
             },
         );
+
         self.game.mail(GameMail::Arrived(player));
         self.inputs.back(player);
         self.history.record(player, (generation, handoff.subject_seq), at);
@@ -331,6 +335,11 @@ impl ShardCore {
         self.inputs.hold_returned(player, forwarded, handoff.next_seq, self.now);
         self.take_early_inputs(player, handoff.session);
         self.run_game_mail();
+        // An older login of an account whose newer login is seated elsewhere (its claim
+        // came here first): it arrived only to leave.
+        if self.claims.beaten(player, (handoff.login_stamp, handoff.login_session), self.now) {
+            return self.replace_older(player);
+        }
         if !self.geometry.owns(at) {
             self.hand_off(player);
         }

@@ -6,6 +6,7 @@
 //! (`meridian-shard`: the world task, relay links, peer streams, the saver, etcd) drives it;
 //! so does the simulator (`meridian-sim`), many cores in one thread from one seed.
 
+mod claims;
 pub mod core;
 mod game;
 mod game_slot;

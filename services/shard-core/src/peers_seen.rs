@@ -52,6 +52,14 @@ impl PeersSeen {
         replaced
     }
 
+    /// Every registered shard but this one, in id order.
+    pub fn others(&self) -> Vec<ShardId> {
+        let mut others: Vec<ShardId> =
+            self.live.iter().copied().filter(|s| *s != self.me).collect();
+        others.sort_unstable();
+        others
+    }
+
     /// The peer streams from here that are open now.
     pub fn streams_up(&mut self, up: Vec<ShardId>) {
         self.up = up.into_iter().collect();

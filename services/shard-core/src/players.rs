@@ -44,6 +44,12 @@ impl ShardCore {
         // A returning account continues from the generation it was saved at, so its saves
         // are newer than the ones before.
         let generation = join.generation;
+        let login = (join.login_stamp, session);
+        let seated_newer = self.roster.seat(player).is_some_and(|seat| seat.login > login);
+        if self.claims.beaten(player, login, self.now) || seated_newer {
+            // A newer login of this account is seated already, here or on another shard.
+            return self.refuse_older_login(link, session);
+        }
         let Some(at) = spawn else {
             let error = server::error(ErrorCode::Unavailable, "shard holds no region yet", 0);
             self.outbox.push(link, session, &error);
@@ -52,7 +58,7 @@ impl ShardCore {
         };
         if self.roster.is_seated(player) {
             // The same account logged in twice at once and both logins found it nowhere
-            // (or raced a takeover): the later login wins, as a takeover would.
+            // (or raced a takeover): the later login (this one) wins, as a takeover would.
             let (old_link, old_session) =
                 self.roster.seat(player).map(|s| (s.link, s.session)).expect("checked");
             self.remove(player, false);
@@ -75,7 +81,9 @@ impl ShardCore {
                 let mut seat = Seat::new(link, session, gateway, generation, input.seq + 1);
                 seat.private = join_state;
                 seat.resume_nonce = nonce;
+                seat.login = login;
                 self.roster.insert_seat(player, seat);
+                self.claim(player);
                 self.inputs.back(player);
                 self.history.record(player, (generation, 0), at);
                 self.metrics.logins.inc();
@@ -151,6 +159,7 @@ impl ShardCore {
                 gateway_id: 0,
                 epoch: 0,
                 state: parked.private,
+                login_stamp: parked.login.0,
             };
             self.restore_as(link, next.saturating_sub(1), session, player, join, Answer::ViewReset);
             let _ = self.world.set_state(player, parked.state);
@@ -329,6 +338,7 @@ impl ShardCore {
                     state: self.world.state(player).cloned().unwrap_or_else(|| Arc::from(&[][..])),
                     resume_nonce: seat.resume_nonce,
                     resume_previous: seat.resume_previous,
+                    login: seat.login,
                 };
                 self.roster.park(player, parked);
             }

@@ -53,6 +53,13 @@ impl ShardCore {
                 // Taking the player away from it would close the very client resuming.
                 return self.outbox.refuse_resume(link, input.session);
             }
+            if request.login && seat.login > (request.login_stamp, input.session) {
+                // Two logins raced and this older one arrived after the newer was seated:
+                // the later login wins here as it does across shards (`claims.rs`). Not
+                // taken over: the gateway places the login, and wherever it lands it is
+                // refused as older (this shard's claim, or its seat).
+                return self.outbox.refuse_resume(link, input.session);
+            }
             self.remove(player, true);
             if request.login {
                 self.tell_replaced(old_link, old_session);
@@ -73,6 +80,9 @@ impl ShardCore {
                     gateway_id: 0,
                     epoch: 0,
                     state: parked.private,
+                    // A login takes the player over as a new login; a resume by token
+                    // goes on as the login it was.
+                    login_stamp: if request.login { request.login_stamp } else { parked.login.0 },
                 };
                 let answer = if request.login {
                     self.metrics.logins_replaced.inc();
@@ -244,7 +254,12 @@ impl ShardCore {
         seat.private = std::mem::take(&mut join_state);
         seat.resume_nonce = nonce;
         seat.resume_previous = self.roster.take_resumed_with();
+        seat.login = (join.login_stamp, session);
         self.roster.insert_seat(player, seat);
+        if matches!(answer, Answer::LoginOk) {
+            // A login took the player over here: any older one elsewhere ends.
+            self.claim(player);
+        }
         self.inputs.back(player);
         self.roster.take_divergent(player);
         self.history.record(player, (generation, 0), at);

@@ -19,6 +19,7 @@ fn parked(nonce: u64, since: Instant) -> Parked {
         state: std::sync::Arc::from(&[][..]),
         resume_nonce: nonce,
         resume_previous: None,
+        login: (0, 0),
     }
 }
 

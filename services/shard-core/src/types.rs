@@ -165,6 +165,9 @@ pub(crate) struct Seat {
     /// speaks on the session (then it has the fresh one): a resume whose answer was lost
     /// with its connection does not lock the player out.
     pub resume_previous: Option<u64>,
+    /// The login that seated the player: its `Join.login_stamp` and session (see
+    /// `claims.rs`). Zero for a restore whose gateway gave none.
+    pub login: (u64, u64),
 }
 
 /// An action sent to its target's owner: when, and its client_time.
@@ -194,6 +197,7 @@ impl Seat {
             blocked: Default::default(),
             resume_nonce: 0,
             resume_previous: None,
+            login: (0, 0),
         }
     }
 
@@ -217,6 +221,8 @@ pub(crate) struct Parked {
     /// The nonces of its valid resume tokens (see `Seat`).
     pub resume_nonce: u64,
     pub resume_previous: Option<u64>,
+    /// The login that seated it (see `Seat::login`).
+    pub login: (u64, u64),
 }
 
 /// Inputs for a player whose handoff has not arrived yet: since when, from which link.

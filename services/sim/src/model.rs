@@ -210,6 +210,7 @@ pub fn describe(m: &PeerMessage) -> String {
         Some(Peer::Answer(a)) => format!("{version} Answer t{}", a.client_time),
         Some(Peer::EntityMessage(m)) => format!("{version} EntityMessage from {}", m.from),
         Some(Peer::Event(e)) => format!("{version} Event to {}", e.to),
+        Some(Peer::Claim(c)) => format!("{version} Claim stamp {}", c.login_stamp),
         None => format!("{version} (empty)"),
     }
 }

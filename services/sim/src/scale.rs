@@ -183,7 +183,9 @@ impl PeerKind {
             | Peer::Action(_)
             | Peer::Answer(_)
             | Peer::EntityMessage(_)
-            | Peer::Event(_) => PeerKind::Game,
+            | Peer::Event(_)
+            // Rare (one per login, to every other shard): counted with the game's.
+            | Peer::Claim(_) => PeerKind::Game,
         })
     }
 

@@ -70,6 +70,8 @@ impl Ctx {
             if login.token.is_empty() { Account { id: name.clone(), name: None } } else { account };
         let login = meridian_protocol::pb::Login { name, ..login };
         debug!(account = %account.id, name = %login.name, "login");
+        // When the login was taken: of two racing logins of one account, the later wins.
+        conn.login_stamp = self.login_stamp();
         let spawn = login.spawn.filter(|_| dev_mode);
         if self.shared.config.store {
             let pending = PendingLogin { account: account.id, name: login.name, spawn, tries: 0 };
@@ -166,6 +168,7 @@ impl Ctx {
             login: true,
             name: login.name.clone(),
             spawn: login.spawn,
+            login_stamp: conn.login_stamp,
             ..Default::default()
         };
         for link in &links {
@@ -246,11 +249,18 @@ impl Ctx {
                 gateway_id: 0,
                 epoch: self.routing().read(|t| t.epoch()),
                 state: conn.state.clone(),
+                login_stamp: conn.login_stamp,
             }),
         );
         conn.name = name;
         conn.generation = generation;
         conn.session = Session::Playing { player, link };
+    }
+
+    /// This login's `Join.login_stamp`: now in Unix milliseconds, this gateway's id below.
+    fn login_stamp(&self) -> u64 {
+        let ms = self.shared.clock.unix_ms_at(self.now);
+        (ms << 16) | u64::from(self.shared.config.gateway.0 & 0xffff)
     }
 
     pub(super) fn next_player_id(&mut self) -> Option<u64> {

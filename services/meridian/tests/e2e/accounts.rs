@@ -191,3 +191,81 @@ fn a_second_login_of_an_account_replaces_the_first() {
         expect_replaced(&mut third, "the third connection")
     });
 }
+
+/// Issue 31 item 4: two logins of one new account at once, through two gateways, spawning
+/// in two shards' regions. Each gateway finds the player nowhere and places its login, so
+/// both are seated; the shards' claims end the older one (REPLACED, closed) and the later
+/// plays on. Five accounts, each raced once.
+#[test]
+fn racing_logins_of_a_new_account_end_as_one_player() {
+    let options = ClusterOptions::new(Io::Uring).shards(2).gateways(2);
+    with_cluster(options, |cluster| {
+        let gateways = [cluster.client_addr(0), cluster.client_addr(1)];
+        for round in 0..5u32 {
+            let name = format!("racer-{round}");
+            let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let racers: Vec<_> = [(0usize, (50u32, 200u32)), (1, (350, 200))]
+                .into_iter()
+                .map(|(gateway, spawn)| {
+                    let (start, name, addr) = (start.clone(), name.clone(), gateways[gateway]);
+                    std::thread::spawn(move || {
+                        start.wait();
+                        login_at(addr, &name, Some(&name), Some(spawn))
+                    })
+                })
+                .collect();
+            let mut bots = Vec::new();
+            let mut ids = Vec::new();
+            let mut answers = Vec::new();
+            for racer in racers {
+                let (bot, answer) = racer.join().expect("the racer thread ends")?;
+                answers.push(answer);
+                match answer {
+                    Ok((id, _)) => ids.push(id),
+                    // Placed after the other's claim arrived: refused at once.
+                    Err(code) => {
+                        ensure!(code == ErrorCode::Replaced as i32, "{name}: Error {code}")
+                    }
+                }
+                bots.push(bot);
+            }
+            ensure!(!ids.is_empty(), "{name}: neither login got LoginOk");
+            ensure!(ids.windows(2).all(|w| w[0] == w[1]), "{name}: two player ids {ids:?}");
+            // Whichever lost hears REPLACED and is closed; read both until one has.
+            let by = Instant::now() + Duration::from_secs(10);
+            let mut loser = None;
+            while loser.is_none() && Instant::now() < by {
+                for (i, bot) in bots.iter_mut().enumerate() {
+                    let soon = Instant::now() + Duration::from_millis(50);
+                    match bot.recv_timeout(soon) {
+                        Ok(Some(m)) if matches!(&m.kind, Some(S::Error(e)) if e.code == ErrorCode::Replaced as i32) =>
+                        {
+                            loser = Some(i);
+                        }
+                        Ok(_) => {}
+                        // Closed: refused at login (its REPLACED was read above).
+                        Err(_) => loser = Some(i),
+                    }
+                    if loser.is_some() {
+                        break;
+                    }
+                }
+            }
+            let loser = loser.with_context(|| format!("{name}: both logins still play"))?;
+            let mut winner = bots.swap_remove(1 - loser);
+            // The later login plays on as the one player of the account.
+            if let Err(error) = winner.move_ok(Direction::Up, 1) {
+                anyhow::bail!(
+                    "{name}: the winner moves (logins {answers:?}, loser {loser}): {error:#}"
+                );
+            }
+            let (_again, answer) = login_at(gateways[0], &name, Some(&name), None)?;
+            ensure!(
+                answer.map(|(id, _)| id) == Ok(ids[0]),
+                "{name}: a later login finds the one player: {answer:?}"
+            );
+            expect_replaced(&mut winner, "the winner, taken over by the later login")?;
+        }
+        Ok(())
+    });
+}
