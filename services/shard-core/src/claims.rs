@@ -2,7 +2,7 @@
 //! gateway asked every shard for the player, none held it yet, and each placed its login
 //! (a new account, say, whose two devices connect at once). Both are seated. So every
 //! shard that seats a login tells every other shard (`Claim`, with the login's
-//! `Join.login_stamp`: the gateway's Unix milliseconds and id, then the session), and a
+//! `Join.login_stamp`: the gateway's Unix milliseconds and id), and a
 //! shard holding an older login of the same player ends it: its connection is told
 //! `REPLACED` and closed, its player leaves the world (observers see `Left`), as when the
 //! account logs in again on the same shard. The later login wins everywhere, whichever
@@ -28,8 +28,11 @@ pub const CLAIM_MEMORY: Duration = Duration::from_secs(10);
 /// Claims remembered at most; past it the ones older than [`CLAIM_MEMORY`] are dropped.
 const MAX_CLAIMS: usize = 65_536;
 
-/// A login, comparable: its stamp, then its session.
-pub(crate) type Login = (u64, u64);
+/// A login's stamp (`Join.login_stamp`): the later the newer. Only stamps are compared:
+/// the session of one login changes when it resumes. Two logins with one stamp (the same
+/// millisecond on the same gateway) beat neither (the shard they meet on keeps the later
+/// arrival, see `players.rs`); 0 is unknown (a copy restored or resumed without one).
+pub(crate) type Login = u64;
 
 #[derive(Default)]
 pub(crate) struct Claims {
@@ -48,11 +51,14 @@ impl Claims {
         }
     }
 
-    /// Whether a newer login of `player` than `login` was claimed lately.
+    /// Whether a newer login of `player` than `login` was claimed lately. A login of
+    /// unknown stamp (0: a copy restored or resumed without one) is never beaten: it is the
+    /// player's own session going on, not a racing login.
     pub fn beaten(&self, player: PlayerId, login: Login, now: Instant) -> bool {
-        self.seen.get(&player).is_some_and(|(newer, at)| {
-            *newer > login && now.saturating_duration_since(*at) < CLAIM_MEMORY
-        })
+        login != 0
+            && self.seen.get(&player).is_some_and(|(newer, at)| {
+                *newer > login && now.saturating_duration_since(*at) < CLAIM_MEMORY
+            })
     }
 }
 
@@ -75,15 +81,15 @@ impl ShardCore {
 
     /// Another shard seated a login of `player`: an older one here ends.
     pub(crate) fn on_claim(&mut self, player: PlayerId, claim: Claim) {
-        let login = (claim.login_stamp, claim.session);
+        let login = claim.login_stamp;
         self.claims.record(player, login, self.now);
-        let older_here =
-            self.roster.seat(player).is_some_and(|seat| !seat.npc && seat.login < login);
+        // (A seat of unknown stamp is a session going on, not a racing login: see `beaten`.)
+        let older_here = self
+            .roster
+            .seat(player)
+            .is_some_and(|seat| !seat.npc && seat.login.0 != 0 && seat.login.0 < login);
         if older_here {
             self.replace_older(player);
-        } else if self.roster.seat(player).is_none() {
-            // A copy parked here is older still: a resume must not bring it back.
-            self.roster.take_parked(player);
         }
     }
 
@@ -117,14 +123,14 @@ mod tests {
         let mut claims = Claims::default();
         let now = Instant::now();
         let player = PlayerId(7);
-        claims.record(player, (200, 1), now);
-        assert!(claims.beaten(player, (100, 9), now), "an earlier stamp is beaten");
-        assert!(claims.beaten(player, (200, 0), now), "the same stamp: the session decides");
-        assert!(!claims.beaten(player, (200, 1), now), "the claimed login itself stands");
-        assert!(!claims.beaten(player, (300, 0), now), "a later login stands");
-        assert!(!claims.beaten(PlayerId(8), (0, 0), now), "another player");
-        claims.record(player, (150, 0), now);
-        assert!(claims.beaten(player, (160, 0), now), "an older claim does not lower it");
-        assert!(!claims.beaten(player, (100, 0), now + CLAIM_MEMORY), "forgotten after a while");
+        claims.record(player, 200, now);
+        assert!(claims.beaten(player, 100, now), "an earlier stamp is beaten");
+        assert!(!claims.beaten(player, 200, now), "the claimed login itself stands, resumed too");
+        assert!(!claims.beaten(player, 300, now), "a later login stands");
+        assert!(!claims.beaten(PlayerId(8), 1, now), "another player");
+        claims.record(player, 150, now);
+        assert!(claims.beaten(player, 160, now), "an older claim does not lower it");
+        assert!(!claims.beaten(player, 100, now + CLAIM_MEMORY), "forgotten after a while");
+        assert!(!claims.beaten(player, 0, now), "a copy of unknown stamp is never beaten");
     }
 }

@@ -337,7 +337,7 @@ impl ShardCore {
         self.run_game_mail();
         // An older login of an account whose newer login is seated elsewhere (its claim
         // came here first): it arrived only to leave.
-        if self.claims.beaten(player, (handoff.login_stamp, handoff.login_session), self.now) {
+        if self.claims.beaten(player, handoff.login_stamp, self.now) {
             return self.replace_older(player);
         }
         if !self.geometry.owns(at) {

@@ -45,8 +45,11 @@ impl ShardCore {
         // are newer than the ones before.
         let generation = join.generation;
         let login = (join.login_stamp, session);
-        let seated_newer = self.roster.seat(player).is_some_and(|seat| seat.login > login);
-        if self.claims.beaten(player, login, self.now) || seated_newer {
+        let seated_newer = self
+            .roster
+            .seat(player)
+            .is_some_and(|seat| seat.login.0 != 0 && seat.login.0 > login.0);
+        if self.claims.beaten(player, login.0, self.now) || seated_newer {
             // A newer login of this account is seated already, here or on another shard.
             return self.refuse_older_login(link, session);
         }

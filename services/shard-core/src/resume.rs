@@ -53,7 +53,7 @@ impl ShardCore {
                 // Taking the player away from it would close the very client resuming.
                 return self.outbox.refuse_resume(link, input.session);
             }
-            if request.login && seat.login > (request.login_stamp, input.session) {
+            if request.login && seat.login.0 != 0 && seat.login.0 > request.login_stamp {
                 // Two logins raced and this older one arrived after the newer was seated:
                 // the later login wins here as it does across shards (`claims.rs`). Not
                 // taken over: the gateway places the login, and wherever it lands it is
