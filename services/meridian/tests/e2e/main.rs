@@ -11,6 +11,7 @@ mod errors;
 mod etcd_secure;
 mod failover;
 mod game;
+mod mismatch;
 mod mtls;
 mod resume_close;
 mod rotation;
@@ -24,6 +25,11 @@ mod world;
 mod common;
 
 pub use common::*;
+
+#[test]
+fn a_node_of_another_transport_is_refused_and_given_no_cells() {
+    mismatch::a_node_of_another_transport_is_refused_and_given_no_cells();
+}
 
 #[test]
 fn a_shard_takes_streams_only_from_the_node_its_certificate_names() {
