@@ -11,6 +11,7 @@ mod errors;
 mod etcd_secure;
 mod failover;
 mod game;
+mod joining;
 mod mismatch;
 mod mtls;
 mod resume_close;
@@ -25,6 +26,11 @@ mod world;
 mod common;
 
 pub use common::*;
+
+#[test]
+fn a_shard_joins_with_the_data_dir_serves_and_leaves_on_sigterm() {
+    joining::a_shard_joins_with_the_data_dir_serves_and_leaves_on_sigterm();
+}
 
 #[test]
 fn a_node_of_another_transport_is_refused_and_given_no_cells() {
