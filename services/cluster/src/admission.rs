@@ -11,7 +11,7 @@ use crate::ClusterError;
 /// registered before this node's key `me` was (the older one of two that started at once
 /// stays).
 pub async fn admit(
-    client: &mut etcd_client::Client,
+    mut client: etcd_client::Client,
     keys: &ClusterKeys,
     me: &str,
     role: &'static str,

@@ -190,8 +190,12 @@ pub async fn run(
     // protocol) is refused before it takes a client or registers.
     let transport = meridian_cluster::Transport::of(config.tls.as_ref().map(|t| t.ca_sha256()));
     let my_key = keys.gateway(config.id);
-    meridian_cluster::admit(&mut client.clone(), &keys, &my_key, "gateway", &transport, false)
-        .await?;
+    until_etcd_answers(
+        "comparing this gateway's transport with the cluster's",
+        START_PATIENCE,
+        || meridian_cluster::admit(client.clone(), &keys, &my_key, "gateway", &transport, false),
+    )
+    .await?;
 
     let registry = Registry::default();
     let io = select_backend(config.io);

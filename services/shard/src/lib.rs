@@ -203,8 +203,12 @@ pub async fn run(
     // protocol) is refused before it registers: given cells, it would break its region.
     let transport = meridian_cluster::Transport::of(config.tls.as_ref().map(|t| t.ca_sha256()));
     let my_key = keys.shard(config.id);
-    meridian_cluster::admit(&mut client.clone(), &keys, &my_key, "shard", &transport, false)
-        .await?;
+    meridian_cluster::until_etcd_answers(
+        "comparing this shard's transport with the cluster's",
+        meridian_cluster::START_PATIENCE,
+        || meridian_cluster::admit(client.clone(), &keys, &my_key, "shard", &transport, false),
+    )
+    .await?;
     // This process's life: a restart under the same id is a later one (see
     // `ShardRecord::incarnation`).
     let incarnation = std::time::SystemTime::now()
@@ -233,8 +237,7 @@ pub async fn run(
     // Once more now that it is registered: of two mismatched nodes that started at the same
     // moment, the younger leaves (the coordinator gives it no cells meanwhile).
     if let Err(error) =
-        meridian_cluster::admit(&mut client.clone(), &keys, &my_key, "shard", &transport, true)
-            .await
+        meridian_cluster::admit(client.clone(), &keys, &my_key, "shard", &transport, true).await
     {
         if matches!(error, ClusterError::Incompatible(_)) {
             registration.revoke().await;
