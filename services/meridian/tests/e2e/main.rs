@@ -33,6 +33,11 @@ fn a_shard_joins_with_the_data_dir_serves_and_leaves_on_sigterm() {
 }
 
 #[test]
+fn the_coordinator_gives_no_cells_to_a_shard_of_another_transport() {
+    mismatch::the_coordinator_gives_no_cells_to_a_shard_of_another_transport();
+}
+
+#[test]
 fn a_node_of_another_transport_is_refused_and_given_no_cells() {
     mismatch::a_node_of_another_transport_is_refused_and_given_no_cells();
 }

@@ -88,3 +88,50 @@ pub fn a_node_of_another_transport_is_refused_and_given_no_cells() {
         Ok(())
     })
 }
+
+/// Past the check at start (two nodes of different transports starting at the same moment
+/// into an empty cluster both pass it), the coordinator is the guard: it gives cells only
+/// to shards of its own transport. A record in the clear appears, then one that matches:
+/// the matching one is given cells, the other still none.
+pub fn the_coordinator_gives_no_cells_to_a_shard_of_another_transport() {
+    with_cluster(ClusterOptions::new(meridian_testkit::Io::Epoll), |cluster| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let etcd = meridian_cluster::Etcd::plain(vec![cluster.etcd_url().to_string()]);
+        let mut client = runtime.block_on(meridian_cluster::connect(&etcd))?;
+        let keys = meridian_cluster::ClusterKeys::new(cluster.cluster_name());
+        let ca = meridian_tls::NodeTls::load(cluster.tls_files("shard-8")?)?.ca_sha256();
+        let record =
+            |id: u32, transport: meridian_cluster::Transport| meridian_cluster::ShardRecord {
+                id: meridian_cluster::ShardId(id),
+                grpc: "127.0.0.1:9".into(),
+                admin: "127.0.0.1:9".into(),
+                state: meridian_cluster::ShardState::Serving,
+                players: 0,
+                load: Default::default(),
+                incarnation: 1,
+                transport: Some(transport),
+            };
+        let plain = record(9, meridian_cluster::Transport::of(None));
+        let matching = record(8, meridian_cluster::Transport::of(Some(ca)));
+        for shard in [&plain, &matching] {
+            runtime.block_on(client.put(keys.shard(shard.id), shard.to_json(), None))?;
+        }
+        let mut status = serde_json::Value::Null;
+        let seen = meridian_testkit::wait_until(
+            meridian_testkit::deadline(std::time::Duration::from_secs(20)),
+            "the coordinator to give the matching shard 8 cells",
+            || {
+                status = cluster.status_json().unwrap_or_default();
+                owners(&status).is_ok_and(|(_, owners)| owners.contains(&8))
+            },
+        );
+        for shard in [&plain, &matching] {
+            runtime.block_on(client.delete(keys.shard(shard.id), None))?;
+        }
+        seen.with_context(|| format!("last partition: {}", status["partition"]))?;
+        let (_, owners) = owners(&status)?;
+        let partition = &status["partition"];
+        ensure!(owners == [1, 8], "shard 9, in the clear, should have no cells: {partition}");
+        Ok(())
+    })
+}
