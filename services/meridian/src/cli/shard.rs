@@ -144,7 +144,8 @@ impl ShardArgs {
         let tls = &mut common.tls;
         if tls.tls_ca.is_some() || tls.tls_cert.is_some() || tls.tls_key.is_some() {
             problems.push(
-                "--join issues this shard's certificate from the cluster's CA: leave out                  --tls-ca, --tls-cert and --tls-key"
+                "--join issues this shard's certificate from the cluster's CA: leave out \
+                 --tls-ca, --tls-cert and --tls-key"
                     .into(),
             );
         }

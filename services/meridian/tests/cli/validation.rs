@@ -215,13 +215,19 @@ fn a_shard_refuses_a_join_dir_without_the_file_or_flags_that_contradict_it() {
         std::fs::write(dir.join("join.json"), file.to_string())?;
         let join = dir.to_str().context("a UTF-8 path")?;
         let args = ["shard", "--id", "3", "--join", join, "--cluster", "red"];
-        let run = run_in_empty_dirs(&[&args[..], &["--etcd", "http://127.0.0.1:10"]].concat())?;
+        let tls =
+            ["--tls-ca", "ca.pem", "--tls-cert", "shard-3.pem", "--tls-key", "shard-3-key.pem"];
+        let run =
+            run_in_empty_dirs(&[&args[..], &["--etcd", "http://127.0.0.1:10"], &tls].concat())?;
         std::fs::remove_dir_all(&dir)?;
-        ensure_refused(
-            &run,
-            &["--cluster \"red\" contradicts --join", "--etcd http://127.0.0.1:10"],
-        )?;
-        ensure!(run.stderr.matches("\n  - ").count() == 2, "two problems listed: {run:?}");
+        let says = [
+            "--cluster \"red\" contradicts --join",
+            "--etcd http://127.0.0.1:10",
+            "leave out --tls-ca, --tls-cert and --tls-key",
+        ];
+        ensure_refused(&run, &says)?;
+        // The three, and the files that are not there.
+        ensure!(run.stderr.matches("\n  - ").count() == 4, "four problems listed: {run:?}");
         Ok(())
     })());
 }
