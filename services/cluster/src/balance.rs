@@ -266,6 +266,7 @@ mod tests {
                 players,
                 load,
                 incarnation: 1,
+                transport: None,
             };
             view.shards.insert(region.shard, record);
         }

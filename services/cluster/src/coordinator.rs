@@ -5,6 +5,7 @@
 //! serving shards changes and writes it with epoch + 1, guarded by a compare on the
 //! partition key's revision so a deposed leader cannot overwrite a newer map.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
@@ -14,7 +15,17 @@ use tracing::{debug, info, warn};
 use crate::balance::Bounds;
 use crate::layout::compute_partition;
 use crate::model::{ClusterView, PartitionMap, Region, ShardId};
+use crate::transport::Transport;
 use crate::{ClusterError, ClusterKeys};
+
+/// The shards that may own cells: serving, and with a transport that matches `ours` (all
+/// serving shards if `ours` is not known).
+fn eligible(view: &ClusterView, ours: Option<&Transport>) -> Vec<ShardId> {
+    view.serving_shards()
+        .filter(|s| ours.is_none_or(|ours| ours.admits(s.transport.as_ref())))
+        .map(|s| s.id)
+        .collect()
+}
 
 /// How often the leader may move borders for load (each move is a damped step).
 const BALANCE_PERIOD: Duration = Duration::from_secs(2);
@@ -24,11 +35,22 @@ pub struct Coordinator {
     keys: ClusterKeys,
     me: ShardId,
     bounds: Bounds,
+    /// This shard's transport: only shards whose records match it are given cells.
+    transport: Option<Transport>,
+    /// Shards already said to be left out for their transport (said once each).
+    left_out: BTreeSet<ShardId>,
 }
 
 impl Coordinator {
     pub fn new(client: Client, keys: ClusterKeys, me: ShardId, bounds: Bounds) -> Self {
-        Coordinator { client, keys, me, bounds }
+        Coordinator { client, keys, me, bounds, transport: None, left_out: BTreeSet::new() }
+    }
+
+    /// Gives cells only to shards whose transport matches `transport` (see `transport.rs`):
+    /// a shard that cannot reach the others, or be reached, must not own a region.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = Some(transport);
+        self
     }
 
     /// Campaigns on `lease` and, while leader, keeps the partition in step with the
@@ -85,7 +107,8 @@ impl Coordinator {
         let mut last_balance = std::time::Instant::now();
         loop {
             let view = changes.borrow_and_update().clone();
-            let live: Vec<ShardId> = view.serving_shards().map(|s| s.id).collect();
+            let live = eligible(&view, self.transport.as_ref());
+            self.say_left_out(&view, &live);
             let owners = view.partition.as_ref().map(|p| p.owners()).unwrap_or_default();
             let wanted = if owners != live {
                 // Membership changed: a fresh grid over the serving shards.
@@ -119,6 +142,21 @@ impl Coordinator {
         }
     }
 
+    /// Warns once per shard that serves but is given no cells for its transport.
+    fn say_left_out(&mut self, view: &ClusterView, live: &[ShardId]) {
+        for shard in view.serving_shards().filter(|s| !live.contains(&s.id)) {
+            if self.left_out.insert(shard.id) {
+                warn!(
+                    shard = %shard.id,
+                    theirs = ?shard.transport,
+                    ours = ?self.transport,
+                    "a shard's transport does not match the cluster's: it is given no cells"
+                );
+            }
+        }
+        self.left_out.retain(|id| view.shards.contains_key(id));
+    }
+
     async fn publish(&mut self, regions: Vec<Region>) -> Result<(), ClusterError> {
         let key = self.keys.partition();
         let current = self.client.get(key.as_str(), None).await.map_err(ClusterError::from_etcd)?;
@@ -143,5 +181,39 @@ impl Coordinator {
         }
         info!(epoch, shards = map.owners().len(), "published partition map");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ShardRecord, ShardState};
+
+    fn shard(id: u32, transport: Option<Transport>) -> ShardRecord {
+        ShardRecord {
+            id: ShardId(id),
+            grpc: format!("127.0.0.1:{id}"),
+            admin: String::new(),
+            state: ShardState::Serving,
+            players: 0,
+            load: Default::default(),
+            incarnation: 1,
+            transport,
+        }
+    }
+
+    /// Issue 32: a shard started with `--dev` (no TLS) on a cluster with mutual TLS was
+    /// given a third of the map, and nobody could reach it.
+    #[test]
+    fn a_shard_of_another_transport_gets_no_cells() {
+        let tls = Transport::of(Some(vec!["ca".into()]));
+        let mut view = ClusterView::default();
+        for record in
+            [shard(1, Some(tls.clone())), shard(2, None), shard(7, Some(Transport::of(None)))]
+        {
+            view.shards.insert(record.id, record);
+        }
+        assert_eq!(eligible(&view, Some(&tls)), vec![ShardId(1), ShardId(2)]);
+        assert_eq!(eligible(&view, None).len(), 3, "a coordinator that does not know admits all");
     }
 }

@@ -24,6 +24,10 @@ pub enum ClusterError {
     /// Another writer changed the key between our read and our write: read again.
     #[error("lost a race writing {0}")]
     Conflict(String),
+    /// This node's transport does not match the cluster's (see `transport.rs`): give up,
+    /// and say why; started again with other flags it may join.
+    #[error("{0}")]
+    Incompatible(Box<crate::Incompatible>),
     /// A TLS file for etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-key`) cannot be read.
     #[error("cannot read {path}: {source}")]
     TlsFile {

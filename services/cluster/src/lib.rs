@@ -10,6 +10,8 @@
 //! This crate never touches client traffic and never blocks a hot path: readers of the
 //! cluster view pin an epoch and read, writers swap a whole new view in.
 
+#[cfg(feature = "etcd")]
+mod admission;
 mod balance;
 #[cfg(feature = "etcd")]
 mod contact;
@@ -27,9 +29,12 @@ mod model;
 mod patience;
 #[cfg(feature = "etcd")]
 mod registration;
+mod transport;
 #[cfg(feature = "etcd")]
 mod watch;
 
+#[cfg(feature = "etcd")]
+pub use admission::admit;
 pub use balance::{rebalance, Bounds};
 #[cfg(feature = "etcd")]
 pub use contact::{lapse_grace, EtcdContact};
@@ -50,6 +55,7 @@ pub use model::{
 pub use patience::{until_etcd_answers, START_PATIENCE};
 #[cfg(feature = "etcd")]
 pub use registration::{Registration, RegistrationStatus};
+pub use transport::{Incompatible, Mismatch, Transport, CLUSTER_PROTOCOL};
 #[cfg(feature = "etcd")]
 pub use watch::ClusterWatch;
 

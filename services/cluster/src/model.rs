@@ -4,6 +4,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::transport::Transport;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ShardId(pub u32);
@@ -56,6 +58,10 @@ pub struct ShardRecord {
     /// incarnation to know that it no longer holds what they gave it. 0: not known.
     #[serde(default)]
     pub incarnation: u64,
+    /// What the shard's gRPC links use (see `transport.rs`); `None` in records of older
+    /// shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<Transport>,
 }
 
 /// Width of one band of a [`LoadProfile`], in cells. One cell: a crowd stands in clumps
@@ -134,6 +140,10 @@ pub struct GatewayRecord {
     /// The WebSocket front's TCP address, if the gateway runs one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ws: Option<String>,
+    /// What the gateway's gRPC links use (see `transport.rs`); `None` in records of older
+    /// gateways.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<Transport>,
 }
 
 /// A half-open rectangle of cells `[x0, x1) x [y0, y1)` owned by one shard.

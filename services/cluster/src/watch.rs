@@ -386,6 +386,7 @@ mod tests {
             players: 0,
             load: Default::default(),
             incarnation: 1,
+            transport: None,
         }
     }
 

@@ -114,7 +114,11 @@ impl GatewayConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error("etcd: {0}")]
-    Cluster(#[from] ClusterError),
+    Cluster(ClusterError),
+    /// Its transport does not match the cluster's: it did not join (the message says what
+    /// to start it with instead).
+    #[error("{0}")]
+    Incompatible(Box<meridian_cluster::Incompatible>),
     #[error("cannot set up the game listener on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("cannot start worker {index}: {source}")]
@@ -125,6 +129,15 @@ pub enum GatewayError {
     WorkerFailed,
     #[error("login keys: {0}")]
     Keys(String),
+}
+
+impl From<ClusterError> for GatewayError {
+    fn from(error: ClusterError) -> Self {
+        match error {
+            ClusterError::Incompatible(refused) => GatewayError::Incompatible(refused),
+            other => GatewayError::Cluster(other),
+        }
+    }
 }
 
 /// Runs a gateway until `shutdown` resolves. `game` is the client listener (its address is
@@ -172,6 +185,16 @@ pub async fn run(
     let watch = until_etcd_answers(&reading, START_PATIENCE, || {
         ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone())
     })
+    .await?;
+    // A gateway whose links the shards cannot speak (TLS or not, another CA, another
+    // protocol) is refused before it takes a client or registers.
+    let transport = meridian_cluster::Transport::of(config.tls.as_ref().map(|t| t.ca_sha256()));
+    let my_key = keys.gateway(config.id);
+    until_etcd_answers(
+        "comparing this gateway's transport with the cluster's",
+        START_PATIENCE,
+        || meridian_cluster::admit(client.clone(), &keys, &my_key, "gateway", &transport, false),
+    )
     .await?;
 
     let registry = Registry::default();
@@ -260,6 +283,7 @@ pub async fn run(
         admin: config.advertise_admin.clone().unwrap_or_else(|| admin_addr.to_string()),
         quic: quic_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
         ws: ws_addr.map(|addr| advertised_quic(config.advertise.as_deref(), addr)),
+        transport: Some(transport),
     };
     let registration = until_etcd_answers("registering", START_PATIENCE, || {
         let key = keys.gateway(config.id);

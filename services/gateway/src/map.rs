@@ -350,6 +350,7 @@ mod tests {
             players,
             load,
             incarnation: 1,
+            transport: None,
         }
     }
 

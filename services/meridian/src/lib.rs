@@ -10,6 +10,7 @@
 mod cli;
 mod drain;
 mod etcd_auth;
+mod join;
 mod node;
 mod player;
 mod status;

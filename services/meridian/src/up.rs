@@ -7,6 +7,9 @@
 //! answers `/readyz`, prints the addresses (and writes them as JSON with `--ready-file`),
 //! and on SIGINT/SIGTERM stops gateways, shards and etcd in that order. Children get
 //! SIGKILL if `up` itself dies, so nothing is left behind.
+//!
+//! It writes `<data>/join.json` (see `join.rs`) with what one more shard needs to join:
+//! `meridian shard --join <data dir> --id N`, a process of its own that `up` does not stop.
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -226,6 +229,24 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let tls_dir = data_dir.join("tls");
     let ca = meridian_tls::DevCa::open_or_create(&tls_dir)
         .with_context(|| format!("making a development CA in {}", tls_dir.display()))?;
+    // What one more shard needs to join (`meridian shard --join <data dir>`): what the
+    // shards below are given.
+    let join_file = crate::join::JoinFile {
+        cluster: args.cluster.clone(),
+        etcd: etcd_url.clone(),
+        lease_ttl_ms: args.lease_ttl.as_millis() as u64,
+        tls_dir: (!args.insecure_grpc).then(|| tls_dir.clone()),
+        resume_key: resume_key.clone(),
+        resume_key_previous: previous.clone(),
+        admin_token: admin_token.clone(),
+        store: store.clone(),
+        save_interval_ms: args.save_interval.as_millis() as u64,
+        resume_window_ms: args.resume_window.as_millis() as u64,
+        game: args.game.game.clone(),
+        game_tick_ms: args.game.game_tick.as_millis() as u64,
+        max_npcs: args.game.max_npcs,
+    }
+    .write(&data_dir)?;
     let tls = |command: &mut Command, name: &str| -> anyhow::Result<()> {
         if args.insecure_grpc {
             command.arg("--insecure-grpc");
@@ -305,6 +326,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     // Where the development CA is: more nodes joining this cluster get their certificate
     // from it (`meridian_tls::DevCa`).
     summary["tls_dir"] = json!(tls_dir);
+    summary["join_file"] = json!(join_file);
     summary["etcd_command"] =
         json!([args.etcd_bin.clone()].into_iter().chain(etcd_args).collect::<Vec<_>>());
     println!("meridian up: cluster {:?} is ready", args.cluster);
@@ -352,6 +374,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         println!("  play:     http://{admin}/play   (in a browser, over the WebSocket front)");
     }
     println!("  status:   {}", status_command(&args.cluster, &etcd_url));
+    println!(
+        "  add:      meridian shard --join {} --id {}   (one more shard, as its own process)",
+        data_dir.display(),
+        args.shards + 1
+    );
     let exempt: Vec<&str> =
         args.limit_exempt.iter().map(|a| a.trim()).filter(|a| !a.is_empty()).collect();
     if !exempt.is_empty() {

@@ -481,6 +481,7 @@ fn a_peer_registered_again_is_mirrored_to_again() {
             players: 0,
             load: Default::default(),
             incarnation,
+            transport: None,
         };
         let shards = [(ME, record(ME, 1)), (OLD_OWNER, record(OLD_OWNER, incarnation))];
         ClusterView { partition: Some(partition), shards: shards.into(), ..Default::default() }

@@ -335,6 +335,7 @@ fn a_drain_waits_for_npcs_only_while_another_shard_can_take_them() {
         players: 0,
         load: Default::default(),
         incarnation: 1,
+        transport: None,
     };
     view.shards.insert(NEIGHBOUR, record);
     let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };

@@ -150,7 +150,11 @@ impl ShardConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
     #[error("cannot register in etcd: {0}")]
-    Cluster(#[from] ClusterError),
+    Cluster(ClusterError),
+    /// Its transport does not match the cluster's: it did not join (the message says what
+    /// to start it with instead).
+    #[error("{0}")]
+    Incompatible(Box<meridian_cluster::Incompatible>),
     #[error("cannot read a listener's address: {0}")]
     Listener(#[source] std::io::Error),
     #[error("gRPC server failed: {0}")]
@@ -160,6 +164,15 @@ pub enum ShardError {
     DrainIncomplete { waited: Duration, players: usize, unconfirmed: usize },
     #[error("player store: {0}")]
     Store(#[from] meridian_store::StoreError),
+}
+
+impl From<ClusterError> for ShardError {
+    fn from(error: ClusterError) -> Self {
+        match error {
+            ClusterError::Incompatible(refused) => ShardError::Incompatible(refused),
+            other => ShardError::Cluster(other),
+        }
+    }
 }
 
 /// Runs a shard on already-bound listeners. When `shutdown` resolves (SIGTERM, as
@@ -186,6 +199,16 @@ pub async fn run(
             ClusterWatch::start_with(client.clone(), keys.clone(), contact.clone())
         })
         .await?;
+    // A shard whose gRPC links the others cannot speak (TLS or not, another CA, another
+    // protocol) is refused before it registers: given cells, it would break its region.
+    let transport = meridian_cluster::Transport::of(config.tls.as_ref().map(|t| t.ca_sha256()));
+    let my_key = keys.shard(config.id);
+    meridian_cluster::until_etcd_answers(
+        "comparing this shard's transport with the cluster's",
+        meridian_cluster::START_PATIENCE,
+        || meridian_cluster::admit(client.clone(), &keys, &my_key, "shard", &transport, false),
+    )
+    .await?;
     // This process's life: a restart under the same id is a later one (see
     // `ShardRecord::incarnation`).
     let incarnation = std::time::SystemTime::now()
@@ -200,6 +223,7 @@ pub async fn run(
         players: 0,
         load: Default::default(),
         incarnation,
+        transport: Some(transport.clone()),
     };
     let registration = meridian_cluster::until_etcd_answers(
         "registering",
@@ -210,6 +234,17 @@ pub async fn run(
         },
     )
     .await?;
+    // Once more now that it is registered: of two mismatched nodes that started at the same
+    // moment, the younger leaves (the coordinator gives it no cells meanwhile).
+    if let Err(error) =
+        meridian_cluster::admit(client.clone(), &keys, &my_key, "shard", &transport, true).await
+    {
+        if matches!(error, ClusterError::Incompatible(_)) {
+            registration.revoke().await;
+            return Err(error.into());
+        }
+        warn!(%error, "could not compare this shard's transport with the cluster's again");
+    }
     info!(shard = %config.id, %grpc_addr, %admin_addr, "shard registered");
 
     let registry = Registry::default();
@@ -261,7 +296,8 @@ pub async fn run(
             height: config.world.height,
             sight: config.world.view_range,
         },
-    );
+    )
+    .with_transport(transport);
     tokio::spawn(coordinator.run(lease, watch.changes()));
 
     let status = registration.status();

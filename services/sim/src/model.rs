@@ -170,6 +170,7 @@ impl Etcd {
                     players: 0,
                     load: Default::default(),
                     incarnation: self.incarnations.get(&s).copied().unwrap_or(1),
+                    transport: None,
                 };
                 (ShardId(s), record)
             })

@@ -202,6 +202,9 @@ struct ReadyFile {
     /// certificate from it.
     #[serde(default)]
     tls_dir: Option<PathBuf>,
+    /// The data directory (`meridian shard --join` takes it).
+    #[serde(default)]
+    data_dir: Option<PathBuf>,
 }
 
 /// How a command exited and what it printed.
@@ -284,6 +287,7 @@ impl Cluster {
             etcd_pid: None,
             etcd_command: None,
             tls_dir: None,
+            data_dir: None,
         };
         let mut cluster = Cluster {
             bin: bin.to_path_buf(),
@@ -457,6 +461,12 @@ impl Cluster {
     pub fn tls_files(&self, name: &str) -> anyhow::Result<meridian_tls::TlsFiles> {
         let dir = self.ready.tls_dir.as_deref().context("the cluster has no development CA")?;
         Ok(meridian_tls::DevCa::open_or_create(dir)?.issue(name)?)
+    }
+
+    /// The cluster's data directory, as `meridian up` printed it (what `meridian shard
+    /// --join` takes).
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.ready.data_dir.as_deref()
     }
 
     /// The `meridian` binary this cluster runs.

@@ -76,22 +76,39 @@ impl ExtraShard {
         resume_key_hex: &str,
         lease_ttl: Duration,
     ) -> anyhow::Result<ExtraShard> {
-        let ready_path = cluster.dir().join(format!("extra-shard-{id}.json"));
-        let log_path = cluster.dir().join(format!("extra-shard-{id}.log"));
-        let _ = std::fs::remove_file(&ready_path);
-        let log = File::create(&log_path)?;
         let mut command = Command::new(cluster.bin());
         command
             .args(["shard", "--id", &id.to_string()])
             .args(["--etcd", cluster.etcd_url(), "--cluster", cluster.cluster_name(), "--dev"])
-            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(["--lease-ttl", &format!("{}s", lease_ttl.as_secs().max(1))])
             .args(cluster.tls_args(&format!("shard-{id}"))?)
-            .arg("--ready-file")
-            .arg(&ready_path)
             // In the environment rather than on the command line, as `meridian up` does,
             // so `ps` does not show it.
-            .env("MERIDIAN_RESUME_KEY", resume_key_hex)
+            .env("MERIDIAN_RESUME_KEY", resume_key_hex);
+        ExtraShard::spawn(cluster, id, command)
+    }
+
+    /// Starts shard `id` as the README says to add one to a cluster of `meridian up`:
+    /// `meridian shard --join <data dir> --id N`, nothing else from the cluster given by
+    /// the test, and waits until it listens.
+    pub fn join(cluster: &Cluster, id: u32) -> anyhow::Result<ExtraShard> {
+        let data_dir = cluster.data_dir().context("the ready file names no data directory")?;
+        let mut command = Command::new(cluster.bin());
+        command.args(["shard", "--id", &id.to_string(), "--join"]).arg(data_dir);
+        ExtraShard::spawn(cluster, id, command)
+    }
+
+    /// Runs `command` (a `meridian shard` command line) on free loopback ports with a ready
+    /// file and a log in the cluster's temp dir, and waits until it listens.
+    fn spawn(cluster: &Cluster, id: u32, mut command: Command) -> anyhow::Result<ExtraShard> {
+        let ready_path = cluster.dir().join(format!("extra-shard-{id}.json"));
+        let log_path = cluster.dir().join(format!("extra-shard-{id}.log"));
+        let _ = std::fs::remove_file(&ready_path);
+        let log = File::create(&log_path)?;
+        command
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--ready-file")
+            .arg(&ready_path)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -143,6 +160,13 @@ impl ExtraShard {
 
     pub fn admin(&self) -> SocketAddr {
         self.info.admin
+    }
+
+    /// Sends SIGTERM (what Kubernetes and `meridian up` send): the shard drains and exits.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let pid = self.info.pid;
+        signal(pid, libc::SIGTERM)
+            .with_context(|| format!("SIGTERM to extra shard {} (pid {pid})", self.info.id))
     }
 
     /// Waits for the shard to exit on its own (after a drain) and returns how it exited.

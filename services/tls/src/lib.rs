@@ -197,6 +197,21 @@ impl NodeTls {
         Arc::clone(&loaded)
     }
 
+    /// The SHA-256 fingerprints (lowercase hex, of the DER) of the CA certificates this
+    /// node trusts, as its `--tls-ca` holds them now: what the cluster compares to tell
+    /// whether a joining node trusts the same CA as its members.
+    pub fn ca_sha256(&self) -> Vec<String> {
+        use sha2::Digest as _;
+        let loaded = self.current();
+        CertificateDer::pem_slice_iter(&loaded.ca_pem)
+            .filter_map(Result::ok)
+            .map(|der| {
+                let digest = sha2::Sha256::digest(der.as_ref());
+                digest.iter().map(|b| format!("{b:02x}")).collect()
+            })
+            .collect()
+    }
+
     /// The server side of a new connection: this node's certificate, and a client
     /// certificate from the cluster CA required.
     pub fn server_config(&self) -> Arc<ServerConfig> {

@@ -2,6 +2,7 @@
 //! into a `ShardConfig`.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use clap::Args;
@@ -10,13 +11,22 @@ use meridian_shard::ShardConfig;
 use meridian_world::WorldConfig;
 
 use super::common::{admin_access, check_common, resume_keys, CommonArgs};
-use super::{finish, parse_duration};
+use super::{finish, parse_duration, DEFAULT_CLUSTER, DEFAULT_ETCD};
+use crate::join::JoinFile;
 
 #[derive(Args, Debug, Clone)]
 pub struct ShardArgs {
     /// This shard's id (unique in the cluster, > 0).
     #[arg(long, env = "MERIDIAN_SHARD_ID")]
     pub id: u32,
+    /// Join the cluster of a running `meridian up` whose data directory this is (`up`
+    /// prints it; `--data-dir` or its temporary one): the cluster name, etcd, lease TTL,
+    /// resume keys, admin token, player store, game and resume window are the ones `up`
+    /// gave its own shards (`<dir>/join.json`), and the cluster's development CA issues
+    /// this shard's certificate. Only the flags not listed there apply (--store and --game
+    /// given here win); --cluster, --etcd and --tls-* must not contradict it.
+    #[arg(long, env = "MERIDIAN_JOIN", value_name = "DATA_DIR")]
+    pub join: Option<std::path::PathBuf>,
     /// gRPC listen address.
     #[arg(long, env = "MERIDIAN_LISTEN", default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
@@ -110,8 +120,85 @@ pub struct ShardNode {
 }
 
 impl ShardArgs {
-    pub fn validate(self) -> anyhow::Result<ShardNode> {
+    /// Takes what `join.json` in `dir` says (see `--join`), and a certificate naming this
+    /// shard from the cluster's development CA.
+    fn take_join(&mut self, dir: &Path, problems: &mut Vec<String>) {
+        let join = match JoinFile::read(dir) {
+            Ok(join) => join,
+            Err(problem) => return problems.push(problem),
+        };
+        let common = &mut self.common;
+        if common.cluster != DEFAULT_CLUSTER && common.cluster != join.cluster {
+            problems.push(format!(
+                "--cluster {:?} contradicts --join: the cluster there is {:?} (leave --cluster out)",
+                common.cluster, join.cluster
+            ));
+        }
+        if common.etcd != [DEFAULT_ETCD] && common.etcd != [join.etcd.clone()] {
+            problems.push(format!(
+                "--etcd {} contradicts --join: the cluster's etcd is {} (leave --etcd out)",
+                common.etcd.join(","),
+                join.etcd
+            ));
+        }
+        let tls = &mut common.tls;
+        if tls.tls_ca.is_some() || tls.tls_cert.is_some() || tls.tls_key.is_some() {
+            problems.push(
+                "--join issues this shard's certificate from the cluster's CA: leave out \
+                 --tls-ca, --tls-cert and --tls-key"
+                    .into(),
+            );
+        }
+        match &join.tls_dir {
+            Some(tls_dir) if tls.insecure_grpc => problems.push(format!(
+                "--insecure-grpc contradicts --join: the cluster uses mutual TLS (its CA is in {})",
+                tls_dir.display()
+            )),
+            Some(tls_dir) => {
+                let name = format!("shard-{}", self.id);
+                match meridian_tls::DevCa::open_or_create(tls_dir).and_then(|ca| ca.issue(&name)) {
+                    Ok(files) => {
+                        tls.tls_ca = Some(files.ca);
+                        tls.tls_cert = Some(files.cert);
+                        tls.tls_key = Some(files.key);
+                    }
+                    Err(error) => problems.push(format!(
+                        "--join: the development CA in {} cannot issue {name}'s certificate: {error}",
+                        tls_dir.display()
+                    )),
+                }
+            }
+            None => tls.insecure_grpc = true,
+        }
+        common.cluster = join.cluster.clone();
+        common.etcd = vec![join.etcd.clone()];
+        common.lease_ttl = join.lease_ttl();
+        // `up`'s shards run in dev mode: this one too, or the gateways' spawns and the
+        // shards' placements would differ between its region and theirs.
+        common.dev = true;
+        common.resume_keys.resume_key = Some(join.resume_key.clone());
+        common.resume_keys.resume_key_previous =
+            Some(join.resume_key_previous.clone()).filter(|keys| !keys.is_empty());
+        if !join.admin_token.is_empty() {
+            common.token.admin_token = Some(join.admin_token.clone());
+        }
+        if self.store.is_none() {
+            self.store = join.store.clone();
+            self.save_interval = Duration::from_millis(join.save_interval_ms);
+        }
+        if self.game.game.is_none() {
+            self.game.game = join.game.clone();
+            self.game.game_tick = Duration::from_millis(join.game_tick_ms);
+            self.game.max_npcs = join.max_npcs;
+        }
+        self.resume_window = Duration::from_millis(join.resume_window_ms);
+    }
+
+    pub fn validate(mut self) -> anyhow::Result<ShardNode> {
         let mut problems = Vec::new();
+        if let Some(dir) = self.join.clone() {
+            self.take_join(&dir, &mut problems);
+        }
         check_common(&self.common, &mut problems);
         if self.id == 0 {
             problems.push("--id must be greater than 0".into());

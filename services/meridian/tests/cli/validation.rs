@@ -193,3 +193,41 @@ fn up_tries_a_postgres_store_once_before_it_starts() {
         Ok(())
     })());
 }
+
+/// `shard --join DIR` (issue 32): a directory without `up`'s join file, or flags that
+/// contradict the file, are refused before the shard looks for etcd.
+#[test]
+fn a_shard_refuses_a_join_dir_without_the_file_or_flags_that_contradict_it() {
+    check((|| {
+        let run = run_in_empty_dirs(&["shard", "--id", "3", "--join", "/nowhere"])?;
+        ensure_refused(&run, &["--join /nowhere", "data directory of a running `meridian up`"])?;
+
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("meridian-join-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let file = serde_json::json!({
+            "cluster": "blue", "etcd": "http://127.0.0.1:9", "lease_ttl_ms": 3000,
+            "tls_dir": null, "resume_key": "ab".repeat(32), "store": null,
+            "save_interval_ms": 10000, "resume_window_ms": 30000, "game": null,
+            "game_tick_ms": 100, "max_npcs": 100,
+        });
+        std::fs::write(dir.join("join.json"), file.to_string())?;
+        let join = dir.to_str().context("a UTF-8 path")?;
+        let args = ["shard", "--id", "3", "--join", join, "--cluster", "red"];
+        let tls =
+            ["--tls-ca", "ca.pem", "--tls-cert", "shard-3.pem", "--tls-key", "shard-3-key.pem"];
+        let run =
+            run_in_empty_dirs(&[&args[..], &["--etcd", "http://127.0.0.1:10"], &tls].concat())?;
+        std::fs::remove_dir_all(&dir)?;
+        let says = [
+            "--cluster \"red\" contradicts --join",
+            "--etcd http://127.0.0.1:10",
+            "leave out --tls-ca, --tls-cert and --tls-key",
+        ];
+        ensure_refused(&run, &says)?;
+        // The three, and the files that are not there.
+        ensure!(run.stderr.matches("\n  - ").count() == 4, "four problems listed: {run:?}");
+        Ok(())
+    })());
+}

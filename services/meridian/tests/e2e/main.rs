@@ -11,6 +11,8 @@ mod errors;
 mod etcd_secure;
 mod failover;
 mod game;
+mod joining;
+mod mismatch;
 mod mtls;
 mod resume_close;
 mod rotation;
@@ -24,6 +26,21 @@ mod world;
 mod common;
 
 pub use common::*;
+
+#[test]
+fn a_shard_joins_with_the_data_dir_serves_and_leaves_on_sigterm() {
+    joining::a_shard_joins_with_the_data_dir_serves_and_leaves_on_sigterm();
+}
+
+#[test]
+fn the_coordinator_gives_no_cells_to_a_shard_of_another_transport() {
+    mismatch::the_coordinator_gives_no_cells_to_a_shard_of_another_transport();
+}
+
+#[test]
+fn a_node_of_another_transport_is_refused_and_given_no_cells() {
+    mismatch::a_node_of_another_transport_is_refused_and_given_no_cells();
+}
 
 #[test]
 fn a_shard_takes_streams_only_from_the_node_its_certificate_names() {
