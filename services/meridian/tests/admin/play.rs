@@ -123,7 +123,7 @@ pub fn two_pages_and_a_python_bot_play_in_one_world() {
                  document.getElementById('chat').requestSubmit(); return true; })()",
             );
             wait_until(deadline(Duration::from_secs(5)), "ann to read bob's chat", || {
-                eval(&mut ann, "window.meridian.chats")
+                eval(&mut ann, "window.meridian.log")
                     .as_array()
                     .is_some_and(|c| c.iter().any(|line| line == "bob: hello ann"))
             })?;
