@@ -219,6 +219,7 @@ async function play(name: string, spawn: { x: number; y: number } | undefined) {
   setStatus("playing", "ok");
   byId<HTMLFormElement>("login").hidden = true;
   byId<HTMLDivElement>("game").hidden = false;
+  byId<HTMLDivElement>("controls").hidden = false;
   // The name box is hidden now: keys go to the game.
   (document.activeElement as HTMLElement | null)?.blur();
   redraw();
