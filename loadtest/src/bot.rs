@@ -613,9 +613,10 @@ impl Session<'_> {
                     self.action_answered(done.client_time, None, now);
                 }
                 Some(server_message::Kind::Error(error)) => {
-                    self.stats.record_error(error.code);
-                    if error.client_time != 0 {
-                        self.error_answer(error.client_time, error.code, now);
+                    let game_answer = error.client_time != 0
+                        && self.error_answer(error.client_time, error.code, now);
+                    if !game_answer {
+                        self.stats.record_error(error.code);
                     }
                 }
                 Some(server_message::Kind::ViewReset(reset)) => {
@@ -702,31 +703,35 @@ impl Session<'_> {
     }
 
     /// An `Error` carrying a `client_time`: the answer to a move, or else to an action.
-    fn error_answer(&self, client_time: u64, code: i32, now: Instant) {
+    /// True when it is the game's answer to an action (`REJECTED`), counted with the
+    /// actions (`actions_rejected`) and not as an error.
+    fn error_answer(&self, client_time: u64, code: i32, now: Instant) -> bool {
         let is_move = take(&mut self.ledger().outstanding, client_time).is_some();
         if is_move {
             bump(&self.stats.moves_errored);
+            false
         } else {
-            // An error echoing a client_time we never sent is already counted by its code.
-            self.action_answered(client_time, Some(code), now);
+            // An error echoing a client_time we never sent is counted by its code only.
+            self.action_answered(client_time, Some(code), now)
         }
     }
 
     /// The answer to the action sent with `client_time`: `ActionDone` (no error code) or
-    /// an `Error`. `ActionDone` and `REJECTED` are the game's answers and timed.
-    fn action_answered(&self, client_time: u64, error: Option<i32>, now: Instant) {
+    /// an `Error`. `ActionDone` and `REJECTED` are the game's answers and timed; returns
+    /// whether it was one of them.
+    fn action_answered(&self, client_time: u64, error: Option<i32>, now: Instant) -> bool {
         let Some((sent_at, aimed)) = take_action(&mut self.ledger().actions, client_time) else {
             if error.is_none() {
                 bump(&self.stats.actions_unmatched);
             }
-            return;
+            return false;
         };
         let counter = match error {
             None => &self.stats.actions_answered,
             Some(code) if code == ErrorCode::Rejected as i32 => &self.stats.actions_rejected,
             Some(_) => {
                 bump(&self.stats.actions_errored);
-                return;
+                return false;
             }
         };
         bump(counter);
@@ -737,6 +742,7 @@ impl Session<'_> {
             Aim::Within => self.stats.action_delays_within.record(delay),
             Aim::NoOne => {}
         }
+        true
     }
 }
 

@@ -79,7 +79,8 @@ fn load(counter: &AtomicU64) -> u64 {
 }
 
 impl Stats {
-    /// Counts one `Error` from the server, whatever it answers.
+    /// Counts one `Error` from the server. A `REJECTED` that answers one of the bots'
+    /// actions is not one: it is the game's answer, counted in `actions_rejected` alone.
     pub fn record_error(&self, code: i32) {
         let slot = usize::try_from(code).map_or(ERROR_SLOTS - 1, |c| c.min(ERROR_SLOTS - 1));
         bump(&self.errors);
@@ -92,7 +93,8 @@ impl Stats {
     }
 
     /// Every `Error` received so far except `REJECTED`: the game's refusal of an action is
-    /// an answer, not a failure of the server.
+    /// an answer, not a failure of the server (even one that came too late to be matched
+    /// to its action).
     pub fn failure_errors(&self) -> u64 {
         self.errors_total() - load(&self.errors_by_code[ErrorCode::Rejected as usize])
     }
@@ -381,6 +383,7 @@ pub struct Summary {
     pub delay_inner_ms: Option<DelaySummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moves_crossing: Option<u64>,
+    /// `Error`s by code; a `REJECTED` answering an action is in `actions.rejected`, not here.
     pub errors_by_code: BTreeMap<String, u64>,
     pub disconnects: u64,
     pub login_failures: u64,

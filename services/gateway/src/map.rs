@@ -29,19 +29,21 @@ const DENSITY_WITHIN: Duration = Duration::from_millis(700);
 const SNAPSHOT_REUSE: Duration = Duration::from_millis(400);
 
 /// One colour per shard id, distinct from each other, from the page's background and from
-/// the dark density overlay (the map test counts pixels of these exact colours).
+/// the dark density overlay (the map test counts pixels of these exact colours), and far
+/// from [`NPC_COLOR`]: the 7th used to be a light cyan (`#42d4f4`), which the eye took for
+/// wolves; it is brown now.
 pub const PALETTE: [&str; 12] = [
-    "#e6194b", "#3cb44b", "#ffe119", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",
+    "#e6194b", "#3cb44b", "#ffe119", "#4363d8", "#f58231", "#911eb4", "#9a6324", "#f032e6",
     "#bfef45", "#fabed4", "#469990", "#dcbeff",
 ];
 
 /// The colour shard `id` is drawn in.
 pub fn shard_color(id: ShardId) -> &'static str {
-    // (NPC_COLOR is none of these.)
     PALETTE[(id.0 as usize).wrapping_sub(1) % PALETTE.len()]
 }
 
-/// The colour NPCs are drawn in: not a shard's, the background's or the overlay's.
+/// The colour NPCs are drawn in: not a shard's, the background's or the overlay's, and far
+/// from every shard's (see the test `npcs_are_far_from_every_shard_colour`).
 pub const NPC_COLOR: &str = "#00ffff";
 
 /// Whether this node has a live stream to a shard (`None`: it does not know, e.g. a
@@ -454,6 +456,28 @@ mod tests {
         assert_eq!(shard_color(ShardId(1)), PALETTE[0]);
         assert_eq!(shard_color(ShardId(13)), PALETTE[0]);
         assert_eq!(shard_color(ShardId(0)), PALETTE[(usize::MAX) % PALETTE.len()]);
+    }
+
+    /// `#rrggbb` as channels.
+    fn channels(hex: &str) -> [i32; 3] {
+        let hex = hex.strip_prefix('#').expect("a palette colour is #rrggbb");
+        let channel = |i: usize| i32::from_str_radix(&hex[i..i + 2], 16).expect("hex digits");
+        [channel(0), channel(2), channel(4)]
+    }
+
+    #[test]
+    fn npcs_are_far_from_every_shard_colour() {
+        // Euclidean distance in RGB: not the eye's, but enough to keep a shard's region
+        // from reading as a crowd of NPCs. The old cyan shard was 80 from NPC_COLOR; the
+        // nearest now (teal) is 166. A third of the cube's diagonal is about 147.
+        const FAR: f64 = 140.0;
+        let npc = channels(NPC_COLOR);
+        for colour in PALETTE {
+            let rgb = channels(colour);
+            let distance =
+                npc.iter().zip(rgb).map(|(a, b)| f64::from((a - b).pow(2))).sum::<f64>().sqrt();
+            assert!(distance >= FAR, "shard colour {colour} is {distance:.0} from {NPC_COLOR}");
+        }
     }
 
     #[test]

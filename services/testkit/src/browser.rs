@@ -323,6 +323,37 @@ impl Browser {
         Ok(result["result"]["value"].clone())
     }
 
+    /// A left click at `(x, y)` in CSS pixels of the viewport, as a mouse makes it (press,
+    /// release: the page gets `mousedown`, `mouseup` and `click` on what is there).
+    pub fn click(&mut self, x: f64, y: f64) -> anyhow::Result<()> {
+        let session = self.session.clone();
+        for (kind, buttons) in [("mousePressed", 1), ("mouseReleased", 0)] {
+            let params = json!({
+                "type": kind, "x": x, "y": y, "button": "left", "buttons": buttons, "clickCount": 1
+            });
+            self.call(Some(&session), "Input.dispatchMouseEvent", params)?;
+        }
+        Ok(())
+    }
+
+    /// A key pressed and released, as a keyboard sends it to the focused element: `key` is
+    /// a `KeyboardEvent.key` (`"e"`, `" "`, `"ArrowUp"`, `"Enter"`); a one-character key
+    /// also types its character.
+    pub fn key(&mut self, key: &str) -> anyhow::Result<()> {
+        let session = self.session.clone();
+        let mut down = json!({ "type": "rawKeyDown", "key": key });
+        if key.chars().count() == 1 {
+            down = json!({ "type": "keyDown", "key": key, "text": key });
+        }
+        self.call(Some(&session), "Input.dispatchKeyEvent", down)?;
+        self.call(
+            Some(&session),
+            "Input.dispatchKeyEvent",
+            json!({ "type": "keyUp", "key": key }),
+        )?;
+        Ok(())
+    }
+
     /// A PNG of the viewport as it is now.
     pub fn screenshot(&mut self) -> anyhow::Result<Vec<u8>> {
         let session = self.session.clone();

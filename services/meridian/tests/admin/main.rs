@@ -14,6 +14,8 @@
 //!
 //! - `process`: every node's `/metrics` has the process metrics (CPU, memory, descriptors)
 //!   and `meridian_build_info`; info-style gauges are named `_info`.
+//! - `play`: `/play` in Chromium: pages and a Python bot in one world; the wolves game played
+//!   on the page (summon, attack, bites, death and respawn in words).
 //! - `token`: `meridian token` mints a dev-key token that dev mode's key set accepts.
 //! - `private`: with `--admin-token`, pages that name players need the token.
 //!
@@ -102,6 +104,11 @@ fn live_map_in_headless_chromium() {
 #[test]
 fn two_pages_and_a_python_bot_play_in_one_world() {
     play::two_pages_and_a_python_bot_play_in_one_world();
+}
+
+#[test]
+fn the_page_fights_wolves_and_says_what_happened() {
+    play::the_page_fights_wolves_and_says_what_happened();
 }
 
 #[test]
