@@ -835,6 +835,7 @@ fn of_two_logins_racing_to_two_shards_the_later_wins() {
             players: 0,
             load: Default::default(),
             incarnation: 1,
+            transport: None,
         };
         view.shards.insert(id, record);
     }
