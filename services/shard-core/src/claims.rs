@@ -10,18 +10,14 @@
 //!
 //! A claim is remembered for [`CLAIM_MEMORY`], so an older login that reaches a shard
 //! after the newer one's claim (handed off, or placed late) leaves on arrival. Owned by
-//! `ShardCore`, which sends claims when it seats a login and hands received ones here.
+//! `ShardCore`, which sends claims when it seats a login and hands received ones here
+//! (`players.rs`: `claim`, `on_claim`).
 
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
-use tracing::info;
 
-use meridian_rpc::pb::{peer_message::Kind as Peer, Claim, PeerMessage};
 use meridian_world::PlayerId;
-
-use crate::core::ShardCore;
-use crate::types::LinkId;
 
 /// How long a claim is remembered.
 pub const CLAIM_MEMORY: Duration = Duration::from_secs(10);
@@ -59,58 +55,6 @@ impl Claims {
             && self.seen.get(&player).is_some_and(|(newer, at)| {
                 *newer > login && now.saturating_duration_since(*at) < CLAIM_MEMORY
             })
-    }
-}
-
-impl ShardCore {
-    /// Tells every other shard of the login seated here for `player`.
-    pub(crate) fn claim(&mut self, player: PlayerId) {
-        let Some(seat) = self.roster.seat(player) else { return };
-        let (login_stamp, session) = seat.login;
-        let generation = seat.generation;
-        for to in self.peers.others() {
-            let message = PeerMessage {
-                player_id: player.0,
-                generation,
-                subject_seq: 0,
-                kind: Some(Peer::Claim(Claim { login_stamp, session })),
-            };
-            self.peer_out.push(to, message);
-        }
-    }
-
-    /// Another shard seated a login of `player`: an older one here ends.
-    pub(crate) fn on_claim(&mut self, player: PlayerId, claim: Claim) {
-        let login = claim.login_stamp;
-        self.claims.record(player, login, self.now);
-        // (A seat of unknown stamp is a session going on, not a racing login: see `beaten`.)
-        let older_here = self
-            .roster
-            .seat(player)
-            .is_some_and(|seat| !seat.npc && seat.login.0 != 0 && seat.login.0 < login);
-        if older_here {
-            self.replace_older(player);
-        }
-    }
-
-    /// Refuses a login that arrives after a newer login of its account was seated (here, or
-    /// claimed by another shard): `REPLACED`, closed.
-    pub(crate) fn refuse_older_login(&mut self, link: LinkId, session: u64) {
-        self.tell_replaced(link, session);
-        self.outbox.close(link, session);
-        self.metrics.logins_replaced.inc();
-    }
-
-    /// Ends the older of two logins of `player`, seated here: `REPLACED`, closed, gone.
-    pub(crate) fn replace_older(&mut self, player: PlayerId) {
-        let Some(seat) = self.roster.seat(player) else { return };
-        let (link, session) = (seat.link, seat.session);
-        info!(%player, "a newer login of this account is seated on another shard; ending this one");
-        self.remove(player, false);
-        self.tell_replaced(link, session);
-        self.outbox.close(link, session);
-        self.metrics.logins_replaced.inc();
-        self.route_envelopes();
     }
 }
 

@@ -13,8 +13,8 @@ use meridian_cluster::OrderKind;
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
-    peer_message::Kind as Peer, player_input::Kind as Input, GhostRemove, Join, MoveRefused,
-    PlayerInput,
+    peer_message::Kind as Peer, player_input::Kind as Input, Claim, GhostRemove, Join, MoveRefused,
+    PeerMessage, PlayerInput,
 };
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::{info, warn};
@@ -364,5 +364,59 @@ impl ShardCore {
         }
         self.metrics.leaves.inc();
         self.metrics.players.set(self.world.n_local() as i64);
+    }
+}
+
+impl ShardCore {
+    // ---- one account, one player (see `claims.rs`)
+
+    /// Tells every other shard of the login seated here for `player`.
+    pub(crate) fn claim(&mut self, player: PlayerId) {
+        let Some(seat) = self.roster.seat(player) else { return };
+        let (login_stamp, session) = seat.login;
+        let generation = seat.generation;
+        for to in self.peers.others() {
+            let message = PeerMessage {
+                player_id: player.0,
+                generation,
+                subject_seq: 0,
+                kind: Some(Peer::Claim(Claim { login_stamp, session })),
+            };
+            self.peer_out.push(to, message);
+        }
+    }
+
+    /// Another shard seated a login of `player`: an older one here ends.
+    pub(crate) fn on_claim(&mut self, player: PlayerId, claim: Claim) {
+        let login = claim.login_stamp;
+        self.claims.record(player, login, self.now);
+        // (A seat of unknown stamp is a session going on, not a racing login: see `beaten`.)
+        let older_here = self
+            .roster
+            .seat(player)
+            .is_some_and(|seat| !seat.npc && seat.login.0 != 0 && seat.login.0 < login);
+        if older_here {
+            self.replace_older(player);
+        }
+    }
+
+    /// Refuses a login that arrives after a newer login of its account was seated (here, or
+    /// claimed by another shard): `REPLACED`, closed.
+    pub(crate) fn refuse_older_login(&mut self, link: LinkId, session: u64) {
+        self.tell_replaced(link, session);
+        self.outbox.close(link, session);
+        self.metrics.logins_replaced.inc();
+    }
+
+    /// Ends the older of two logins of `player`, seated here: `REPLACED`, closed, gone.
+    pub(crate) fn replace_older(&mut self, player: PlayerId) {
+        let Some(seat) = self.roster.seat(player) else { return };
+        let (link, session) = (seat.link, seat.session);
+        info!(%player, "a newer login of this account is seated on another shard; ending this one");
+        self.remove(player, false);
+        self.tell_replaced(link, session);
+        self.outbox.close(link, session);
+        self.metrics.logins_replaced.inc();
+        self.route_envelopes();
     }
 }
