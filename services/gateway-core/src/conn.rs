@@ -244,6 +244,20 @@ impl Conn {
         self.inbuf.len() + self.ws.as_ref().map_or(0, |ws| ws.held())
     }
 
+    /// Takes back the chat and action budgets `player`'s last connection left with, if this
+    /// gateway kept them (see `limits::Admission::keep_budgets`).
+    pub(super) fn take_kept_budgets(
+        &mut self,
+        admission: &crate::limits::Admission,
+        player: u64,
+        now: Instant,
+    ) {
+        if let Some(kept) = admission.take_budgets(player, now) {
+            self.chats = kept.chats;
+            self.actions = kept.actions;
+        }
+    }
+
     pub(super) fn take_seq(&mut self) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;

@@ -108,6 +108,7 @@ impl Core {
                     self.ctx.shared.metrics.logins.inc();
                     conn.name = login.name;
                 }
+                conn.take_kept_budgets(&self.ctx.shared.admission, player, self.ctx.now);
                 conn.session = Session::Playing { player, link };
             }
             if delivery.resume_refused {

@@ -293,6 +293,22 @@ struct Address {
 /// idle new addresses are refused as if the gateway were full.
 const ADDRESSES_KEPT: usize = 65_536;
 
+/// How long a closed connection's chat and action budgets are kept for its player: longer
+/// than the resume window (30 s by default), so a client that drops and comes back, by
+/// resuming or by logging in again, finds them as it left them.
+pub const BUDGETS_KEPT_FOR: Duration = Duration::from_secs(60);
+/// Players whose budgets are kept at most; past it, those kept longer than
+/// [`BUDGETS_KEPT_FOR`] are dropped, and if none are, the new ones are not kept.
+pub const MAX_KEPT_BUDGETS: usize = 100_000;
+
+/// A player's chat and action budgets as its last connection left them.
+#[derive(Debug, Clone, Copy)]
+pub struct KeptBudgets {
+    pub chats: Bucket,
+    pub actions: Bucket,
+    pub since: Instant,
+}
+
 /// The admission decision for new connections, shared by every worker of a gateway. Its
 /// lock is taken once per accept and once per close, never per message.
 pub struct Admission {
@@ -300,6 +316,10 @@ pub struct Admission {
     open: AtomicUsize,
     overloaded: AtomicBool,
     addresses: Mutex<HashMap<IpAddr, Address>>,
+    /// The chat and action budgets of players whose connection closed lately, by player:
+    /// the budgets belong to the player, so reconnecting buys nothing. Taken once per close
+    /// and once per login or resume, never per message.
+    budgets: Mutex<HashMap<u64, KeptBudgets>>,
 }
 
 impl Admission {
@@ -309,6 +329,7 @@ impl Admission {
             open: AtomicUsize::new(0),
             overloaded: AtomicBool::new(false),
             addresses: Mutex::new(HashMap::new()),
+            budgets: Mutex::new(HashMap::new()),
         }
     }
 
@@ -385,6 +406,24 @@ impl Admission {
         if let Some(address) = addresses.get_mut(&key) {
             address.open = address.open.saturating_sub(1);
         }
+    }
+
+    /// Keeps a closing connection's budgets for its player.
+    pub fn keep_budgets(&self, player: u64, chats: Bucket, actions: Bucket, now: Instant) {
+        let mut kept = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= MAX_KEPT_BUDGETS {
+            kept.retain(|_, k| now.saturating_duration_since(k.since) < BUDGETS_KEPT_FOR);
+            if kept.len() >= MAX_KEPT_BUDGETS {
+                return;
+            }
+        }
+        kept.insert(player, KeptBudgets { chats, actions, since: now });
+    }
+
+    /// The budgets `player`'s last connection left with, if kept and recent.
+    pub fn take_budgets(&self, player: u64, now: Instant) -> Option<KeptBudgets> {
+        let mut kept = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        kept.remove(&player).filter(|k| now.saturating_duration_since(k.since) < BUDGETS_KEPT_FOR)
     }
 
     fn exempt(&self, ip: IpAddr) -> bool {

@@ -133,6 +133,14 @@ impl Ctx {
 
     /// Starts closing a connection; a player still in the world leaves it now.
     pub(super) fn close(&mut self, conn: &mut Conn, slot: u32, session: u64, how: Closing) {
+        let session_player = match &conn.session {
+            Session::Playing { player, .. } | Session::Resuming { player, .. } => Some(*player),
+            _ => None,
+        };
+        if let Some(player) = session_player {
+            // The budgets are the player's: its next connection here takes them back.
+            self.shared.admission.keep_budgets(player, conn.chats, conn.actions, self.now);
+        }
         match std::mem::replace(&mut conn.session, Session::Gone) {
             Session::Playing { player, link } => {
                 let leave = Input::Leave(Leave { logout: false });

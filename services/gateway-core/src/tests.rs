@@ -868,3 +868,46 @@ fn a_move_after_a_logout_is_refused_behind_the_answers_before_it() {
     assert_eq!(errors(&answers), vec![(ErrorCode::Unavailable, 2)], "then move 2, refused");
     assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
 }
+
+/// Issue 31 item 3: the chat and action budgets are the player's, not the connection's.
+/// A client that spends its chats, drops and resumes on a new connection finds them spent
+/// (before, every resume refilled them: 149 chats/s from one player).
+#[test]
+fn a_resume_gets_back_the_budgets_its_last_connection_spent() {
+    let (mut core, links, mail) = core_limited(64, 1, Limits::default());
+    let t0 = Instant::now();
+    let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
+    let resume_at = |core: &mut TestCore, at: Instant| {
+        let slot = core.connect(at).expect("admitted");
+        let resume = C::Resume(meridian_protocol::pb::Resume { token: token.clone() });
+        write_all_at(core, slot, vec![resume], at);
+        let session = core.relayed_session(slot);
+        let mut frames = Vec::new();
+        encode_frame(&server::view_reset(42, 1, 1), &mut frames);
+        let answer = Delivery { session, frames: frames.into(), ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![answer] }).unwrap();
+        core.process_mail(at);
+        replies(core, slot);
+        slot
+    };
+    let chats = |n: usize| (0..n).map(|i| C::Chat(Chat { text: format!("hi {i}") })).collect();
+    let first = resume_at(&mut core, t0);
+    write_all_at(&mut core, first, chats(6), t0);
+    let relayed = relayed_inputs(&mut core, &links[0].1);
+    let n_chats = |inputs: &[PlayerInput]| {
+        inputs.iter().filter(|i| matches!(i.kind, Some(Input::Chat(_)))).count()
+    };
+    assert_eq!(n_chats(&relayed), 5, "the burst of 5");
+    assert_eq!(errors(&replies(&mut core, first)), vec![(ErrorCode::RateLimited, 0)]);
+    core.on_peer_closed(first);
+    // Back 10 ms later on a new connection: the burst is still spent.
+    let later = t0 + Duration::from_millis(10);
+    let second = resume_at(&mut core, later);
+    write_all_at(&mut core, second, chats(1), later);
+    assert_eq!(n_chats(&relayed_inputs(&mut core, &links[0].1)), 0);
+    assert_eq!(errors(&replies(&mut core, second)), vec![(ErrorCode::RateLimited, 0)]);
+    // Half a second on, the bucket has refilled by its rate (2/s): one more.
+    let refilled = t0 + Duration::from_millis(510);
+    write_all_at(&mut core, second, chats(2), refilled);
+    assert_eq!(n_chats(&relayed_inputs(&mut core, &links[0].1)), 1);
+}
