@@ -99,10 +99,9 @@ pub fn never_reading_client(front: Front) {
         mover_moves(3, "before the chatters start")?;
 
         // Chatters around it, each in its sight and in the mover's, none in another's (so
-        // each chat goes to three players, not to every chatter).
-        let cut = Arc::new(AtomicBool::new(false));
-        let started = Instant::now();
-        let mut chatters = Vec::new();
+        // each chat goes to three players, not to every chatter). All log in before any
+        // chats: two chatters alone can get the sluggard cut before a slow third logs in.
+        let mut logged_in = Vec::new();
         let mut chatter_ids = Vec::new();
         for (n, at) in CHATTERS_AT.into_iter().enumerate() {
             let mut chatter = Bot::connect(addr)?;
@@ -112,6 +111,12 @@ pub fn never_reading_client(front: Front) {
                 "chatter-{n} sees the sluggard: {login:?}"
             );
             chatter_ids.push(chatter.id());
+            logged_in.push(chatter);
+        }
+        let cut = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut chatters = Vec::new();
+        for chatter in logged_in {
             let (stop, cut) = (Arc::clone(&stop), Arc::clone(&cut));
             chatters.push(thread::spawn(move || {
                 chat_until_cut(chatter, sluggard_id, mover_id, &stop, &cut)
