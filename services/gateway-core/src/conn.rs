@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::ShardId;
-use meridian_rpc::pb::{Delivery, PlayerInput};
+use meridian_rpc::pb::{Budgets, Delivery, PlayerInput};
 
 use crate::limits::{Bucket, InputBudget, Limits};
 use crate::routing::ShardLink;
@@ -244,17 +244,36 @@ impl Conn {
         self.inbuf.len() + self.ws.as_ref().map_or(0, |ws| ws.held())
     }
 
-    /// Takes back the chat and action budgets `player`'s last connection left with, if this
-    /// gateway kept them (see `limits::Admission::keep_budgets`).
+    /// Takes back the chat and action budgets `player`'s last connection left with: the
+    /// ones its shard parked with it (`from_shard`, from any gateway), or else the ones this
+    /// gateway kept (see `limits::Admission::keep_budgets`). The shard's are the newer: a
+    /// dropped connection parks the player with its budgets wherever it was.
     pub(super) fn take_kept_budgets(
         &mut self,
         admission: &crate::limits::Admission,
         player: u64,
+        from_shard: Option<&Budgets>,
         now: Instant,
     ) {
-        if let Some(kept) = admission.take_budgets(player, now) {
+        let kept = admission.take_budgets(player, now);
+        if let Some(budgets) = from_shard {
+            let limits = admission.limits();
+            let at = now.checked_sub(Duration::from_millis(budgets.age_ms)).unwrap_or(now);
+            self.chats = Bucket::holding(budgets.chat_credit, limits.chats, at);
+            self.actions = Bucket::holding(budgets.action_credit, limits.actions, at);
+        } else if let Some(kept) = kept {
             self.chats = kept.chats;
             self.actions = kept.actions;
+        }
+    }
+
+    /// The chat and action budgets as they stand at `now`, for the shard to park with the
+    /// player (`Leave.budgets`).
+    pub(super) fn budgets(&self, limits: &Limits, now: Instant) -> Budgets {
+        Budgets {
+            chat_credit: self.chats.credit_at(limits.chats, now),
+            action_credit: self.actions.credit_at(limits.actions, now),
+            age_ms: 0,
         }
     }
 

@@ -108,7 +108,12 @@ impl Core {
                     self.ctx.shared.metrics.logins.inc();
                     conn.name = login.name;
                 }
-                conn.take_kept_budgets(&self.ctx.shared.admission, player, self.ctx.now);
+                conn.take_kept_budgets(
+                    &self.ctx.shared.admission,
+                    player,
+                    delivery.budgets.as_ref(),
+                    self.ctx.now,
+                );
                 conn.session = Session::Playing { player, link };
             }
             if delivery.resume_refused {

@@ -137,6 +137,7 @@ impl Ctx {
             epoch: self.routing().read(|t| t.epoch()),
             state: conn.state.clone(),
             login_stamp: conn.login_stamp,
+            budgets: None,
         };
         conn.held.clear();
         conn.held_bytes = 0;
@@ -192,7 +193,7 @@ impl Ctx {
             self.routing().read(|t| t.links.iter().filter(|l| l.is_up()).cloned().collect());
         let seq = conn.take_seq();
         for link in &links {
-            let leave = Input::Leave(Leave { logout: false });
+            let leave = Input::Leave(Leave { logout: false, budgets: None });
             self.relay(link, session, player, seq, leave);
         }
     }

@@ -79,6 +79,19 @@ impl Bucket {
         self.credit >= u128::from(cost) * UNITS
     }
 
+    /// What the bucket holds at `now`, in billionths of a token: what travels in
+    /// `Budgets` when its connection closes.
+    pub fn credit_at(mut self, rate: Rate, now: Instant) -> u64 {
+        self.refill(rate, now);
+        u64::try_from(self.credit).unwrap_or(u64::MAX)
+    }
+
+    /// A bucket that held `credit` (billionths of a token, as [`Bucket::credit_at`] gives)
+    /// at `at`: it refills from then on, up to the burst of `rate`.
+    pub fn holding(credit: u64, rate: Rate, at: Instant) -> Bucket {
+        Bucket { credit: u128::from(credit).min(rate.capacity()), at }
+    }
+
     fn refill(&mut self, rate: Rate, now: Instant) {
         // A clock that does not move forward refills nothing.
         let elapsed = now.saturating_duration_since(self.at).as_nanos();

@@ -133,23 +133,22 @@ impl Ctx {
 
     /// Starts closing a connection; a player still in the world leaves it now.
     pub(super) fn close(&mut self, conn: &mut Conn, slot: u32, session: u64, how: Closing) {
-        let session_player = match &conn.session {
-            Session::Playing { player, .. } | Session::Resuming { player, .. } => Some(*player),
-            _ => None,
-        };
-        if let Some(player) = session_player {
-            // The budgets are the player's: its next connection here takes them back.
-            self.shared.admission.keep_budgets(player, conn.chats, conn.actions, self.now);
-        }
         match std::mem::replace(&mut conn.session, Session::Gone) {
             Session::Playing { player, link } => {
-                let leave = Input::Leave(Leave { logout: false });
+                // The budgets are the player's: kept here for its next connection to this
+                // gateway, and parked with it on its shard for one to any gateway.
+                self.shared.admission.keep_budgets(player, conn.chats, conn.actions, self.now);
+                let budgets = Some(conn.budgets(self.shared.admission.limits(), self.now));
+                let leave = Input::Leave(Leave { logout: false, budgets });
                 self.relay(&link, session, player, conn.take_seq(), leave);
             }
             Session::Resuming { player, .. } => {
                 // A shard may restore the player on this session before it hears the
                 // connection is gone: every shard asked gets a Leave after the Resume (on
-                // the same link), which parks the player again where it was restored.
+                // the same link), which parks the player again where it was restored. This
+                // connection never had the player's budgets (they come with the answer),
+                // so it gives none: the shard parks the player with the ones it had, and
+                // what this gateway kept stays kept.
                 self.leave_everywhere(conn, session, player);
             }
             // The moves in flight are still the shard's to answer (output keeps flowing to

@@ -12,7 +12,7 @@ use meridian_protocol::pb::{
     client_message::Kind as C, Chat, ClientMessage, Direction, Login, Move, ServerMessage,
 };
 use meridian_protocol::{encode_frame, TokenKey};
-use meridian_rpc::pb::{player_input::Kind as Input, Delivery, Leave, PlayerInput};
+use meridian_rpc::pb::{player_input::Kind as Input, Budgets, Delivery, Leave, PlayerInput};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use super::conn::RESUME_WAIT;
@@ -423,7 +423,8 @@ fn a_connection_closed_while_resuming_leaves_wherever_its_player_is_restored() {
         let batch = take_batch(&mut core, relay).expect("a Leave for every shard");
         let leave = &batch[0];
         assert_eq!((leave.player_id, leave.seq), (42, 2));
-        assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false })));
+        // Still resuming: it never had the player's budgets, so it gives none.
+        assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false, budgets: None })));
     }
 }
 
@@ -619,7 +620,8 @@ fn a_quiet_player_is_closed_at_the_idle_deadline_unless_it_pings() {
     assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::Unavailable, 0)]);
     core.flush_inputs();
     let last = relayed_inputs(&mut core, &links[0].1).pop().expect("inputs");
-    assert_eq!(last.kind, Some(Input::Leave(Leave { logout: false })), "the player leaves");
+    let leaves = matches!(last.kind, Some(Input::Leave(Leave { logout: false, budgets: Some(_) })));
+    assert!(leaves, "the player leaves, with its budgets: {last:?}");
 }
 
 #[test]
@@ -721,7 +723,7 @@ fn a_resume_answered_after_the_wait_is_undone() {
     for (_, relay) in &links {
         let leave = relayed_inputs(&mut core, relay).pop().expect("a Leave behind the Resume");
         assert_eq!((leave.player_id, leave.seq), (42, 2));
-        assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false })));
+        assert_eq!(leave.kind, Some(Input::Leave(Leave { logout: false, budgets: None })));
     }
     // Shard 2's answer comes late: the client hears nothing of it.
     let session = core.relayed_session(slot);
@@ -836,7 +838,8 @@ fn a_failed_event_loop_takes_its_players_out_of_the_world() {
     core.abandon_all(Instant::now());
     let inputs = relayed_inputs(&mut core, &links[0].1);
     assert_eq!(inputs.len(), 1);
-    assert_eq!(inputs[0].kind, Some(Input::Leave(Leave { logout: false })), "parked, not frozen");
+    let parked = matches!(inputs[0].kind, Some(Input::Leave(Leave { logout: false, .. })));
+    assert!(parked, "parked, not frozen: {:?}", inputs[0]);
     assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::Abort));
 }
 
@@ -849,7 +852,10 @@ fn a_move_after_a_logout_is_refused_behind_the_answers_before_it() {
     let logout = C::Logout(meridian_protocol::pb::Logout {});
     write_all_at(&mut core, slot, vec![step(1), logout, step(2)], t0);
     let relayed = relayed_inputs(&mut core, &links[0].1);
-    assert_eq!(relayed.last().map(|i| &i.kind), Some(&Some(Input::Leave(Leave { logout: true }))));
+    assert_eq!(
+        relayed.last().map(|i| &i.kind),
+        Some(&Some(Input::Leave(Leave { logout: true, budgets: None })))
+    );
     assert!(errors(&replies(&mut core, slot)).is_empty(), "move 2 waits for move 1's answer");
     // The shard answers move 1 and closes the session.
     let mut frames = Vec::new();
@@ -910,4 +916,55 @@ fn a_resume_gets_back_the_budgets_its_last_connection_spent() {
     let refilled = t0 + Duration::from_millis(510);
     write_all_at(&mut core, second, chats(2), refilled);
     assert_eq!(n_chats(&relayed_inputs(&mut core, &links[0].1)), 1);
+}
+
+/// The budgets travel with the player: a dropped connection's Leave carries them to the
+/// shard, which parks them with the player and gives them back with its answer to a resume
+/// on any gateway, so hopping from gateway to gateway buys nothing either.
+#[test]
+fn a_resume_on_another_gateway_gets_the_budgets_its_shard_parked() {
+    let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
+    let chats = |n: usize| (0..n).map(|i| C::Chat(Chat { text: format!("hi {i}") })).collect();
+    let n_chats = |inputs: &[PlayerInput]| {
+        inputs.iter().filter(|i| matches!(i.kind, Some(Input::Chat(_)))).count()
+    };
+    let t0 = Instant::now();
+    let resume = |core: &mut TestCore, mail: &SyncSender<Mail>, at: Instant, budgets| {
+        let slot = core.connect(at).expect("admitted");
+        let resume = C::Resume(meridian_protocol::pb::Resume { token: token.clone() });
+        write_all_at(core, slot, vec![resume], at);
+        let session = core.relayed_session(slot);
+        let mut frames = Vec::new();
+        encode_frame(&server::view_reset(42, 1, 1), &mut frames);
+        let answer = Delivery { session, frames: frames.into(), budgets, ..Default::default() };
+        mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![answer] }).unwrap();
+        core.process_mail(at);
+        replies(core, slot);
+        slot
+    };
+    // Gateway A: the burst of 5 chats spent, then the connection drops.
+    let (mut a, a_links, a_mail) = core_limited(64, 1, Limits::default());
+    let first = resume(&mut a, &a_mail, t0, None);
+    write_all_at(&mut a, first, chats(5), t0);
+    assert_eq!(n_chats(&relayed_inputs(&mut a, &a_links[0].1)), 5);
+    a.on_peer_closed(first);
+    a.flush_inputs();
+    let leave = relayed_inputs(&mut a, &a_links[0].1).pop().expect("a Leave");
+    let Some(Input::Leave(Leave { logout: false, budgets: Some(parked) })) = leave.kind else {
+        panic!("a dropped connection's Leave carries its budgets: {leave:?}");
+    };
+    assert!(parked.chat_credit < 1_000_000_000, "less than one chat left: {parked:?}");
+    assert_eq!(parked.action_credit, 20 * 1_000_000_000, "no action spent: {parked:?}");
+    // Gateway B, which never saw the player: its shard's answer brings them, 10 ms old.
+    let (mut b, b_links, b_mail) = core_limited(64, 1, Limits::default());
+    let later = t0 + Duration::from_millis(10);
+    let aged = Budgets { age_ms: 10, ..parked };
+    let second = resume(&mut b, &b_mail, later, Some(aged));
+    write_all_at(&mut b, second, chats(1), later);
+    assert_eq!(n_chats(&relayed_inputs(&mut b, &b_links[0].1)), 0, "still spent");
+    assert_eq!(errors(&replies(&mut b, second)), vec![(ErrorCode::RateLimited, 0)]);
+    // Refilled at the gateway's own rate (2/s) from when they were given: one more.
+    let refilled = t0 + Duration::from_millis(510);
+    write_all_at(&mut b, second, chats(2), refilled);
+    assert_eq!(n_chats(&relayed_inputs(&mut b, &b_links[0].1)), 1);
 }

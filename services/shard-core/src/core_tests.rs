@@ -90,6 +90,7 @@ impl Harness {
             epoch: 0,
             state: Vec::new(),
             login_stamp: 0,
+            budgets: None,
         };
         self.direct(player, seq, Input::Join(join));
     }
@@ -284,7 +285,7 @@ fn past_the_early_limit_inputs_are_answered_and_consumed() {
 #[test]
 fn a_leave_for_a_player_not_here_yet_is_applied_when_it_arrives() {
     let mut shard = Harness::new();
-    shard.direct(11, 3, Input::Leave(Leave { logout: false }));
+    shard.direct(11, 3, Input::Leave(Leave { logout: false, budgets: None }));
     shard.expire_early();
     shard.received();
     shard.handoff(11, 2);
@@ -325,6 +326,7 @@ fn players_are_saved_when_they_moved_and_when_they_leave() {
         epoch: 0,
         state: Vec::new(),
         login_stamp: 0,
+        budgets: None,
     };
     h.direct(1, 1, Input::Join(join));
     h.direct(1, 2, a_move(1));
@@ -334,14 +336,14 @@ fn players_are_saved_when_they_moved_and_when_they_leave() {
     assert_eq!(saves(&mut h), vec![moved.clone()]);
     h.wait(interval + Duration::from_millis(100));
     assert_eq!(saves(&mut h), vec![], "standing still: nothing to save");
-    h.direct(1, 3, Input::Leave(Leave { logout: true }));
+    h.direct(1, 3, Input::Leave(Leave { logout: true, budgets: None }));
     assert_eq!(saves(&mut h), vec![moved], "saved as it leaves");
 
     let mut h = Harness::new();
     h.join(1, 1);
     h.direct(1, 2, a_move(1));
     h.wait(interval * 2);
-    h.direct(1, 3, Input::Leave(Leave { logout: true }));
+    h.direct(1, 3, Input::Leave(Leave { logout: true, budgets: None }));
     assert_eq!(saves(&mut h), vec![], "no store, no saves");
 }
 
@@ -363,7 +365,7 @@ fn closes(h: &mut Harness) -> bool {
 fn a_logout_closes_once_its_save_is_stored() {
     let mut h = Harness::saving(Some(Duration::from_secs(10)));
     h.join(1, 1);
-    h.direct(1, 2, Input::Leave(Leave { logout: true }));
+    h.direct(1, 2, Input::Leave(Leave { logout: true, budgets: None }));
     assert!(!closes(&mut h), "not before the save is stored");
     h.actor.handle(h.now, Event::Saved { players: vec![2] });
     assert!(!closes(&mut h), "another player's save");
@@ -372,14 +374,14 @@ fn a_logout_closes_once_its_save_is_stored() {
 
     let mut h = Harness::saving(Some(Duration::from_secs(10)));
     h.join(1, 1);
-    h.direct(1, 2, Input::Leave(Leave { logout: true }));
+    h.direct(1, 2, Input::Leave(Leave { logout: true, budgets: None }));
     assert!(!closes(&mut h));
     h.wait(Duration::from_secs(6));
     assert!(closes(&mut h), "the store never answered: closed anyway");
 
     let mut h = Harness::new();
     h.join(1, 1);
-    h.direct(1, 2, Input::Leave(Leave { logout: true }));
+    h.direct(1, 2, Input::Leave(Leave { logout: true, budgets: None }));
     assert!(closes(&mut h), "without a store, at once");
 }
 
@@ -635,7 +637,7 @@ fn a_resume_token_takes_the_player_back_once() {
         Some(Server::LoginOk(ok)) => ok.resume_token,
         other => panic!("LoginOk first: {other:?}"),
     };
-    h.direct(11, 2, Input::Leave(Leave { logout: false }));
+    h.direct(11, 2, Input::Leave(Leave { logout: false, budgets: None }));
     h.received();
 
     // Forged, another key's, another player's: refused, the player stays parked.
@@ -662,7 +664,7 @@ fn a_resume_token_takes_the_player_back_once() {
         session,
         player_id: 11,
         seq: 2,
-        kind: Some(Input::Leave(Leave { logout: false })),
+        kind: Some(Input::Leave(Leave { logout: false, budgets: None })),
     };
     h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![leave(SESSION + 4)] });
     h.received();
@@ -703,7 +705,7 @@ fn a_token_of_the_previous_key_works_during_a_rotation_only() {
         let mut h = Harness::new();
         h.join(11, 1);
         h.received();
-        h.direct(11, 2, Input::Leave(Leave { logout: false }));
+        h.direct(11, 2, Input::Leave(Leave { logout: false, budgets: None }));
         h.received();
         let nonce = h.actor.roster.parked(PlayerId(11)).expect("parked").resume_nonce;
         h.actor.roster.set_resume_keys(TokenKeys::new(new.clone(), previous));
@@ -878,5 +880,59 @@ fn of_two_logins_racing_to_two_shards_the_later_wins() {
     assert!(
         matches!(refused.as_slice(), [(_, _, Server::Error(e), true)] if e.code == ErrorCode::Replaced as i32),
         "told REPLACED, not LoginOk: {refused:?}"
+    );
+}
+
+/// A dropped connection's budgets (from its gateway's Leave) are parked with the player
+/// and come back, aged, with the answer to its resume: whichever gateway it resumes on
+/// refills them from there, so a reconnect buys no burst. A connection that drops while
+/// still resuming gives none, and the budgets parked before stay.
+#[test]
+fn a_resume_gets_back_the_budgets_its_dropped_connection_parked() {
+    let mut h = Harness::new();
+    h.join(11, 1);
+    let token = match h.received().into_iter().next() {
+        Some(Server::LoginOk(ok)) => ok.resume_token,
+        other => panic!("LoginOk first: {other:?}"),
+    };
+    let spent = meridian_rpc::pb::Budgets { chat_credit: 300, action_credit: 7, age_ms: 0 };
+    let leave = |session, budgets| PlayerInput {
+        session,
+        player_id: 11,
+        seq: 2,
+        kind: Some(Input::Leave(Leave { logout: false, budgets })),
+    };
+    h.actor.handle(
+        h.now,
+        Event::Inputs { link: LINK, inputs: vec![leave(SESSION, Some(spent))] },
+    );
+    h.received();
+    let answered_budgets = |h: &mut Harness, session| {
+        let mut out = Vec::new();
+        h.actor.flush(&mut out);
+        let mut budgets = Vec::new();
+        for transmit in out {
+            let Transmit::Gateway { batch, .. } = transmit else { continue };
+            for delivery in batch.deliveries.into_iter().filter(|d| d.session == session) {
+                assert!(!delivery.resume_refused, "taken back");
+                budgets.extend(delivery.budgets);
+            }
+        }
+        budgets
+    };
+    h.now += Duration::from_millis(250);
+    resume_with(&mut h, 11, SESSION + 1, &token);
+    assert_eq!(
+        answered_budgets(&mut h, SESSION + 1),
+        vec![meridian_rpc::pb::Budgets { age_ms: 250, ..spent }]
+    );
+    // Dropped before the answer reached the client: no budgets of its own to give.
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![leave(SESSION + 1, None)] });
+    h.received();
+    h.now += Duration::from_millis(100);
+    resume_with(&mut h, 11, SESSION + 2, &token);
+    assert_eq!(
+        answered_budgets(&mut h, SESSION + 2),
+        vec![meridian_rpc::pb::Budgets { age_ms: 350, ..spent }]
     );
 }

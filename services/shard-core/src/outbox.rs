@@ -151,6 +151,12 @@ impl Outbox {
         out.deliveries[index].state = state.to_vec();
     }
 
+    /// Gives the gateway the budgets a resumed player's last connection left with.
+    pub fn budgets(&mut self, link: LinkId, session: u64, budgets: meridian_rpc::pb::Budgets) {
+        let (out, index) = self.slot(link, session);
+        out.deliveries[index].budgets = Some(budgets);
+    }
+
     /// Answers a resume request for a player this shard does not hold.
     pub fn refuse_resume(&mut self, link: LinkId, session: u64) {
         let (out, index) = self.slot(link, session);
@@ -284,6 +290,10 @@ fn split_delivery(
             piece.position = whole.position;
             piece.generation = whole.generation;
         }
+        if n == 0 {
+            // With the resume's answer, which a session's first frames are.
+            piece.budgets = whole.budgets;
+        }
         if n == last {
             // Whatever was not placed by offset (nothing, unless the counts disagree) goes
             // last, so the pieces always add up to the whole.
@@ -292,6 +302,8 @@ fn split_delivery(
             piece.released_incarnation = whole.released_incarnation;
             piece.close = whole.close;
             piece.resume_refused = whole.resume_refused;
+            piece.has_state = whole.has_state;
+            piece.state = whole.state.clone();
         }
         answers_before += piece.move_answers;
         into.push(piece);

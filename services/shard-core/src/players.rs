@@ -163,6 +163,8 @@ impl ShardCore {
                 epoch: 0,
                 state: parked.private,
                 login_stamp: parked.login.0,
+                // Still online: its gateway holds its budgets.
+                budgets: None,
             };
             self.restore_as(link, next.saturating_sub(1), session, player, join, Answer::ViewReset);
             let _ = self.world.set_state(player, parked.state);
@@ -272,6 +274,9 @@ impl ShardCore {
             Some(Input::Action(action)) => self.action(player, action),
             Some(Input::Resume(_)) => {}
             Some(Input::Leave(leave)) => {
+                if let (Some(budgets), Some(seat)) = (leave.budgets, self.roster.seat_mut(player)) {
+                    seat.budgets = Some((budgets, self.now));
+                }
                 // A dropped connection parks the player for the resume window; a logout ends it.
                 self.remove(player, !leave.logout);
                 if leave.logout {
@@ -342,6 +347,7 @@ impl ShardCore {
                     resume_nonce: seat.resume_nonce,
                     resume_previous: seat.resume_previous,
                     login: seat.login,
+                    budgets: seat.budgets,
                 };
                 self.roster.park(player, parked);
             }

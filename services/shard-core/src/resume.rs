@@ -23,7 +23,7 @@ use crate::handoffs::{Answer, BehindView};
 use crate::messages::{peer, wire};
 use crate::roster::TokenCheck;
 use crate::sequence::InputSequence;
-use crate::types::{LinkId, Seat, PENDING_LIMIT};
+use crate::types::{aged, LinkId, Seat, PENDING_LIMIT};
 
 impl ShardCore {
     /// A client came back with a valid resume token on a new connection. If this shard
@@ -83,6 +83,7 @@ impl ShardCore {
                     // A login takes the player over as a new login; a resume by token
                     // goes on as the login it was.
                     login_stamp: if request.login { request.login_stamp } else { parked.login.0 },
+                    budgets: parked.budgets.as_ref().map(|kept| aged(kept, self.now)),
                 };
                 let answer = if request.login {
                     self.metrics.logins_replaced.inc();
@@ -255,6 +256,8 @@ impl ShardCore {
         seat.resume_nonce = nonce;
         seat.resume_previous = self.roster.take_resumed_with();
         seat.login = (join.login_stamp, session);
+        let budgets = join.budgets.take();
+        seat.budgets = budgets.map(|budgets| (budgets, self.now));
         self.roster.insert_seat(player, seat);
         if matches!(answer, Answer::LoginOk) {
             // A login took the player over here: any older one elsewhere ends.
@@ -272,6 +275,10 @@ impl ShardCore {
             Answer::LoginOk => self.login_ok(player, at, nonce),
         };
         self.outbox.push(link, session, &first);
+        if let Some(budgets) = budgets {
+            // Beside the answer, so the gateway takes them with it.
+            self.outbox.budgets(link, session, budgets);
+        }
         self.reconcile_view(player, link, session, &[]);
         self.outbox.track(link, session, at.x, at.y, generation);
         self.mirror(player);

@@ -20,6 +20,7 @@ fn parked(nonce: u64, since: Instant) -> Parked {
         resume_nonce: nonce,
         resume_previous: None,
         login: (0, 0),
+        budgets: None,
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use meridian_cluster::{ClusterView, PartitionMap, ShardId};
 use meridian_protocol::pb as client_pb;
 use meridian_protocol::{InvalidArgument, TokenKeys};
-use meridian_rpc::pb::{PeerMessage, PlayerInput, ShardBatch};
+use meridian_rpc::pb::{Budgets, PeerMessage, PlayerInput, ShardBatch};
 use meridian_world::{Direction, Position, WorldConfig};
 
 use crate::sequence::InputSequence;
@@ -168,6 +168,10 @@ pub(crate) struct Seat {
     /// The login that seated the player: its `Join.login_stamp` and session (see
     /// `claims.rs`). Zero for a restore whose gateway gave none.
     pub login: (u64, u64),
+    /// The chat and action budgets the gateway gave with the player's last dropped
+    /// connection (`Leave.budgets`), and when: parked with the player when its connection
+    /// drops, so that a resume on any gateway gets them back.
+    pub budgets: Option<(Budgets, Instant)>,
 }
 
 /// An action sent to its target's owner: when, and its client_time.
@@ -198,6 +202,7 @@ impl Seat {
             resume_nonce: 0,
             resume_previous: None,
             login: (0, 0),
+            budgets: None,
         }
     }
 
@@ -223,6 +228,15 @@ pub(crate) struct Parked {
     pub resume_previous: Option<u64>,
     /// The login that seated it (see `Seat::login`).
     pub login: (u64, u64),
+    /// The budgets its connection left with (see `Seat::budgets`).
+    pub budgets: Option<(Budgets, Instant)>,
+}
+
+/// `budgets` as they are at `now`: their age grows by the time since they were given.
+pub(crate) fn aged((budgets, given): &(Budgets, Instant), now: Instant) -> Budgets {
+    let since = now.saturating_duration_since(*given).as_millis();
+    let since = u64::try_from(since).unwrap_or(u64::MAX);
+    Budgets { age_ms: budgets.age_ms.saturating_add(since), ..*budgets }
 }
 
 /// Inputs for a player whose handoff has not arrived yet: since when, from which link.

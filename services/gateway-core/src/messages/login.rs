@@ -250,11 +250,12 @@ impl Ctx {
                 epoch: self.routing().read(|t| t.epoch()),
                 state: conn.state.clone(),
                 login_stamp: conn.login_stamp,
+                budgets: None,
             }),
         );
         conn.name = name;
         conn.generation = generation;
-        conn.take_kept_budgets(&self.shared.admission, player, self.now);
+        conn.take_kept_budgets(&self.shared.admission, player, None, self.now);
         conn.session = Session::Playing { player, link };
     }
 

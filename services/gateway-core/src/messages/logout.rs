@@ -12,7 +12,9 @@ impl Ctx {
         match &conn.session {
             Session::Playing { player, link } if link.accepts_inputs() => {
                 let (player, link) = (*player, Arc::clone(link));
-                let leave = Input::Leave(Leave { logout: true });
+                // A login after the logout finds them here as this connection left them.
+                self.shared.admission.keep_budgets(player, conn.chats, conn.actions, self.now);
+                let leave = Input::Leave(Leave { logout: true, budgets: None });
                 self.relay(&link, session, player, conn.take_seq(), leave);
                 conn.session = Session::LoggingOut { link };
             }
