@@ -244,27 +244,27 @@ impl Conn {
         self.inbuf.len() + self.ws.as_ref().map_or(0, |ws| ws.held())
     }
 
-    /// Takes back the chat and action budgets `player`'s last connection left with: the
-    /// ones its shard parked with it (`from_shard`, from any gateway), or else the ones this
-    /// gateway kept (see `limits::Admission::keep_budgets`). The shard's are the newer: a
-    /// dropped connection parks the player with its budgets wherever it was.
+    /// Takes back the chat and action budgets `player`'s last connection to this gateway
+    /// left with, if kept (see `limits::Admission::keep_budgets`). Its shard gives the ones
+    /// parked with the player, from any gateway, beside its answer ([`Conn::lower_budgets`]).
     pub(super) fn take_kept_budgets(
         &mut self,
         admission: &crate::limits::Admission,
         player: u64,
-        from_shard: Option<&Budgets>,
         now: Instant,
     ) {
-        let kept = admission.take_budgets(player, now);
-        if let Some(budgets) = from_shard {
-            let limits = admission.limits();
-            let at = now.checked_sub(Duration::from_millis(budgets.age_ms)).unwrap_or(now);
-            self.chats = Bucket::holding(budgets.chat_credit, limits.chats, at);
-            self.actions = Bucket::holding(budgets.action_credit, limits.actions, at);
-        } else if let Some(kept) = kept {
+        if let Some(kept) = admission.take_budgets(player, now) {
             self.chats = kept.chats;
             self.actions = kept.actions;
         }
+    }
+
+    /// Lowers the chat and action budgets to what the player's shard says its last
+    /// connection left with (`Delivery.budgets`), where that is less.
+    pub(super) fn lower_budgets(&mut self, limits: &Limits, budgets: &Budgets, now: Instant) {
+        let at = now.checked_sub(Duration::from_millis(budgets.age_ms)).unwrap_or(now);
+        self.chats.lower_to(limits.chats, budgets.chat_credit, at, now);
+        self.actions.lower_to(limits.actions, budgets.action_credit, at, now);
     }
 
     /// The chat and action budgets as they stand at `now`, for the shard to park with the

@@ -108,12 +108,7 @@ impl Core {
                     self.ctx.shared.metrics.logins.inc();
                     conn.name = login.name;
                 }
-                conn.take_kept_budgets(
-                    &self.ctx.shared.admission,
-                    player,
-                    delivery.budgets.as_ref(),
-                    self.ctx.now,
-                );
+                conn.take_kept_budgets(&self.ctx.shared.admission, player, self.ctx.now);
                 conn.session = Session::Playing { player, link };
             }
             if delivery.resume_refused {
@@ -178,6 +173,11 @@ impl Ctx {
         }
         if delivery.has_state {
             conn.state = std::mem::take(&mut delivery.state);
+        }
+        if let Some(budgets) = &delivery.budgets {
+            // Parked with the player by its shard (a resume's or login's answer), or handed
+            // on from a connection this one took the player from.
+            conn.lower_budgets(self.shared.admission.limits(), budgets, self.now);
         }
         if let Some(at) = delivery.position {
             conn.last_position = Some((at.x, at.y));

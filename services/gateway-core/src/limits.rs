@@ -86,10 +86,14 @@ impl Bucket {
         u64::try_from(self.credit).unwrap_or(u64::MAX)
     }
 
-    /// A bucket that held `credit` (billionths of a token, as [`Bucket::credit_at`] gives)
-    /// at `at`: it refills from then on, up to the burst of `rate`.
-    pub fn holding(credit: u64, rate: Rate, at: Instant) -> Bucket {
-        Bucket { credit: u128::from(credit).min(rate.capacity()), at }
+    /// Lowers the bucket to what one that held `credit` (billionths of a token, as
+    /// [`Bucket::credit_at`] gives) at `at` holds at `now`, if that is less: told of a
+    /// budget spent elsewhere, a bucket only ever goes down.
+    pub fn lower_to(&mut self, rate: Rate, credit: u64, at: Instant, now: Instant) {
+        let mut other = Bucket { credit: u128::from(credit).min(rate.capacity()), at };
+        other.refill(rate, now);
+        self.refill(rate, now);
+        self.credit = self.credit.min(other.credit);
     }
 
     fn refill(&mut self, rate: Rate, now: Instant) {

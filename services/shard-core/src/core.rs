@@ -569,7 +569,7 @@ impl ShardCore {
             let from = link.and_then(|link| self.links.gateway_of(link));
             if seat.gateway != 0 && from.is_some_and(|gateway| gateway != seat.gateway) {
                 debug!(%player, seq = input.seq, "input from another gateway's session dropped");
-                return;
+                return self.budgets_of_a_left_session(player, input);
             }
             if seat.session == input.session && !matches!(input.kind, Some(Input::Leave(_))) {
                 // The client speaks on the session its resume gave it: it has the fresh
@@ -616,7 +616,7 @@ impl ShardCore {
         if input.session != seat.session {
             // From a connection the player has left since (it resumed on another one).
             debug!(%player, seq = input.seq, "input from an earlier session dropped");
-            return;
+            return self.budgets_of_a_left_session(player, input);
         }
         let (link, session, seq) = (seat.link, seat.session, input.seq);
         match seat.inputs.offer(input) {

@@ -902,10 +902,7 @@ fn a_resume_gets_back_the_budgets_its_dropped_connection_parked() {
         seq: 2,
         kind: Some(Input::Leave(Leave { logout: false, budgets })),
     };
-    h.actor.handle(
-        h.now,
-        Event::Inputs { link: LINK, inputs: vec![leave(SESSION, Some(spent))] },
-    );
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![leave(SESSION, Some(spent))] });
     h.received();
     let answered_budgets = |h: &mut Harness, session| {
         let mut out = Vec::new();

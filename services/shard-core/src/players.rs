@@ -13,8 +13,8 @@ use meridian_cluster::OrderKind;
 use meridian_protocol::pb::{self as client_pb, ErrorCode, ServerMessage};
 use meridian_protocol::server;
 use meridian_rpc::pb::{
-    peer_message::Kind as Peer, player_input::Kind as Input, Claim, GhostRemove, Join, MoveRefused,
-    PeerMessage, PlayerInput,
+    peer_message::Kind as Peer, player_input::Kind as Input, Claim, GhostRemove, Join, Leave,
+    MoveRefused, PeerMessage, PlayerInput,
 };
 use meridian_world::{PlayerId, Position, WorldError};
 use tracing::{info, warn};
@@ -289,6 +289,19 @@ impl ShardCore {
                     }
                 }
             }
+        }
+    }
+
+    /// The Leave of a connection the player was taken from (a resume or login on a new one,
+    /// while the old one was still open) carries what that connection spent: handed on to
+    /// the player's connection now, so taking a player over buys no fresh budgets either.
+    pub(crate) fn budgets_of_a_left_session(&mut self, player: PlayerId, input: PlayerInput) {
+        let Some(Input::Leave(Leave { budgets: Some(budgets), .. })) = input.kind else {
+            return;
+        };
+        if let Some(seat) = self.roster.seat(player).filter(|seat| !seat.npc) {
+            let (link, session) = (seat.link, seat.session);
+            self.outbox.budgets(link, session, budgets);
         }
     }
 

@@ -255,7 +255,7 @@ impl Ctx {
         );
         conn.name = name;
         conn.generation = generation;
-        conn.take_kept_budgets(&self.shared.admission, player, None, self.now);
+        conn.take_kept_budgets(&self.shared.admission, player, self.now);
         conn.session = Session::Playing { player, link };
     }
 

@@ -23,6 +23,7 @@ mod deadlines;
 mod garbage;
 mod link_cut;
 mod ping_flood;
+mod resume_hop;
 mod slow_reader;
 mod strangers;
 mod text;
@@ -51,6 +52,13 @@ for_both_backends!(
 #[test]
 fn a_broken_gateway_link_restores_its_players() {
     link_cut::a_broken_gateway_link_restores_its_players();
+}
+
+/// The budgets a reconnect brings back are the cores' (the same whatever the client
+/// backend): io_uring only.
+#[test]
+fn reconnecting_buys_no_chats() {
+    resume_hop::reconnecting_buys_no_chats();
 }
 
 /// The doors before trust are the same whatever the client backend: io_uring only.
