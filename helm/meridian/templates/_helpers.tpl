@@ -137,6 +137,7 @@ MERIDIAN_ETCD_KEY: "/etc/meridian/etcd-client/client-key.pem"
 MERIDIAN_ETCD_USER: {{ . | quote }}
 {{- end }}
 MERIDIAN_LEASE_TTL: {{ .Values.cluster.leaseTtlSeconds | int64 | quote }}
+MERIDIAN_MOVE_RATE: {{ .Values.world.moveRate | int64 | quote }}
 MERIDIAN_LOG_JSON: {{ .Values.cluster.logJson | toString | quote }}
 {{- if .Values.cluster.dev }}
 MERIDIAN_DEV: "true"
@@ -147,7 +148,6 @@ MERIDIAN_DEV: "true"
 MERIDIAN_MAP_WIDTH: {{ .Values.world.width | int64 | quote }}
 MERIDIAN_MAP_HEIGHT: {{ .Values.world.height | int64 | quote }}
 MERIDIAN_VIEW_RANGE: {{ .Values.world.viewRange | int64 | quote }}
-MERIDIAN_MOVE_RATE: {{ .Values.world.moveRate | int64 | quote }}
 MERIDIAN_SEED: {{ .Values.world.seed | int64 | quote }}
 MERIDIAN_RESUME_WINDOW: {{ .Values.shard.resumeWindowSeconds | int64 | quote }}
 MERIDIAN_DRAIN_TIMEOUT: {{ .Values.shard.drainTimeoutSeconds | int64 | quote }}
@@ -161,7 +161,6 @@ MERIDIAN_IO: {{ .Values.gateway.io | quote }}
 MERIDIAN_PLACEMENT: {{ .Values.gateway.placement | quote }}
 MERIDIAN_MAX_FRAME: {{ .Values.gateway.maxFrameBytes | int64 | quote }}
 MERIDIAN_MAX_OUTPUT: {{ .Values.gateway.maxOutputBytes | int64 | quote }}
-MERIDIAN_MOVE_RATE: {{ .Values.world.moveRate | int64 | quote }}
 {{- with .Values.gateway.limits }}
 MERIDIAN_CHAT_RATE: {{ .chatRate | int64 | quote }}
 MERIDIAN_CHAT_BURST: {{ .chatBurst | int64 | quote }}
