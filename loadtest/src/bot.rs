@@ -221,7 +221,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         stats: &stats,
         player_id,
         position: AtomicU64::new(login_cell.map_or(u64::MAX, pack)),
-        ledger: Mutex::new(Ledger::default()),
+        ledger: Mutex::new(Ledger { last_ack: Some(logged_in_at), ..Ledger::default() }),
         sight: plan.action_interval.map(|_| {
             let mut sight = Sight::new(WOLF);
             if let Some(cell) = login_cell {
@@ -241,6 +241,9 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         let ledger = session.ledger();
         stats.moves_lost.fetch_add(ledger.outstanding.len() as u64, Ordering::Relaxed);
         stats.actions_lost.fetch_add(ledger.actions.len() as u64, Ordering::Relaxed);
+        if ledger.acked {
+            stats.ack_gaps.record(ledger.longest_gap.as_micros() as u64);
+        }
         ledger.disconnected
     };
     if disconnected || !writer_intact {
@@ -350,6 +353,11 @@ struct Ledger {
     sending_done: bool,
     /// The connection broke before the bot was done with it.
     disconnected: bool,
+    /// The last move ack (or the login, before the first), and the longest time between
+    /// two of them so far.
+    last_ack: Option<Instant>,
+    longest_gap: Duration,
+    acked: bool,
 }
 
 /// What the writer and reader of one bot share. Only these two futures ever take the
@@ -677,9 +685,18 @@ impl Session<'_> {
 
     /// The own `Moved` ack of the move sent with `client_time`.
     fn ack(&self, client_time: u64, at: Option<(u32, u32)>, now: Instant) {
-        let Some(sent_at) = take(&mut self.ledger().outstanding, client_time) else {
-            bump(&self.stats.acks_unmatched);
-            return;
+        let sent_at = {
+            let mut ledger = self.ledger();
+            let Some(sent_at) = take(&mut ledger.outstanding, client_time) else {
+                drop(ledger);
+                bump(&self.stats.acks_unmatched);
+                return;
+            };
+            if let Some(last) = ledger.last_ack.replace(now) {
+                ledger.longest_gap = ledger.longest_gap.max(now.saturating_duration_since(last));
+            }
+            ledger.acked = true;
+            sent_at
         };
         bump(&self.stats.moves_acked);
         let delay = now.saturating_duration_since(sent_at).as_micros() as u64;

@@ -113,6 +113,7 @@ fn gist(summary: &Summary, path: &std::path::Path) -> String {
         "loadtest {label}: {connected} of {target} bots connected; moves: {sent} sent, {acked} \
          acked, {lost} lost, {errored} errored; {disconnects} disconnects\n  \
          delay ms: p50 {p50}  p99 {p99}  max {max}\n  \
+         longest ack gap per bot ms: p50 {gap50}  p99 {gap99}  max {gapmax}\n  \
          the whole summary: {path}",
         label = summary.label,
         connected = summary.bots_connected,
@@ -125,6 +126,9 @@ fn gist(summary: &Summary, path: &std::path::Path) -> String {
         p50 = ms(delay.p50),
         p99 = ms(delay.p99),
         max = ms(delay.max),
+        gap50 = ms(summary.ack_gap_ms.p50),
+        gap99 = ms(summary.ack_gap_ms.p99),
+        gapmax = ms(summary.ack_gap_ms.max),
         path = path.display(),
     )
 }

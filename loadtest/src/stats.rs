@@ -50,6 +50,9 @@ pub struct Stats {
     pub delays_inner: AtomicHistogram,
     /// Ramp mode: the delays of the current step, swept by the ramp at each step's edges.
     pub step_delays: AtomicHistogram,
+    /// Per bot, the longest time between two of its move acks (its login counting as the
+    /// first), in µs, recorded when the bot ends: how long a failover froze it.
+    pub ack_gaps: AtomicHistogram,
     /// `--actions-per-second`: actions sent, and their fates: `ActionDone`, `REJECTED`,
     /// another error carrying their `client_time`, or no answer at all.
     pub actions_sent: AtomicU64,
@@ -373,6 +376,10 @@ pub struct Summary {
     pub notifications: u64,
     pub notifications_per_s: f64,
     pub delay_ms: DelaySummary,
+    /// Per bot, the longest gap between two of its move acks (from its login to its first
+    /// ack included), over the bots: a shard's death shows here as the time its players
+    /// waited to be restored.
+    pub ack_gap_ms: DelaySummary,
     /// `[delay ms, fraction of acked moves at or below it]`, for the CDF plot.
     pub delay_cdf: Vec<[f64; 2]>,
     pub delay_box_ms: Option<BoxStats>,
@@ -434,6 +441,7 @@ impl Summary {
             notifications,
             notifications_per_s: round3(notifications as f64 / duration_s),
             delay_ms: DelaySummary::of(delays),
+            ack_gap_ms: DelaySummary::of(&stats.ack_gaps.sweep()),
             delay_cdf: delays
                 .cdf(CDF_STEP)
                 .into_iter()

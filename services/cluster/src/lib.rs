@@ -29,6 +29,7 @@ mod model;
 mod patience;
 #[cfg(feature = "etcd")]
 mod registration;
+mod suspect;
 mod transport;
 #[cfg(feature = "etcd")]
 mod watch;
@@ -54,7 +55,8 @@ pub use model::{
 #[cfg(feature = "etcd")]
 pub use patience::{until_etcd_answers, START_PATIENCE};
 #[cfg(feature = "etcd")]
-pub use registration::{Registration, RegistrationStatus};
+pub use registration::{revoke_dead_shard, Registration, RegistrationStatus};
+pub use suspect::{Refusals, CONFIRM_REFUSALS, CONFIRM_SPAN};
 pub use transport::{Incompatible, Mismatch, Transport, CLUSTER_PROTOCOL};
 #[cfg(feature = "etcd")]
 pub use watch::ClusterWatch;

@@ -301,3 +301,34 @@ async fn renew_until_lost(
         }
     }
 }
+
+/// Takes a shard proven dead (its ports refuse connections: see `suspect.rs`) out of the
+/// cluster at once: revokes the lease its record lives on, if the record is still of the
+/// life `incarnation` that died (0: whatever life). Its keys go with the lease (its record,
+/// its election candidacy), so every watcher sees it leave and the coordinator gives its
+/// region away, without waiting out the TTL. Returns whether a lease was revoked: false if
+/// the record is gone already or a new life registered.
+pub async fn revoke_dead_shard(
+    client: &mut Client,
+    keys: &crate::ClusterKeys,
+    shard: crate::ShardId,
+    incarnation: u64,
+) -> Result<bool, ClusterError> {
+    let answer = client.get(keys.shard(shard), None).await.map_err(ClusterError::from_etcd)?;
+    let Some(kv) = answer.kvs().first() else {
+        return Ok(false);
+    };
+    let record: Option<crate::ShardRecord> = serde_json::from_slice(kv.value()).ok();
+    let same_life = record.is_some_and(|r| incarnation == 0 || r.incarnation == incarnation);
+    if !same_life || kv.lease() == 0 {
+        return Ok(false);
+    }
+    match client.lease_revoke(kv.lease()).await {
+        Ok(_) => Ok(true),
+        // Expired or revoked by another node meanwhile: gone all the same.
+        Err(etcd_client::Error::GRpcStatus(status)) if status.code() == tonic::Code::NotFound => {
+            Ok(false)
+        }
+        Err(error) => Err(ClusterError::from_etcd(error)),
+    }
+}

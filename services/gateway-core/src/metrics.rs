@@ -27,6 +27,7 @@ pub struct GatewayMetrics {
     pub relay_links_opened: Arc<Counter>,
     pub relay_links_failed: Arc<Counter>,
     pub relay_connect_failures: Arc<Counter>,
+    pub shard_deaths_detected: Arc<Counter>,
     /// From reading a Move to queueing its answer (ack or refusal from the shard) for the
     /// client: the gateway-shard-gateway round trip as the gateway sees it.
     pub move_delay: Arc<Histogram>,
@@ -239,6 +240,13 @@ impl GatewayMetrics {
                 "meridian_gateway_relay_connect_failures_total",
                 "Attempts to connect a relay link that failed (connect, TLS handshake, or \
                  its hello); retried with backoff from 50 ms to 1 s.",
+                l,
+            ),
+            shard_deaths_detected: registry.counter(
+                "meridian_gateway_shard_deaths_detected_total",
+                "Shards this gateway proved dead (their port refused 3 connects in a row over \
+                 100 ms after a link to them broke) and took out of the cluster by revoking \
+                 their etcd lease, instead of waiting out its TTL.",
                 l,
             ),
             move_delay: registry.histogram(

@@ -274,6 +274,8 @@ pub async fn run(
         gateway: config.id,
         metrics: Arc::clone(&metrics),
         tls: config.tls.clone(),
+        etcd: client.clone(),
+        keys: keys.clone(),
     };
     tokio::spawn(relay::maintain_links(watch.changes(), routing, Arc::clone(&mailboxes), dialer));
 

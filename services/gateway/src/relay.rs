@@ -10,10 +10,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use meridian_cluster::{ClusterView, GatewayId, ShardId};
+use meridian_cluster::{ClusterKeys, ClusterView, EtcdClient, GatewayId, Refusals, ShardId};
 use meridian_rpc::backoff::Backoff;
 use meridian_rpc::link::{put_frame, MAGIC};
 use meridian_rpc::pb::GatewayBatch;
@@ -30,6 +30,7 @@ use crate::GatewayMetrics;
 const CONNECT_WITHIN: Duration = Duration::from_secs(2);
 
 /// One shard's links (one per worker), their connecting tasks and its health check.
+/// (A new life of the shard, or a new address, gets a new one.)
 struct ShardLinks {
     addr: String,
     incarnation: u64,
@@ -52,6 +53,18 @@ pub struct Dialer {
     pub gateway: GatewayId,
     pub metrics: Arc<GatewayMetrics>,
     pub tls: Option<Arc<meridian_tls::NodeTls>>,
+    /// Where a shard proven dead is taken out of the cluster (its lease revoked).
+    pub etcd: EtcdClient,
+    pub keys: ClusterKeys,
+}
+
+/// One life of one shard as this gateway's connecting tasks know it: which one, and what
+/// their connects met (shared by the workers' tasks, taken only when a connect ends).
+struct Target {
+    shard: ShardId,
+    incarnation: u64,
+    addr: String,
+    refusals: Mutex<Refusals>,
 }
 
 /// Keeps one link per worker to every registered shard, rebuilding the workers' routing
@@ -107,13 +120,19 @@ pub async fn maintain_links(
                 .iter()
                 .map(|_| Arc::new(ShardLink::registered(*id, *incarnation, Arc::clone(&status))))
                 .collect();
+            let target = Arc::new(Target {
+                shard: *id,
+                incarnation: *incarnation,
+                addr: addr.clone(),
+                refusals: Mutex::new(Refusals::default()),
+            });
             let mut tasks: Vec<_> = links
                 .iter()
                 .enumerate()
                 .map(|(lane, link)| {
                     tokio::spawn(keep_connected(
                         dialer.clone(),
-                        addr.clone(),
+                        Arc::clone(&target),
                         lane as u32,
                         Arc::clone(link),
                         Arc::clone(&mailboxes),
@@ -161,18 +180,44 @@ pub async fn maintain_links(
 }
 
 /// Connects the link of worker `lane` to a shard, hands it to the worker, waits for the
-/// worker to let it go, and connects again, with backoff from 50 ms to 1 s.
+/// worker to let it go, and connects again, with backoff from 50 ms to 1 s. What each
+/// connect met goes into the shard's evidence: refused ones after a link was up prove it
+/// dead (`meridian_cluster::Refusals`), and then its lease is revoked.
 async fn keep_connected(
     dialer: Dialer,
-    addr: String,
+    target: Arc<Target>,
     lane: u32,
     link: Arc<ShardLink>,
     mailboxes: Arc<Vec<Mailbox>>,
 ) {
+    let addr = &target.addr;
     let mut backoff = Backoff::RECONNECT;
     loop {
-        let connected = tokio::time::timeout(CONNECT_WITHIN, connect(&dialer, &addr, lane, &link));
-        match connected.await {
+        let connected = tokio::time::timeout(CONNECT_WITHIN, connect(&dialer, addr, lane, &link));
+        let connected = connected.await;
+        let dead = {
+            let mut refusals = target.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            match &connected {
+                Ok(Err(ConnectError::Tcp(error)))
+                    if error.kind() == std::io::ErrorKind::ConnectionRefused =>
+                {
+                    refusals.refused(Instant::now())
+                }
+                // The handshake got through: someone listens there.
+                Ok(Ok(_)) | Ok(Err(ConnectError::Io(_))) => {
+                    refusals.reached();
+                    false
+                }
+                _ => {
+                    refusals.inconclusive();
+                    false
+                }
+            }
+        };
+        if dead {
+            tokio::spawn(take_out_dead(dialer.clone(), Arc::clone(&target)));
+        }
+        match connected {
             Ok(Ok(up)) => {
                 let (gone, released) = tokio::sync::oneshot::channel();
                 debug!(shard = %link.id, lane, %addr, "relay link connected");
@@ -194,10 +239,43 @@ async fn keep_connected(
     }
 }
 
+/// Revokes the lease of a shard this gateway proved dead, so the cluster gives its region
+/// away and its players are restored now rather than when the lease's TTL runs out.
+async fn take_out_dead(dialer: Dialer, target: Arc<Target>) {
+    let (shard, incarnation) = (target.shard, target.incarnation);
+    let mut etcd = dialer.etcd.clone();
+    let revoked = tokio::time::timeout(
+        Duration::from_secs(2),
+        meridian_cluster::revoke_dead_shard(&mut etcd, &dialer.keys, shard, incarnation),
+    );
+    match revoked.await {
+        Ok(Ok(true)) => {
+            dialer.metrics.shard_deaths_detected.inc();
+            warn!(
+                %shard,
+                incarnation,
+                addr = %target.addr,
+                "shard's port refuses connections: its process is gone; lease revoked, its \
+                 region and players go to the others now"
+            );
+        }
+        Ok(Ok(false)) => debug!(%shard, "shard proven dead had left the cluster already"),
+        Ok(Err(error)) => {
+            warn!(%shard, %error, "could not revoke a dead shard's lease; it expires with its TTL")
+        }
+        Err(_) => {
+            warn!(%shard, "etcd did not answer the revoke of a dead shard's lease in 2 s; it expires with its TTL")
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 enum ConnectError {
     #[error("no address for {0}")]
     Resolve(String),
+    /// The TCP connect itself failed (refused, unreachable, ...).
+    #[error("{0}")]
+    Tcp(std::io::Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("the shard's name is not a TLS server name: {0}")]
@@ -213,10 +291,11 @@ async fn connect(
     link: &Arc<ShardLink>,
 ) -> Result<LinkUp, ConnectError> {
     let target: SocketAddr = tokio::net::lookup_host(addr)
-        .await?
+        .await
+        .map_err(|error| ConnectError::Resolve(format!("{addr}: {error}")))?
         .next()
         .ok_or_else(|| ConnectError::Resolve(addr.to_string()))?;
-    let tcp = tokio::net::TcpStream::connect(target).await?;
+    let tcp = tokio::net::TcpStream::connect(target).await.map_err(ConnectError::Tcp)?;
     tcp.set_nodelay(true)?;
     let mut hello = MAGIC.to_vec();
     put_frame(&mut hello, &GatewayBatch { gateway_id: dialer.gateway.0, lane, inputs: Vec::new() });

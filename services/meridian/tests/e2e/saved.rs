@@ -365,6 +365,10 @@ fn a_paused_shards_late_save_does_not_roll_a_player_back() {
         // SAFETY: as above.
         unsafe { libc::kill(old.pid, libc::SIGCONT) };
         let newer = resumed?;
+        // Paused, not dead: its kernel still took connections, so no gateway took it for
+        // dead at once; its lease ran out instead.
+        let detected = crate::shard_failure::deaths_detected(cluster)?;
+        ensure!(detected == 0.0, "a paused shard was proven dead {detected} times");
         let by = Instant::now() + Duration::from_secs(15);
         while metric(old.admin, "meridian_shard_saves_total", "refused")? == 0.0 {
             ensure!(Instant::now() < by, "the old owner's late save was sent and refused");

@@ -22,6 +22,16 @@ fn registered_shards(status: &serde_json::Value) -> anyhow::Result<BTreeSet<u64>
 /// Time for etcd to expire a lease and the gateways to react, on top of the lease TTL.
 const SLACK: Duration = Duration::from_secs(2);
 
+/// Shards the cluster's gateways proved dead and took out (their lease revoked), summed.
+pub(crate) fn deaths_detected(cluster: &meridian_testkit::Cluster) -> anyhow::Result<f64> {
+    let name = "meridian_gateway_shard_deaths_detected_total";
+    let mut sum = 0.0;
+    for gateway in cluster.gateways() {
+        sum += meridian_testkit::abuse::metric_value(gateway.admin, name, &[])?;
+    }
+    Ok(sum)
+}
+
 /// The connection works: a Ping is answered and nothing else is pending.
 fn still_open(bot: &mut Bot) -> anyhow::Result<()> {
     bot.expect_quiet().with_context(|| format!("{}'s connection after UNAVAILABLE", bot.label()))
@@ -88,6 +98,11 @@ pub fn shard_kill(io: Front) {
         if let Some(e) = failure {
             return Err(e.context("`meridian status` after the shard kill"));
         }
+        // Taken out by a gateway that proved it dead (its port refused connections after its
+        // relay links broke) and revoked its lease, not by the lease running out: once, by
+        // whichever gateway was first (the other finds the record gone).
+        let detected = deaths_detected(cluster)?;
+        ensure!(detected == 1.0, "shard deaths detected by the gateways: {detected}, not 1");
 
         // No gateway crashed or hangs: Pings answered, health checks up, new connections
         // accepted, logins refused with UNAVAILABLE and the connection kept.

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""How long a shard's failure freezes its players, two builds side by side (issue 33).
+
+    python3 loadtest/bench/failover.py --before DIR --after DIR [--faults kill,stop]
+                                       [--rounds 1] [--out target/bench-failover]
+
+DIR holds a release `meridian` binary. For each fault and round, each build in turn (the
+order alternating) runs `meridian up --shards 3 --gateways 2` (etcd included), and two
+`loadtest`s (target/release, or --loadtest), 150 bots on each gateway, a move every 100 ms
+for 25 s. At 10 s one shard (the second) meets the fault:
+
+- `kill`: SIGKILL, the process is gone (a crash, an OOM kill);
+- `stop`: SIGSTOP at 8 s and SIGCONT at 16 s (a long pause: a GC, a VM migration).
+
+Reported per run: p50 / p99 / max over the bots of each bot's longest gap between two of
+its acks (`ack_gap_ms`, loadtest's summary; the worse of the two loadtests' percentiles),
+moves sent / acked / refused / lost, disconnects. Prints a Markdown table and writes
+failover.json into --out. Everything runs on loopback; every process started is stopped
+by its PID.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import ROOT  # noqa: E402
+
+SECONDS = 25
+BOTS_PER_GATEWAY = 150
+
+
+def log(message):
+    print(f"[failover {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run_once(meridian, loadtest, fault, work, label):
+    work.mkdir(parents=True, exist_ok=True)
+    ready = work / "ready.json"
+    up_log = open(work / "up.log", "w")
+    up = subprocess.Popen(
+        [str(meridian), "up", "--shards", "3", "--gateways", "2", "--port", "0",
+         "--quic-port", "0", "--ws-port", "0", "--etcd-port", "0", "--store", "none",
+         "--cluster", f"failover-{os.getpid()}", "--ready-file", str(ready)],
+        stdout=up_log, stderr=subprocess.STDOUT)
+    loads = []
+    try:
+        deadline = time.time() + 60
+        while not (ready.exists() and ready.stat().st_size > 0):
+            if up.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"meridian up did not get ready (see {work / 'up.log'})")
+            time.sleep(0.1)
+        info = json.loads(ready.read_text())
+        victim = info["shards"][1]["pid"]
+        for n, gateway in enumerate(info["gateways"][:2]):
+            summary = work / f"summary-{n}.json"
+            args = [str(loadtest), "--addr", gateway["game"], "--bots", str(BOTS_PER_GATEWAY),
+                    "--duration", f"{SECONDS}s", "--move-interval", "100ms",
+                    "--connect-interval", "5ms", "--name-prefix", f"g{n}-", "--json",
+                    str(summary), "--label", label]
+            out = open(work / f"loadtest-{n}.log", "w")
+            loads.append((subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT), out,
+                          summary))
+        started = time.time()
+        if fault == "kill":
+            time.sleep(max(0.0, started + 10 - time.time()))
+            log(f"  SIGKILL to shard pid {victim}")
+            os.kill(victim, signal.SIGKILL)
+        else:
+            time.sleep(max(0.0, started + 8 - time.time()))
+            log(f"  SIGSTOP to shard pid {victim}")
+            os.kill(victim, signal.SIGSTOP)
+            time.sleep(max(0.0, started + 16 - time.time()))
+            log(f"  SIGCONT to shard pid {victim}")
+            os.kill(victim, signal.SIGCONT)
+        summaries = []
+        for process, out, summary in loads:
+            process.wait(timeout=SECONDS + 120)
+            out.close()
+            summaries.append(json.loads(summary.read_text()))
+    finally:
+        for process, out, _ in loads:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+        up_log.close()
+
+    def worst(key):
+        values = [s["ack_gap_ms"].get(key) for s in summaries]
+        return max((v for v in values if v is not None), default=None)
+
+    def total(key):
+        return sum(s[key] for s in summaries)
+
+    refused = sum(sum(s["errors_by_code"].values()) for s in summaries)
+    return {
+        "fault": fault, "label": label,
+        "gap_p50_ms": worst("p50"), "gap_p99_ms": worst("p99"), "gap_max_ms": worst("max"),
+        "sent": total("moves_sent"), "acked": total("moves_acked"), "refused": refused,
+        "errors": [s["errors_by_code"] for s in summaries], "lost": total("moves_lost"),
+        "disconnects": total("disconnects"),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="folder with the 'before' meridian")
+    parser.add_argument("--after", required=True, help="folder with the 'after' meridian")
+    parser.add_argument("--loadtest", default=str(ROOT / "target" / "release" / "loadtest"))
+    parser.add_argument("--faults", default="kill,stop")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "target" / "bench-failover"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    builds = {"before": Path(args.before) / "meridian", "after": Path(args.after) / "meridian"}
+    results = []
+    n = 0
+    for fault in args.faults.split(","):
+        if fault not in ("kill", "stop"):
+            raise SystemExit(f"unknown fault {fault!r}: want kill or stop")
+        for round_ in range(args.rounds):
+            order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
+            n += 1
+            for label in order:
+                log(f"{fault}, round {round_ + 1}: {label} ({builds[label]})")
+                result = run_once(builds[label], args.loadtest, fault,
+                                  out / f"{fault}-{round_}-{label}", label)
+                log(f"  longest ack gap p50 {result['gap_p50_ms']} p99 {result['gap_p99_ms']} "
+                    f"max {result['gap_max_ms']} ms; refused {result['refused']}, lost "
+                    f"{result['lost']}, disconnects {result['disconnects']}")
+                results.append(result)
+    (out / "failover.json").write_text(json.dumps(results, indent=2))
+    print("| fault | build | longest ack gap per player p50 / p99 / max, ms | moves sent / "
+          "acked / refused / lost | disconnects |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in results:
+        print(f"| {r['fault']} | {r['label']} | {r['gap_p50_ms']} / {r['gap_p99_ms']} / "
+              f"{r['gap_max_ms']} | {r['sent']} / {r['acked']} / {r['refused']} / {r['lost']} "
+              f"| {r['disconnects']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
