@@ -41,6 +41,7 @@ for_both_backends!(
     connections::gateway_connection_cap,
     deadlines::deadlines,
     slow_reader::never_reading_client,
+    slow_reader::many_never_reading_clients,
     garbage::garbage_frames,
     text::control_characters,
     text::impersonating_names,

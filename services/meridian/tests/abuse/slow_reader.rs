@@ -2,10 +2,14 @@
 //! its sight). Its output queue passes the gateway's bound and it is cut off; it leaves the
 //! world, and the players around it and a bystander far away are not slowed or cut.
 //!
-//! Chats, not moves, make the output: the kernel takes a few MiB of what a client does not
-//! read before the gateway's own queue grows at all (on loopback a TCP send buffer starts
-//! near 4 MiB: ten 64 KiB segments, twice over), and the cut came after ~3 MiB of chats
-//! (~12,000) where moves would take hundreds of thousands.
+//! Chats, not moves, make the output: what a client does not read first fills the
+//! gateway's side of its socket (a fixed 128 KiB send buffer) and its own small receive
+//! buffer before the gateway's queue grows, and chats fill them in a few thousand where
+//! moves would take tens of thousands.
+//!
+//! Scenario 6b: many such clients at once, with the gateway's side of their sockets read
+//! from `/proc/net/tcp`: the kernel holds no more for each than its fixed send buffer
+//! (issue 31, item 7).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -197,4 +201,130 @@ fn chat_until_cut(
         }
     }
     Ok((sent, chatter))
+}
+
+/// Non-readers for [`many_never_reading_clients`]: enough that the kernel's default send
+/// buffers (up to 4 MiB each) would show, few enough for a small machine.
+const NON_READERS: usize = 24;
+/// What the kernel may hold for one client socket of the gateway: the fixed `SO_SNDBUF`
+/// (64 KiB asked, 128 KiB granted) and a segment's slack.
+const KERNEL_SEND_QUEUE_MAX: u64 = 128 * 1024 + 16 * 1024;
+
+/// Issue 31, item 7: clients that never read, within every rate limit, cost the host no
+/// kernel memory the gateway does not account for. 24 of them with small receive buffers
+/// sit in a chatter's sight; the chatter chats until the gateway cuts every one of them
+/// (their output budgets spent). Meanwhile the gateway's side of each of their sockets
+/// (`/proc/net/tcp`'s send queue) never holds more than its fixed send buffer: with the
+/// kernel's default buffer it reached ~4 MiB per socket before the gateway's own queue
+/// grew at all. A bystander far away is not slowed or cut.
+pub fn many_never_reading_clients(front: Front) {
+    let opts = ClusterOptions::new(front)
+        .env("MERIDIAN_MAX_OUTPUT", MAX_OUTPUT.to_string())
+        .env("MERIDIAN_CHAT_RATE", "100000")
+        .env("MERIDIAN_CHAT_BURST", "100000")
+        .env("MERIDIAN_INPUT_FRAME_RATE", "100000")
+        .env("MERIDIAN_INPUT_BYTE_RATE", "67108864");
+    with_cluster_alone(opts, |cluster| {
+        let addr = cluster.game_addr(0);
+        let admin = cluster.gateway(0).admin;
+        let cuts_before = metric_value(admin, "meridian_gateway_slow_clients_cut_total", &[])?;
+        let bystander = Bystander::start(addr, "bystander", BYSTANDER_HOME)?;
+        let small = RawOptions { receive_buffer: Some(4096), ..Default::default() };
+        let mut non_readers = Vec::new();
+        let mut ports = Vec::new();
+        for n in 0..NON_READERS {
+            let mut client = RawClient::connect_with(addr, small)?;
+            // In a 6 x 4 block around the chatter at (100, 100): all in its sight.
+            let at = (97 + (n % 6) as u32, 98 + (n / 6) as u32);
+            client.login(&format!("sluggard-{n}"), Some(at))?;
+            ports.push(client.stream().local_addr()?.port());
+            non_readers.push(client);
+        }
+        let mut chatter = Bot::connect(addr)?;
+        chatter.login("chatter", Some((100, 100)))?;
+        ensure!(
+            chatter.view().others().len() >= NON_READERS,
+            "the chatter sees every non-reader: {} of {NON_READERS}",
+            chatter.view().others().len()
+        );
+        let text = "z".repeat(256);
+        let chats: Vec<_> = (0..ROUND).map(|_| msg::chat(&text)).collect();
+        let own = chatter.id();
+        let started = Instant::now();
+        let mut most = 0u64;
+        let mut sent = 0;
+        let mut left = 0;
+        while left < NON_READERS {
+            ensure!(
+                started.elapsed() < CUT_WITHIN,
+                "{left} of {NON_READERS} non-readers cut after {sent} chats in {CUT_WITHIN:?}"
+            );
+            chatter.send_all(&chats)?;
+            sent += ROUND;
+            let mut echoes = 0;
+            while echoes < ROUND {
+                let message = chatter.recv(deadline(DEFAULT_WAIT))?;
+                match &message.kind {
+                    Some(S::Chat(chat)) if chat.player_id == own => echoes += 1,
+                    Some(S::Left(_)) => left += 1,
+                    _ => bail!("the chatter got {message:?} while chatting"),
+                }
+            }
+            most =
+                most.max(gateway_send_queues(addr.port(), &ports)?.into_iter().max().unwrap_or(0));
+        }
+        let took = started.elapsed();
+        eprintln!(
+            "{NON_READERS} never-reading clients ({front:?}): all cut after {:.1} s and {sent} chats; \
+             the largest kernel send queue on the gateway's side: {most} bytes",
+            took.as_secs_f64()
+        );
+        ensure!(
+            most > 0,
+            "the gateway's sockets to the non-readers never queued a byte: the probe reads nothing"
+        );
+        ensure!(
+            most <= KERNEL_SEND_QUEUE_MAX,
+            "a gateway socket to a non-reader held {most} bytes in the kernel \
+             (at most {KERNEL_SEND_QUEUE_MAX} expected: the fixed SO_SNDBUF)"
+        );
+        let cuts = metric_value(admin, "meridian_gateway_slow_clients_cut_total", &[])?;
+        ensure!(
+            cuts - cuts_before == NON_READERS as f64,
+            "slow_clients_cut_total moved by {}, not {NON_READERS}",
+            cuts - cuts_before
+        );
+        for mut client in non_readers {
+            client.expect_closed(deadline(DEFAULT_WAIT)).map(|_| ())?;
+        }
+        chatter.move_ok(Direction::Up, 1)?;
+        bystander.finish()?;
+        Ok(())
+    })
+}
+
+/// The send queues (`tx_queue`, bytes) of the gateway's TCP sockets on `local_port` whose
+/// far end is one of `remote_ports`, from `/proc/net/tcp`.
+fn gateway_send_queues(local_port: u16, remote_ports: &[u16]) -> anyhow::Result<Vec<u64>> {
+    let table = std::fs::read_to_string("/proc/net/tcp")?;
+    let port = |address: &str| {
+        address.rsplit_once(':').and_then(|(_, port)| u16::from_str_radix(port, 16).ok())
+    };
+    let mut queues = Vec::new();
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(local), Some(remote), Some(queue)) =
+            (fields.get(1), fields.get(2), fields.get(4))
+        else {
+            continue;
+        };
+        if port(local) != Some(local_port)
+            || !port(remote).is_some_and(|p| remote_ports.contains(&p))
+        {
+            continue;
+        }
+        let tx = queue.split_once(':').and_then(|(tx, _)| u64::from_str_radix(tx, 16).ok());
+        queues.extend(tx);
+    }
+    Ok(queues)
 }
