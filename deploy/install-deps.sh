@@ -96,6 +96,8 @@ check_node() {
     [ "$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null)" -ge 18 ] 2>/dev/null
 }
 check_flock() { has flock; }
+# .ci/alert-check: the chart's alert fired by a real Prometheus at a real cluster.
+check_prometheus() { has prometheus && has promtool; }
 # The C# SDK (clients/csharp/build.sh, its tests): mono and its C# compiler (Debian's
 # mono-complete ships mono-csc/mcs; csc where Roslyn is installed).
 check_mono() { has mono && { has csc || has mono-csc || has mcs; }; }
@@ -143,6 +145,7 @@ if [ "$mode" = test ]; then
     need check_node "apt:nodejs npm" "node >= 18 and npm (the TypeScript SDK's tests, the /play page's bundle check)"
     need check_mono "apt:mono-complete" "mono and a C# compiler, csc or mono-csc (the C# SDK's build and tests)"
     need check_flock "apt:util-linux" "flock (.ci/chart-check's cache lock)"
+    need check_prometheus "apt:prometheus" "prometheus and promtool (.ci/alert-check fires the chart's shard-death alert)"
     need check_postgres "apt:postgresql util-linux" "PostgreSQL's server binaries /usr/lib/postgresql/*/bin (initdb, pg_ctl) and, as root, the postgres user and runuser (the player store's tests)"
     need check_rustfmt "rustup:rustfmt" "rustfmt (cargo fmt in .ci/run)"
     need check_clippy "rustup:clippy" "clippy (cargo clippy in .ci/run)"

@@ -104,6 +104,10 @@ MERIDIAN_BIN="$target/debug/meridian" timeout 900 mono clients/csharp/bin/Meridi
 finish bench-unittests
 finish typescript-sdk
 finish chart-check
+# The chart's shard-death alert, rendered with the chart check's Helm, fired by a real
+# Prometheus scraping a real `meridian up` of the binary built above when a shard is killed.
+phase "the chart's alert against a real cluster (prometheus)"
+MERIDIAN_BIN="$target/debug/meridian" .ci/alert-check
 
 # Coverage-guided fuzzing of the codec, resume tokens and the gateway's core, a bounded time
 # per target from the committed corpora (skipped, with a message, without a nightly toolchain).
