@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long a shard's failure freezes its players, two builds side by side (issue 33).
 
-    python3 loadtest/bench/failover.py --before DIR --after DIR [--faults kill,stop]
+    python3 loadtest/bench/failover.py --before DIR --after DIR [--faults kill,stop,roll]
                                        [--rounds 1] [--out target/bench-failover]
 
 DIR holds a release `meridian` binary. For each fault and round, each build in turn (the
@@ -10,7 +10,11 @@ order alternating) runs `meridian up --shards 3 --gateways 2` (etcd included), a
 for 25 s. At 10 s one shard (the second) meets the fault:
 
 - `kill`: SIGKILL, the process is gone (a crash, an OOM kill);
-- `stop`: SIGSTOP at 8 s and SIGCONT at 16 s (a long pause: a GC, a VM migration).
+- `stop`: SIGSTOP at 8 s and SIGCONT at 16 s (a long pause: a GC, a VM migration);
+- `roll`: a rolling restart, 45 s of load: every shard in turn gets SIGTERM (it drains:
+  its players are handed to the others, then it exits) at 5 + 12k s and is started again
+  with the same id 6 s later (`meridian shard --join <up's data dir> --id K`); after the
+  load, `meridian status --check` must say the cluster is healthy.
 
 Reported per run: p50 / p99 / max over the bots of each bot's longest gap between two of
 its acks (`ack_gap_ms`, loadtest's summary; the worse of the two loadtests' percentiles),
@@ -32,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import ROOT  # noqa: E402
 
 SECONDS = 25
+ROLL_SECONDS = 45
 BOTS_PER_GATEWAY = 150
 
 
@@ -41,12 +46,16 @@ def log(message):
 
 def run_once(meridian, loadtest, fault, work, label):
     work.mkdir(parents=True, exist_ok=True)
+    seconds = ROLL_SECONDS if fault == "roll" else SECONDS
+    cluster = f"failover-{os.getpid()}"
+    replacements = []
+    healthy = None
     ready = work / "ready.json"
     up_log = open(work / "up.log", "w")
     up = subprocess.Popen(
         [str(meridian), "up", "--shards", "3", "--gateways", "2", "--port", "0",
          "--quic-port", "0", "--ws-port", "0", "--etcd-port", "0", "--store", "none",
-         "--cluster", f"failover-{os.getpid()}", "--ready-file", str(ready)],
+         "--cluster", cluster, "--ready-file", str(ready)],
         stdout=up_log, stderr=subprocess.STDOUT)
     loads = []
     try:
@@ -60,7 +69,7 @@ def run_once(meridian, loadtest, fault, work, label):
         for n, gateway in enumerate(info["gateways"][:2]):
             summary = work / f"summary-{n}.json"
             args = [str(loadtest), "--addr", gateway["game"], "--bots", str(BOTS_PER_GATEWAY),
-                    "--duration", f"{SECONDS}s", "--move-interval", "100ms",
+                    "--duration", f"{seconds}s", "--move-interval", "100ms",
                     "--connect-interval", "5ms", "--name-prefix", f"g{n}-", "--json",
                     str(summary), "--label", label]
             out = open(work / f"loadtest-{n}.log", "w")
@@ -71,6 +80,18 @@ def run_once(meridian, loadtest, fault, work, label):
             time.sleep(max(0.0, started + 10 - time.time()))
             log(f"  SIGKILL to shard pid {victim}")
             os.kill(victim, signal.SIGKILL)
+        elif fault == "roll":
+            for k, shard in enumerate(info["shards"]):
+                at = started + 5 + 12 * k
+                time.sleep(max(0.0, at - time.time()))
+                log(f"  SIGTERM to shard {shard['id']} (pid {shard['pid']})")
+                os.kill(shard["pid"], signal.SIGTERM)
+                time.sleep(max(0.0, at + 6 - time.time()))
+                log(f"  shard {shard['id']} started again")
+                out = open(work / f"shard-{shard['id']}-again.log", "w")
+                replacements.append((subprocess.Popen(
+                    [str(meridian), "shard", "--join", info["data_dir"], "--id",
+                     str(shard["id"])], stdout=out, stderr=subprocess.STDOUT), out))
         else:
             time.sleep(max(0.0, started + 8 - time.time()))
             log(f"  SIGSTOP to shard pid {victim}")
@@ -80,10 +101,26 @@ def run_once(meridian, loadtest, fault, work, label):
             os.kill(victim, signal.SIGCONT)
         summaries = []
         for process, out, summary in loads:
-            process.wait(timeout=SECONDS + 120)
+            process.wait(timeout=seconds + 120)
             out.close()
             summaries.append(json.loads(summary.read_text()))
+        if fault == "roll":
+            status = subprocess.run(
+                [str(meridian), "status", "--cluster", cluster, "--etcd", info["etcd"], "--check"],
+                capture_output=True, text=True)
+            (work / "status.txt").write_text(status.stdout + status.stderr)
+            healthy = status.returncode == 0
+            log(f"  meridian status --check: {'healthy' if healthy else 'NOT healthy'}")
     finally:
+        for process, out in replacements:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            out.close()
         for process, out, _ in loads:
             if process.poll() is None:
                 process.kill()
@@ -109,8 +146,12 @@ def run_once(meridian, loadtest, fault, work, label):
         "gap_p50_ms": worst("p50"), "gap_p99_ms": worst("p99"), "gap_max_ms": worst("max"),
         "sent": total("moves_sent"), "acked": total("moves_acked"), "refused": refused,
         "errors": [s["errors_by_code"] for s in summaries], "lost": total("moves_lost"),
-        "disconnects": total("disconnects"),
+        "disconnects": total("disconnects"), "healthy_after": healthy,
     }
+
+
+def healthy_words(healthy):
+    return "-" if healthy is None else ("healthy" if healthy else "NOT healthy")
 
 
 def main():
@@ -119,7 +160,7 @@ def main():
     parser.add_argument("--before", required=True, help="folder with the 'before' meridian")
     parser.add_argument("--after", required=True, help="folder with the 'after' meridian")
     parser.add_argument("--loadtest", default=str(ROOT / "target" / "release" / "loadtest"))
-    parser.add_argument("--faults", default="kill,stop")
+    parser.add_argument("--faults", default="kill,stop,roll")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "target" / "bench-failover"))
     args = parser.parse_args()
@@ -129,8 +170,8 @@ def main():
     results = []
     n = 0
     for fault in args.faults.split(","):
-        if fault not in ("kill", "stop"):
-            raise SystemExit(f"unknown fault {fault!r}: want kill or stop")
+        if fault not in ("kill", "stop", "roll"):
+            raise SystemExit(f"unknown fault {fault!r}: want kill, stop or roll")
         for round_ in range(args.rounds):
             order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
             n += 1
@@ -144,12 +185,12 @@ def main():
                 results.append(result)
     (out / "failover.json").write_text(json.dumps(results, indent=2))
     print("| fault | build | longest ack gap per player p50 / p99 / max, ms | moves sent / "
-          "acked / refused / lost | disconnects |")
-    print("| --- | --- | --- | --- | --- |")
+          "acked / refused / lost | disconnects | status --check after |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(f"| {r['fault']} | {r['label']} | {r['gap_p50_ms']} / {r['gap_p99_ms']} / "
               f"{r['gap_max_ms']} | {r['sent']} / {r['acked']} / {r['refused']} / {r['lost']} "
-              f"| {r['disconnects']} |")
+              f"| {r['disconnects']} | {healthy_words(r['healthy_after'])} |")
     return 0
 
 
