@@ -46,9 +46,23 @@ impl Sim {
             return;
         }
         if !self.shard_alive(s) {
+            // No process holds its port: the connect is refused. Refusals in a row prove
+            // the shard dead and the gateway revokes its lease at once, as relay.rs does,
+            // rather than waiting out the TTL. A paused shard's port still accepts (the
+            // kernel completes the handshake), so it is never taken for dead this way.
+            let now = self.now();
+            let lease_only = self.settings.faults.lease_only_deaths;
+            if !lease_only && self.refusals.entry((g, s)).or_default().refused(now) {
+                self.outcome.deaths_detected += 1;
+                self.note_all(|| {
+                    format!("gateway {g}: shard {s}'s port refuses connects; its lease revoked")
+                });
+                self.after(Duration::ZERO, Ev::LeaseExpiry(s, 0));
+            }
             self.after(Duration::from_millis(200), Ev::Connect(g, s));
             return;
         }
+        self.refusals.entry((g, s)).or_default().reached();
         let link = LinkId(self.next_link);
         self.next_link += 1;
         self.note_all(|| format!("gateway {g} <-> shard {s}: stream open"));

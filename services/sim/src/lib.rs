@@ -67,6 +67,8 @@ pub struct Outcome {
     /// When the balancer last moved a border.
     pub last_balance: Option<Duration>,
     pub simulated: Duration,
+    /// Killed shards a gateway proved dead by refused connects, revoking their leases.
+    pub deaths_detected: u64,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -236,6 +238,9 @@ pub(crate) struct Sim {
     violation: Option<Violation>,
     /// etcd is stalled until then (see [`Faults::etcd_stalls`]).
     etcd_stalled_until: Duration,
+    /// What each gateway's connects to each shard met: refused connects to a killed shard's
+    /// port prove it dead, and the gateway revokes its lease at once (issue 33).
+    refusals: BTreeMap<(u32, u32), meridian_cluster::Refusals>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -304,6 +309,7 @@ impl Sim {
             trace: VecDeque::new(),
             violation: None,
             etcd_stalled_until: Duration::ZERO,
+            refusals: BTreeMap::new(),
         };
         for id in 1..=sim.settings.shards {
             sim.start_shard(id);

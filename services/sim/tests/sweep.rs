@@ -82,10 +82,16 @@ const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
 fn seeds_that_found_races_beyond_the_sweep_pass() {
     let failures: Vec<String> = FOUND_BEYOND_THE_SWEEP
         .iter()
-        .filter_map(|(seed, found)| {
-            let mut settings = Settings::swarm(*seed);
-            settings.faults.pauses = 0;
-            run(*seed, &settings).err().map(|v| format!("seed {seed} (found: {found}): {v}"))
+        .flat_map(|(seed, found)| {
+            // As found (deaths noticed by the lease alone), and with fast death detection.
+            [true, false].into_iter().filter_map(move |lease_only| {
+                let mut settings = Settings::swarm(*seed);
+                settings.faults.pauses = 0;
+                settings.faults.lease_only_deaths = lease_only;
+                run(*seed, &settings)
+                    .err()
+                    .map(|v| format!("seed {seed} (found: {found}; lease only: {lease_only}): {v}"))
+            })
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -113,10 +119,15 @@ const FOUND_WITH_PAUSES: &[(u64, &str)] = &[
 fn pause_seeds_that_found_races_pass() {
     let failures: Vec<String> = FOUND_WITH_PAUSES
         .iter()
-        .filter_map(|(seed, found)| {
-            let settings = Settings::swarm(*seed);
-            assert_eq!(settings.faults.pauses, 1, "seed {seed} draws a pause");
-            run(*seed, &settings).err().map(|v| format!("seed {seed} (found: {found}): {v}"))
+        .flat_map(|(seed, found)| {
+            [true, false].into_iter().filter_map(move |lease_only| {
+                let mut settings = Settings::swarm(*seed);
+                assert_eq!(settings.faults.pauses, 1, "seed {seed} draws a pause");
+                settings.faults.lease_only_deaths = lease_only;
+                run(*seed, &settings)
+                    .err()
+                    .map(|v| format!("seed {seed} (found: {found}; lease only: {lease_only}): {v}"))
+            })
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -184,4 +195,38 @@ fn a_seed_replays_exactly() {
     let second = run(7, &settings).expect("and again");
     assert!(first.events > 1_000 && first.moves > 0, "a run that did something: {first:?}");
     assert_eq!(format!("{first:?}"), format!("{second:?}"));
+}
+
+/// Issue 33: gateways prove a killed shard dead by its port refusing their connects and
+/// revoke its lease at once; a paused shard (its port still accepts) is never taken for
+/// dead that way: a false suspicion would restore players still owned by a live shard.
+#[test]
+fn killed_shards_are_proven_dead_and_paused_ones_never() {
+    let (mut with_kills, mut detected, mut without_kills) = (0, 0, 0);
+    for seed in 0..400 {
+        let settings = Settings::swarm(seed);
+        let outcome = run(seed, &settings).unwrap_or_else(|violation| panic!("{violation}"));
+        let faults = &settings.faults;
+        if faults.kills == 0 || faults.lease_only_deaths {
+            assert_eq!(
+                outcome.deaths_detected, 0,
+                "seed {seed}: a shard taken for dead by refused connects, with no kill \
+                 (pauses: {}) or with lease-only deaths",
+                faults.pauses
+            );
+            without_kills += u32::from(faults.pauses > 0);
+        } else {
+            with_kills += 1;
+            detected += u32::from(outcome.deaths_detected > 0);
+        }
+    }
+    eprintln!(
+        "{with_kills} seeds kill a shard, {detected} of them proven dead by refusals; \
+         {without_kills} seeds pause one without a kill"
+    );
+    assert!(without_kills > 0, "no seed pauses a shard: the false suspicion is untested");
+    assert!(
+        detected * 2 > with_kills,
+        "only {detected} of {with_kills} seeds with a kill proved it by refusals"
+    );
 }
