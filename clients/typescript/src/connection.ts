@@ -1,7 +1,8 @@
 /**
  * A player's connection to a Meridian gateway over WebSocket: logs in, keeps itself alive,
- * resumes on its own after a drop, and turns moves and actions into promises settled by
- * their answers. What the player sees is kept in `connection.view`.
+ * resumes on its own after a drop (on another gateway of the cluster when it knows more than
+ * one), and turns moves and actions into promises settled by their answers. What the player
+ * sees is kept in `connection.view`.
  *
  * One binary WebSocket message carries exactly one protobuf body, with no length prefix.
  * The protocol itself is described in `proto/client.proto` (normative) and `docs/protocol.md`.
@@ -32,6 +33,14 @@ export interface ConnectionOptions {
   maxFrameBytes?: number;
   /** Randomness in [0, 1) that spreads reconnections (so a gateway that restarts is not stormed). */
   random?: () => number;
+  /**
+   * More WebSocket addresses of gateways of the same cluster. The connection's addresses are
+   * `[url, ...gateways]`, duplicates left out, in that order: each resume attempt goes to the
+   * next one after the address that failed, round-robin, so that a gateway shutting down
+   * (`SHUTTING_DOWN`) or gone away does not take the player with it. Default none: every
+   * resume attempt goes to `url`.
+   */
+  gateways?: string[];
 }
 
 /** What `LoginOk` says. */
@@ -70,13 +79,22 @@ export type CloseReason =
   | "resume-failed";
 
 export interface ConnectionEvents {
-  /** The connection dropped; resume attempts begin. Moves and actions pending were rejected. */
+  /**
+   * The connection dropped; resume attempts begin. Moves and actions pending were rejected.
+   * `reason` is "the connection dropped", or "the gateway is shutting down" after `SHUTTING_DOWN`.
+   */
   resuming: { reason: string };
-  /** `Resume` was accepted (`ViewReset`); the view was cleared and `Entered` for everything in sight follows. */
-  resumed: { position: Point; attempts: number };
+  /**
+   * `Resume` was accepted (`ViewReset`); the view was cleared and `Entered` for everything in sight follows.
+   * `url` is the gateway's address the connection is on from now on (`connection.currentUrl`).
+   */
+  resumed: { position: Point; attempts: number; url: string };
   /** For good: nothing more is sent or received. */
   closed: { reason: CloseReason; error?: MeridianError };
-  /** An error from the server that answers no move or action (a chat refused, `SHUTTING_DOWN`...). */
+  /**
+   * An error from the server that answers no move or action (a chat refused, `SHUTTING_DOWN`...).
+   * After `SHUTTING_DOWN` the gateway closes, and the connection resumes on the next address.
+   */
   error: MeridianError;
   /** The server broke the protocol; reported, not thrown. The view's violations are relayed here too. */
   violation: ProtocolViolation;
@@ -100,6 +118,7 @@ type AttemptOutcome = { kind: "resumed" } | { kind: "retry"; error?: MeridianErr
 export class Connection extends Emitter<ConnectionEvents> {
   /** What the player sees; fed by this connection. */
   readonly view = new View();
+  /** The address first connected to (the one `connect` was given). */
   readonly url: string;
 
   readonly #WebSocket: WebSocketConstructor;
@@ -110,6 +129,10 @@ export class Connection extends Emitter<ConnectionEvents> {
   readonly #openTimeoutMs: number;
   readonly #maxFrameBytes: number;
   readonly #random: () => number;
+  /** Every address the connection may use, `url` first, without duplicates. */
+  readonly #urls: readonly string[];
+  /** Where in `#urls` the address in use (or being tried, while resuming) is. */
+  #urlIndex = 0;
 
   #state: ConnectionState = "open";
   #socket: WebSocketLike | undefined;
@@ -122,6 +145,8 @@ export class Connection extends Emitter<ConnectionEvents> {
   #keepAliveTimer: ReturnType<typeof setTimeout> | undefined;
   /** An error after which the server closes and no resume is tried (`REPLACED`). */
   #fatal: MeridianError | undefined;
+  /** The gateway in use said `SHUTTING_DOWN`: the close that follows is a planned move elsewhere, not a failure. */
+  #shuttingDown: MeridianError | undefined;
   #resumeAttempt: { settle: (outcome: AttemptOutcome) => void; attempts: number } | undefined;
   /** Ends the wait between resume attempts early (on `close()`). */
   #wake: (() => void) | undefined;
@@ -142,19 +167,31 @@ export class Connection extends Emitter<ConnectionEvents> {
     this.#openTimeoutMs = options.openTimeoutMs ?? 10_000;
     this.#maxFrameBytes = options.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
     this.#random = options.random ?? Math.random;
+    this.#urls = [...new Set([url, ...(options.gateways ?? [])])];
     this.view.on("violation", (violation) => this.emit("violation", violation));
   }
 
-  /** Opens a WebSocket to `url` (`ws://host:port/`); resolves once it is open. */
+  /**
+   * Opens a WebSocket to `url` (`ws://host:port/`); resolves once it is open. Resumes go to
+   * `options.gateways` too, in turn, but this first connection is to `url` only.
+   */
   static async connect(url: string, options: ConnectionOptions = {}): Promise<Connection> {
     const connection = new Connection(url, options);
-    const socket = await connection.#open(connection.#openTimeoutMs);
+    const socket = await connection.#open(url, connection.#openTimeoutMs);
     connection.#use(socket);
     return connection;
   }
 
   get state(): ConnectionState {
     return this.#state;
+  }
+
+  /**
+   * The gateway's address the connection is on now: `url` until a resume moves it to another
+   * of `options.gateways`; while resuming, the address being tried.
+   */
+  get currentUrl(): string {
+    return this.#urls[this.#urlIndex] ?? this.url;
   }
 
   /** What `LoginOk` said, once logged in. */
@@ -259,20 +296,20 @@ export class Connection extends Emitter<ConnectionEvents> {
     this.#lastSentAt = Date.now();
   }
 
-  #open(timeoutMs: number): Promise<WebSocketLike> {
+  #open(url: string, timeoutMs: number): Promise<WebSocketLike> {
     return new Promise((resolve, reject) => {
       let socket: WebSocketLike;
       try {
-        socket = new this.#WebSocket(this.url);
+        socket = new this.#WebSocket(url);
       } catch (error) {
-        reject(new MeridianError(ErrorCode.UNAVAILABLE, `cannot open a WebSocket to ${this.url}: ${String(error)}`, 0n, true));
+        reject(new MeridianError(ErrorCode.UNAVAILABLE, `cannot open a WebSocket to ${url}: ${String(error)}`, 0n, true));
         return;
       }
       socket.binaryType = "arraybuffer";
       const timer = setTimeout(() => {
         socket.onclose = null;
         closeQuietly(socket);
-        reject(new MeridianError(ErrorCode.UNAVAILABLE, `no WebSocket to ${this.url} within ${timeoutMs} ms`, 0n, true));
+        reject(new MeridianError(ErrorCode.UNAVAILABLE, `no WebSocket to ${url} within ${timeoutMs} ms`, 0n, true));
       }, timeoutMs);
       socket.onerror = () => {
         // A close event follows, with the code.
@@ -284,7 +321,7 @@ export class Connection extends Emitter<ConnectionEvents> {
       socket.onclose = (event) => {
         clearTimeout(timer);
         reject(
-          new MeridianError(ErrorCode.UNAVAILABLE, `WebSocket to ${this.url} closed before opening (code ${event.code})`, 0n, true),
+          new MeridianError(ErrorCode.UNAVAILABLE, `WebSocket to ${url} closed before opening (code ${event.code})`, 0n, true),
         );
       };
     });
@@ -354,7 +391,7 @@ export class Connection extends Emitter<ConnectionEvents> {
           this.view.apply(message);
           this.#armKeepAlive();
           attempt.settle({ kind: "resumed" });
-          return this.emit("resumed", { position: toPoint(kind.value.position), attempts: attempt.attempts });
+          return this.emit("resumed", { position: toPoint(kind.value.position), attempts: attempt.attempts, url: this.currentUrl });
         }
         if (this.#state !== "playing") {
           return this.emit("violation", { description: `ViewReset while ${this.#state}`, message });
@@ -392,6 +429,8 @@ export class Connection extends Emitter<ConnectionEvents> {
 
   #handleError(error: MeridianError, message: ServerMessage): void {
     if (error.code === ErrorCode.REPLACED) this.#fatal = error;
+    // Not fatal: the player is parked for the resume window, and another gateway takes the Resume.
+    if (error.code === ErrorCode.SHUTTING_DOWN && this.#state === "playing") this.#shuttingDown = error;
     if (error.clientTime !== 0n) {
       if (this.#pings.delete(error.clientTime)) return this.emit("error", error);
       const outcome = this.#answers.onError(error);
@@ -452,6 +491,10 @@ export class Connection extends Emitter<ConnectionEvents> {
           this.#answers.rejectAll(`the connection was closed: ${this.#fatal.codeName}`);
           return this.#finish("replaced", this.#fatal);
         }
+        if (this.#shuttingDown !== undefined) {
+          this.#shuttingDown = undefined;
+          return this.#startResume("the gateway is shutting down");
+        }
         return this.#startResume("the connection dropped");
       case "resuming":
         // The attempt's socket closed before ViewReset: try again.
@@ -467,11 +510,19 @@ export class Connection extends Emitter<ConnectionEvents> {
     void this.#resumeLoop();
   }
 
+  /**
+   * Tries `Resume` until one is accepted or the window ends. The first attempt is made at
+   * once (a drop, or a gateway shutting down, is no reason to wait), each later one after a
+   * growing, jittered wait. Each attempt goes to the next address after the one that failed,
+   * round-robin: with more than one, the first never goes back to the gateway that just
+   * closed or said `SHUTTING_DOWN`.
+   */
   async #resumeLoop(): Promise<void> {
     const deadline = Date.now() + this.#resumeWindowMs;
     let delay = this.#reconnectDelayMs;
     let lastError: MeridianError | undefined;
     for (let attempts = 1; this.#state === "resuming" && Date.now() < deadline; attempts++) {
+      this.#urlIndex = (this.#urlIndex + 1) % this.#urls.length;
       const outcome = await this.#attemptResume(deadline, attempts);
       if (this.#state !== "resuming" || outcome.kind === "resumed") return;
       if (outcome.kind === "fatal") {
@@ -498,7 +549,7 @@ export class Connection extends Emitter<ConnectionEvents> {
     }
     let socket: WebSocketLike;
     try {
-      socket = await this.#open(Math.max(1, Math.min(this.#openTimeoutMs, deadline - Date.now())));
+      socket = await this.#open(this.currentUrl, Math.max(1, Math.min(this.#openTimeoutMs, deadline - Date.now())));
     } catch (error) {
       return { kind: "retry", error: error instanceof MeridianError ? error : undefined };
     }
@@ -562,6 +613,7 @@ export class Connection extends Emitter<ConnectionEvents> {
     clearTimeout(this.#keepAliveTimer);
     this.#pings.clear();
     this.#answers.rejectAll("the connection is closed");
+    this.#shuttingDown = undefined;
     this.#resumeAttempt?.settle({ kind: "retry" });
     this.#wake?.();
     this.emit("closed", error === undefined ? { reason } : { reason, error });

@@ -29,7 +29,8 @@ export class MeridianError extends Error {
     return (
       this.code === ErrorCode.MALFORMED ||
       this.code === ErrorCode.FRAME_TOO_LARGE ||
-      this.code === ErrorCode.REPLACED
+      this.code === ErrorCode.REPLACED ||
+      this.code === ErrorCode.SHUTTING_DOWN
     );
   }
 }

@@ -10,18 +10,30 @@ import { FakeGateway, loginOk, TOKEN, waitFor } from "./helpers.js";
 
 const send = FakeGateway.send;
 let gateway: FakeGateway | undefined;
+/** The gateways of the tests with more than one, stopped after each. */
+let cluster: FakeGateway[] = [];
 
 afterEach(async () => {
   await gateway?.stop();
   gateway = undefined;
+  await Promise.all(cluster.map((g) => g.stop()));
+  cluster = [];
 });
+
+/** Starts gateways that share one handler, so one player (and its token) is known to all, as on a cluster. */
+async function startCluster(count: number, handler: (socket: ServerSocket, message: ClientMessage) => void): Promise<FakeGateway[]> {
+  for (let i = 0; i < count; i++) cluster.push(await FakeGateway.start(handler));
+  return cluster;
+}
+
+const shuttingDown = { kind: { case: "error", value: { code: ErrorCode.SHUTTING_DOWN, detail: "gateway is shutting down" } } } as const;
 
 /**
  * Logs in on the first connection, and accepts `Resume` with the right token on later ones.
  * A token is good once, as on a real cluster: each accepted resume's ViewReset brings the
  * next one.
  */
-function playingGateway(options: { refuseResumes?: number } = {}): (socket: ServerSocket, message: ClientMessage) => void {
+function playingGateway(options: { refuseResumes?: number; answerMoves?: boolean } = {}): (socket: ServerSocket, message: ClientMessage) => void {
   let refused = 0;
   let valid = TOKEN;
   let issued = 0;
@@ -43,12 +55,20 @@ function playingGateway(options: { refuseResumes?: number } = {}): (socket: Serv
         send(socket, { kind: { case: "viewReset", value: { playerId: 7n, position: { x: 10, y: 21 }, resumeToken: valid } } });
         return send(socket, { kind: { case: "entered", value: { playerId: 2n, name: "bob", position: { x: 11, y: 21 } } } });
       case "move":
-        // Never answered: the connection is dropped under it.
-        return;
+        // Unless asked to answer, never answered: the connection is dropped under it.
+        if (!options.answerMoves) return;
+        return send(socket, { kind: { case: "moved", value: { playerId: 7n, position: { x: 10, y: 20 }, clientTime: message.kind.value.clientTime } } });
       default:
         return;
     }
   };
+}
+
+/** `record`, with the `error` events too. */
+function recordWithErrors(connection: Connection): string[] {
+  const events = record(connection);
+  connection.on("error", (error) => events.push(`error ${error.codeName}`));
+  return events;
 }
 
 function record(connection: Connection): string[] {
@@ -161,5 +181,113 @@ describe("Connection: auto-resume", () => {
     await new Promise((resolve) => setTimeout(resolve, 1_200));
     expect(gateway.connections.length).toBe(attempts);
     expect(events.filter((e) => e.startsWith("closed"))).toEqual(["closed closed"]);
+  });
+});
+
+describe("Connection: resuming on another gateway", () => {
+  it("after SHUTTING_DOWN, resumes at once on the next gateway with the same token, and plays on there", async () => {
+    const [a, b] = await startCluster(2, playingGateway({ answerMoves: true }));
+    // A first attempt that waited for the backoff would take at least 500 ms.
+    const connection = await Connection.connect(a!.url, { ...fast, reconnectDelayMs: 1_000, reconnectMaxDelayMs: 1_000, gateways: [b!.url] });
+    const events = recordWithErrors(connection);
+    const resumed: ConnectionEvents["resumed"][] = [];
+    connection.on("resumed", (event) => resumed.push(event));
+    let shutdown: MeridianError | undefined;
+    connection.on("error", (error) => (shutdown = error));
+    await connection.login("ada");
+    expect(connection.currentUrl).toBe(a!.url);
+
+    const started = Date.now();
+    send(a!.connections[0]!, shuttingDown);
+    a!.connections[0]!.close(1001);
+    await waitFor(() => connection.state === "playing" && connection.view.entities.size === 1, "the connection to resume on the second gateway");
+    expect(Date.now() - started).toBeLessThan(400);
+
+    expect(events).toEqual(["error SHUTTING_DOWN", "resuming: the gateway is shutting down", "view reset at 10,21", "resumed at 10,21", "entered bob"]);
+    expect(shutdown?.closesConnection).toBe(true);
+    expect(a!.connections.length).toBe(1);
+    expect(b!.connections.length).toBe(1);
+    const resume = b!.received.find((r) => r.message.kind.case === "resume");
+    expect(resume?.message.kind.case === "resume" && [...resume.message.kind.value.token]).toEqual([...TOKEN]);
+    expect(resumed).toEqual([{ position: { x: 10, y: 21 }, attempts: 1, url: b!.url }]);
+    expect(connection.currentUrl).toBe(b!.url);
+    expect(connection.url).toBe(a!.url);
+
+    // The second gateway's socket is the one used from now on, and answers.
+    await expect(connection.move("up")).resolves.toEqual({ x: 10, y: 20 });
+    expect(b!.received.filter((r) => r.message.kind.case === "move").map((r) => r.socket)).toEqual([b!.connections[0]]);
+    await connection.close();
+  });
+
+  it("after a drop, tries the next address, duplicates in the list left out", async () => {
+    const [a, b] = await startCluster(2, playingGateway());
+    const connection = await Connection.connect(a!.url, { ...fast, gateways: [a!.url, b!.url, b!.url] });
+    const resumed: ConnectionEvents["resumed"][] = [];
+    connection.on("resumed", (event) => resumed.push(event));
+    await connection.login("ada");
+    a!.connections[0]!.terminate();
+    await waitFor(() => connection.state === "playing" && resumed.length === 1, "the connection to resume on the second gateway");
+    expect(resumed[0]).toMatchObject({ attempts: 1, url: b!.url });
+    expect(a!.connections.length).toBe(1);
+    const resume = b!.received.find((r) => r.message.kind.case === "resume");
+    expect(resume?.message.kind.case === "resume" && [...resume.message.kind.value.token]).toEqual([...TOKEN]);
+    expect(connection.currentUrl).toBe(b!.url);
+
+    // A drop on the second goes back to the first: two addresses, in turn.
+    b!.connections[0]!.terminate();
+    await waitFor(() => resumed.length === 2, "the connection to resume on the first gateway again");
+    expect(resumed[1]).toMatchObject({ attempts: 1, url: a!.url });
+    expect(a!.connections.length).toBe(2);
+    expect(connection.currentUrl).toBe(a!.url);
+    await connection.close();
+  });
+
+  it("goes round the addresses in turn while some are away, back to the one that failed", async () => {
+    const [a, b, c] = await startCluster(3, playingGateway());
+    const order: string[] = [];
+    for (const [name, g] of [["a", a!], ["b", b!], ["c", c!]] as const) g.server.on("connection", () => order.push(name));
+    const connection = await Connection.connect(a!.url, { ...fast, gateways: [b!.url, c!.url] });
+    const resumed: ConnectionEvents["resumed"][] = [];
+    connection.on("resumed", (event) => resumed.push(event));
+    await connection.login("ada");
+    // b and c refuse everyone at the door.
+    b!.server.on("connection", (socket) => socket.terminate());
+    c!.server.on("connection", (socket) => socket.terminate());
+    a!.connections[0]!.terminate();
+    await waitFor(() => connection.state === "playing" && resumed.length === 1, "the connection to resume on the first gateway");
+    expect(order).toEqual(["a", "b", "c", "a"]);
+    expect(resumed).toEqual([{ position: { x: 10, y: 21 }, attempts: 3, url: a!.url }]);
+    await connection.close();
+  });
+
+  it("with one address, SHUTTING_DOWN resumes on that address, as a drop does", async () => {
+    gateway = await FakeGateway.start(playingGateway());
+    const connection = await Connection.connect(gateway.url, fast);
+    const events = recordWithErrors(connection);
+    const resumed: ConnectionEvents["resumed"][] = [];
+    connection.on("resumed", (event) => resumed.push(event));
+    await connection.login("ada");
+    send(gateway.connections[0]!, shuttingDown);
+    gateway.connections[0]!.close(1001);
+    await waitFor(() => connection.state === "playing" && connection.view.entities.size === 1, "the connection to resume");
+    expect(events).toEqual(["error SHUTTING_DOWN", "resuming: the gateway is shutting down", "view reset at 10,21", "resumed at 10,21", "entered bob"]);
+    expect(gateway.connections.length).toBe(2);
+    expect(resumed).toEqual([{ position: { x: 10, y: 21 }, attempts: 1, url: gateway.url }]);
+    expect(connection.currentUrl).toBe(gateway.url);
+    await connection.close();
+  });
+
+  it("does not resume after REPLACED, other gateways listed or not", async () => {
+    const [a, b] = await startCluster(2, playingGateway());
+    const connection = await Connection.connect(a!.url, { ...fast, gateways: [b!.url] });
+    const events = recordWithErrors(connection);
+    await connection.login("ada");
+    send(a!.connections[0]!, { kind: { case: "error", value: { code: ErrorCode.REPLACED, detail: "another login took over" } } });
+    a!.connections[0]!.close(1000);
+    await waitFor(() => connection.state === "closed", "the connection to close");
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(events).toEqual(["error REPLACED", "closed replaced REPLACED"]);
+    expect(a!.connections.length).toBe(1);
+    expect(b!.connections.length).toBe(0);
   });
 });
