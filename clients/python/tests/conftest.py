@@ -1,5 +1,8 @@
 """A real Meridian cluster for the tests that need one: `meridian up`, started once per session.
 
+It has two shards and three gateways: the tests play through the first gateway, and the last
+tests of `test_cluster.py` stop the other two to see their players resume on the first.
+
 The binary is `$MERIDIAN_BIN`, or `<repo>/target/debug/meridian`. The cluster runs the
 example game with no wolves of its own (`MERIDIAN_WOLVES_PER_SHARD=0`): the tests summon the
 wolves they need, and nothing else wanders into their views. Each test plays in its own part
@@ -43,7 +46,8 @@ def _start(run_dir: Path, attempt: int) -> tuple[subprocess.Popen[bytes], Path, 
     ready_file = run_dir / f"ready-{attempt}.json"
     log = run_dir / f"up-{attempt}.log"
     command = [
-        str(meridian_bin()), "up", "--shards", "2", "--port", "0", "--quic-port", "0", "--ws-port", "0",
+        str(meridian_bin()), "up", "--shards", "2", "--gateways", "3",
+        "--port", "0", "--quic-port", "0", "--ws-port", "0",
         "--etcd-port", "0",
         "--game", "wolves", "--ready-file", str(ready_file),
         "--cluster", f"py-test-{os.getpid()}-{attempt}",

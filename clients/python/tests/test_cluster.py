@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 
 import pytest
 
@@ -15,6 +17,7 @@ from meridian_client import (
     ChatReceived,
     Connection,
     Direction,
+    ErrorReceived,
     MeridianError,
     Moved,
     Reset,
@@ -165,3 +168,46 @@ async def test_a_websocket_player_and_a_tcp_player_share_the_world(cluster: Clus
         await tina.wait_until(
             lambda v: v.entities[wendy_info.player_id].position == (343, 41), WAIT, "tina to see wendy move"
         )
+
+
+def _gateway(cluster: Cluster, index: int) -> tuple[str, int]:
+    """The TCP game address of the cluster's gateway `index` (0: the one `connect` uses)."""
+    host, port = cluster.ready["gateways"][index]["game"].rsplit(":", 1)
+    return host, int(port)
+
+
+# These two stop gateways of the shared cluster: they come last (the other tests use only
+# the first gateway, which they leave alone).
+
+
+async def test_a_gateway_shutting_down_sends_its_player_to_another(cluster: Cluster) -> None:
+    first, last = _gateway(cluster, 0), _gateway(cluster, 2)
+    async with await Connection.connect(*last, gateways=[first]) as traveller, await connect(cluster) as watcher:
+        me = await traveller.login("traveller", spawn=(40, 300))
+        await watcher.login("watcher", spawn=(42, 300))
+        await traveller.wait_until(lambda v: v.find("watcher") is not None, WAIT, "the traveller to see the watcher")
+        assert traveller.address == last
+        heard: list[ErrorReceived] = []
+        traveller.on("error", heard.append)
+        # SIGTERM: the gateway tells its clients SHUTTING_DOWN and closes.
+        os.kill(cluster.ready["gateways"][2]["pid"], signal.SIGTERM)
+        await traveller.wait_until(lambda v: traveller.resumes == 1, WAIT, "the resume on the first gateway")
+        assert [e.code for e in heard] == [pb.SHUTTING_DOWN], heard
+        assert traveller.address == first and traveller.view.own_id == me.player_id
+        assert await traveller.move(Direction.RIGHT) == (41, 300)
+        await watcher.wait_until(
+            lambda v: me.player_id in v.entities and v.entities[me.player_id].position == (41, 300),
+            WAIT, "the watcher to see the traveller back and moving",
+        )
+
+
+async def test_a_killed_gateway_and_the_websocket_client_resumes_on_another(cluster: Cluster) -> None:
+    pytest.importorskip("websockets", reason="the websocket extra")
+    first, second = (cluster.ready["gateways"][i]["ws"] for i in (0, 1))
+    async with await Connection.connect_websocket(f"ws://{second}/", gateways=[f"ws://{first}/"]) as survivor:
+        await survivor.login("survivor", spawn=(100, 300))
+        # SIGKILL: no SHUTTING_DOWN, the connection just breaks.
+        os.kill(cluster.ready["gateways"][1]["pid"], signal.SIGKILL)
+        await survivor.wait_until(lambda v: survivor.resumes == 1, WAIT, "the resume on the first gateway")
+        assert survivor.address == f"ws://{first}/"
+        assert await survivor.move(Direction.RIGHT) == (101, 300)

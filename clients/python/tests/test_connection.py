@@ -1,5 +1,6 @@
 """The connection against a scripted fake gateway on 127.0.0.1:0 (no cluster): login,
-answers through the socket, keep-alive, and the resume after a drop."""
+answers through the socket, keep-alive, and the resume after a drop (to more than one
+gateway: `test_failover.py`)."""
 
 from __future__ import annotations
 
@@ -12,57 +13,14 @@ from meridian_client import (
     Connection,
     ConnectionClosed,
     Direction,
-    FrameDecoder,
     MeridianError,
     NotApplied,
     Position,
-    encode_frame,
     pb,
 )
 
-from messages import action_done, entered, error, login_ok, moved, view_reset
-
-WAIT = 5.0
-
-
-class Peer:
-    """One accepted connection, seen from the fake gateway."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.decoder = FrameDecoder()
-
-    async def recv(self) -> pb.ClientMessage:
-        while (body := self.decoder.next_frame()) is None:
-            data = await asyncio.wait_for(self.reader.read(4096), WAIT)
-            assert data, "the client closed"
-            self.decoder.feed(data)
-        message = pb.ClientMessage()
-        message.ParseFromString(body)
-        return message
-
-    def send(self, *messages: pb.ServerMessage) -> None:
-        for message in messages:
-            self.writer.write(encode_frame(message.SerializeToString()))
-
-    def drop(self) -> None:
-        self.writer.transport.abort()
-
-
-class FakeGateway:
-    def __init__(self) -> None:
-        self.peers: asyncio.Queue[Peer] = asyncio.Queue()
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self.peers.put(Peer(reader, writer))
-
-        self.server = await asyncio.start_server(accept, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def accept(self) -> Peer:
-        return await asyncio.wait_for(self.peers.get(), WAIT)
+from fake_gateway import WAIT, FakeGateway, logged_in
+from messages import action_done, entered, error, moved, view_reset
 
 
 @pytest.fixture
@@ -70,21 +28,7 @@ async def gateway() -> AsyncIterator[tuple[FakeGateway, int]]:
     fake = FakeGateway()
     port = await fake.start()
     yield fake, port
-    assert fake.server is not None
-    fake.server.close()
-
-
-async def logged_in(gateway: FakeGateway, port: int, **options: float) -> tuple[Connection, Peer]:
-    connection = await Connection.connect("127.0.0.1", port, **options)  # type: ignore[arg-type]
-    peer = await gateway.accept()
-    login = asyncio.create_task(connection.login("ann", spawn=(3, 4)))
-    sent = await peer.recv()
-    assert sent.WhichOneof("kind") == "login" and sent.login.name == "ann"
-    assert (sent.login.spawn.x, sent.login.spawn.y) == (3, 4)
-    peer.send(login_ok(1, 3, 4, token=b"tok"))
-    info = await login
-    assert info.player_id == 1 and info.resume_token == b"tok"
-    return connection, peer
+    fake.stop()
 
 
 async def test_login_refused_raises_and_the_connection_stays(gateway: tuple[FakeGateway, int]) -> None:

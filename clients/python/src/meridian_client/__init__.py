@@ -2,8 +2,9 @@
 
 `Connection.connect(host, port)` opens a TCP connection to a gateway; `login` places the
 player; `move`, `action` resolve with their answers; `view` tracks what the player sees;
-`on(name, callback)` or `events()` deliver what happens. A dropped connection resumes by
-itself within the resume window. The protocol's messages are `meridian_client.pb`.
+`on(name, callback)` or `events()` deliver what happens. A dropped connection, or one whose
+gateway shuts down, resumes by itself within the resume window, on the next of the
+`gateways` given if there are others. The protocol's messages are `meridian_client.pb`.
 """
 
 from . import client_pb2 as pb

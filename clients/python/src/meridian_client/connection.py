@@ -1,10 +1,17 @@
 """The connection: login, keep-alive, resume after a drop, answers and the view.
 
 One `Connection` is one player session, which may outlive several network connections:
-when the link drops while playing, it reconnects to the same address within the resume
-window with `Resume{token}`, and the server answers with `ViewReset` (the view starts over,
-`Entered` for everything in sight follows). Moves and actions sent meanwhile wait for the
-resume; those left unanswered by the drop fail with `NotApplied`.
+when the link drops while playing, or the gateway says it is shutting down
+(`SHUTTING_DOWN`) and closes, it reconnects within the resume window with `Resume{token}`,
+and the server answers with `ViewReset` (the view starts over, `Entered` for everything in
+sight follows). Moves and actions sent meanwhile wait for the resume; those left unanswered
+by the drop fail with `NotApplied`.
+
+A connection may know several gateways of the same cluster (`gateways=`): each attempt to
+resume goes to the next one in the list, round-robin, starting after the one that failed, so
+a player whose gateway stops or dies goes on through another. After `SHUTTING_DOWN` the first
+attempt goes out at once; attempts after a failed one wait a backoff (50 ms, doubling up to
+2 s). With a single address, every attempt goes back to it.
 
 Everything runs on the caller's event loop: one task reads, one sends `Ping` when the
 connection has been quiet for `keepalive` seconds (the server closes after 120 s idle).
@@ -17,7 +24,7 @@ import logging
 import dataclasses
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, AsyncIterator, Callable, Literal, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -25,7 +32,7 @@ from . import client_pb2 as pb
 from .answers import Answers, Kind
 from .errors import ConnectionClosed, MeridianError
 from .framing import MAX_FRAME_BODY, FrameError
-from .transport import Connector, Transport, tcp_connector, websocket_connector
+from .transport import Address, Connector, Transport, tcp_connector, websocket_connector
 from .view import (
     ChatReceived,
     Entered,
@@ -71,7 +78,8 @@ class ErrorReceived:
 
 @dataclass(frozen=True)
 class Resuming:
-    """The link dropped; the client is reconnecting with its resume token."""
+    """The link dropped, or the gateway is shutting down; the client is reconnecting with its
+    resume token (to the next gateway, if it knows several)."""
 
     reason: str
 
@@ -104,11 +112,15 @@ State = Literal["connected", "playing", "resuming", "closed"]
 # Errors after which the server closes and a resume must not be tried.
 _FINAL_CODES = {pb.REPLACED}
 
+# The backoff between resume attempts: the first wait, and the longest.
+_FIRST_BACKOFF = 0.05
+_MAX_BACKOFF = 2.0
+
 
 class Connection:
     def __init__(
         self,
-        connector: Connector,
+        connector: Connector | Sequence[Connector],
         *,
         keepalive: float = 30.0,
         resume_window: float = 30.0,
@@ -122,7 +134,16 @@ class Connection:
         self.keepalive = keepalive
         self.resume_window = resume_window
         self.auto_resume = auto_resume
-        self._connector = connector
+        self._connectors: list[Connector] = (
+            [connector] if callable(connector) else list(connector)
+        )
+        if not self._connectors:
+            raise ValueError("a connection needs at least one connector")
+        # Which of `_connectors` the transport is on (while resuming: the one last tried).
+        self._gateway = 0
+        # The gateway said SHUTTING_DOWN: the next resume attempt moves on without a wait.
+        self._gateway_shutting_down = False
+        self._backoff = 0.0
         self._transport: Transport | None = None
         self._generation = 0
         self._answers = Answers()
@@ -143,22 +164,48 @@ class Connection:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, max_frame: int = MAX_FRAME_BODY, **options: Any
+        cls,
+        host: str,
+        port: int,
+        *,
+        gateways: Sequence[tuple[str, int]] = (),
+        max_frame: int = MAX_FRAME_BODY,
+        **options: Any,
     ) -> Connection:
-        """Opens a TCP connection to a gateway's game port."""
-        return await cls.open(tcp_connector(host, port, max_frame), **options)
+        """Opens a TCP connection to a gateway's game port.
+
+        `gateways` are the `(host, port)` game addresses of more gateways of the same
+        cluster, tried after `host:port`: when it cannot be reached at first, and in turn
+        for each attempt to resume.
+        """
+        addresses = [(host, port), *gateways]
+        return await cls.open([tcp_connector(h, p, max_frame) for h, p in addresses], **options)
 
     @classmethod
     async def connect_websocket(
-        cls, url: str, *, max_frame: int = MAX_FRAME_BODY, **options: Any
+        cls,
+        url: str,
+        *,
+        gateways: Sequence[str] = (),
+        max_frame: int = MAX_FRAME_BODY,
+        **options: Any,
     ) -> Connection:
-        """Opens a WebSocket connection (`ws://` or `wss://`); needs the `websocket` extra."""
-        return await cls.open(websocket_connector(url, max_frame), **options)
+        """Opens a WebSocket connection (`ws://` or `wss://`); needs the `websocket` extra.
+
+        `gateways` are the URLs of more gateways of the same cluster, used as in `connect`.
+        """
+        urls = [url, *gateways]
+        return await cls.open([websocket_connector(u, max_frame) for u in urls], **options)
 
     @classmethod
-    async def open(cls, connector: Connector, **options: Any) -> Connection:
+    async def open(cls, connector: Connector | Sequence[Connector], **options: Any) -> Connection:
+        """Opens a connection through a connector, or the first of several that connects.
+
+        Several connectors are gateways of the same cluster, in the order to try them; if
+        none connects, the last one's error is raised.
+        """
         connection = cls(connector, **options)
-        transport = await connector()
+        transport = await connection._open_first()
         connection._attach(transport)
         loop = asyncio.get_running_loop()
         connection._tasks = [
@@ -166,6 +213,16 @@ class Connection:
             loop.create_task(connection._keep_alive()),
         ]
         return connection
+
+    @property
+    def address(self) -> Address | None:
+        """The gateway this connection is on: `(host, port)` for TCP, the URL for a WebSocket.
+
+        While resuming, it is the gateway being tried. It is None for a connector of your own
+        that has no `address` attribute.
+        """
+        address: Address | None = getattr(self._connectors[self._gateway], "address", None)
+        return address
 
     async def close(self) -> None:
         """Closes at once, without logging out: the player stays for the resume window."""
@@ -290,6 +347,28 @@ class Connection:
 
     # ---- internals ----
 
+    async def _open_first(self) -> Transport:
+        """Connects to each gateway in turn until one answers; raises the last one's error."""
+        for index, connector in enumerate(self._connectors):
+            self._gateway = index
+            try:
+                return await connector()
+            except Exception as error:
+                if index == len(self._connectors) - 1:
+                    raise
+                log.debug("could not connect to %s: %s", self._where(), error)
+        raise AssertionError("unreachable: there is at least one connector")
+
+    def _where(self) -> str:
+        """The current gateway's address as text, for reasons and logs."""
+        address = self.address
+        if address is None:
+            return f"#{self._gateway + 1}"
+        if isinstance(address, tuple):
+            host, port = address
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return address
+
     def _attach(self, transport: Transport) -> None:
         self._transport = transport
         self._generation += 1
@@ -354,6 +433,8 @@ class Connection:
         try:
             while True:
                 reason = await self._read(transport)
+                if self._gateway_shutting_down:
+                    reason = f"the gateway {self._where()} is shutting down ({reason})"
                 self._online.clear()
                 transport.close()
                 if not self._should_resume():
@@ -398,21 +479,37 @@ class Connection:
         if self.state != "resuming":
             self.state = "resuming"
             self._resume_deadline = loop.time() + self.resume_window
+            self._backoff = 0.0
             self._emit(Resuming(reason))
-        backoff = 0.05
+        # A connection that opened but closed before its ViewReset (a gateway that could
+        # not resume, or that is going away too) counts as a failed attempt as well.
         while loop.time() < self._resume_deadline:
+            if self._gateway_shutting_down:
+                # The gateway is going away on purpose: on to the next one at once.
+                self._gateway_shutting_down = False
+            elif self._backoff > 0:
+                await asyncio.sleep(min(self._backoff, self._resume_deadline - loop.time()))
+                if loop.time() >= self._resume_deadline:
+                    break
+            self._backoff = min(max(self._backoff * 2, _FIRST_BACKOFF), _MAX_BACKOFF)
+            # Round-robin, starting after the gateway that failed (the same one if alone).
+            self._gateway = (self._gateway + 1) % len(self._connectors)
+            transport: Transport | None = None
             try:
+                connector = self._connectors[self._gateway]
                 transport = await asyncio.wait_for(
-                    self._connector(), max(0.1, self._resume_deadline - loop.time())
+                    connector(), max(0.1, self._resume_deadline - loop.time())
                 )
                 self._attach(transport)
                 resume = pb.ClientMessage(resume=pb.Resume(token=self.info.resume_token))
                 await transport.send(resume.SerializeToString())
                 return transport
-            except (OSError, ConnectionError, asyncio.TimeoutError) as error:
-                log.debug("resume attempt failed: %s", error)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            except Exception as error:
+                # Any failure to connect (a connector may raise its library's own errors,
+                # such as a refused WebSocket handshake) is one failed attempt.
+                log.debug("resume attempt on %s failed: %s", self._where(), error)
+                if transport is not None:
+                    transport.close()
         return None
 
     def _handle(self, message: pb.ServerMessage) -> None:
@@ -448,6 +545,9 @@ class Connection:
                 self._final_error = MeridianError(error.code, error.detail)
             if error.code in _FINAL_CODES:
                 self._final_error = MeridianError(error.code, error.detail)
+            elif error.code == pb.SHUTTING_DOWN and self.state in ("playing", "resuming"):
+                # The close follows; the session resumes, on another gateway if there is one.
+                self._gateway_shutting_down = True
             self._emit(ErrorReceived(error.code, error.detail))
         self._answers.resolve(message, self.view.own_id)
         for event in self.view.apply(message):

@@ -2,12 +2,17 @@
 
 TCP carries each body behind its varint length (see `framing`); a WebSocket carries one
 body per binary message, with no prefix. Both keep the 4096-byte body limit both ways.
+
+A `Connector` opens a fresh transport to one gateway each time it is called: the connection
+calls it again to resume. The two here (`tcp_connector`, `websocket_connector`) also say
+which gateway they reach, as their `address`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
 from .framing import MAX_FRAME_BODY, FrameDecoder, FrameTooLarge, encode_frame
@@ -28,6 +33,9 @@ class Transport(Protocol):
 
 
 Connector = Callable[[], Awaitable[Transport]]
+
+# Where a connector goes: `(host, port)` for TCP, the URL for a WebSocket.
+Address = tuple[str, int] | str
 
 
 class TcpTransport:
@@ -78,11 +86,24 @@ class TcpTransport:
         self._writer.transport.abort()
 
 
-def tcp_connector(host: str, port: int, limit: int = MAX_FRAME_BODY) -> Connector:
-    async def connect() -> Transport:
-        return await TcpTransport.open(host, port, limit)
+@dataclass(frozen=True)
+class TcpConnector:
+    """Opens a `TcpTransport` to one gateway's game port each time it is called."""
 
-    return connect
+    host: str
+    port: int
+    limit: int = MAX_FRAME_BODY
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    async def __call__(self) -> Transport:
+        return await TcpTransport.open(self.host, self.port, self.limit)
+
+
+def tcp_connector(host: str, port: int, limit: int = MAX_FRAME_BODY) -> TcpConnector:
+    return TcpConnector(host, port, limit)
 
 
 class WebSocketTransport:
@@ -123,8 +144,20 @@ class WebSocketTransport:
         self._socket.transport.abort()
 
 
-def websocket_connector(url: str, limit: int = MAX_FRAME_BODY) -> Connector:
-    async def connect() -> Transport:
-        return await WebSocketTransport.open(url, limit)
+@dataclass(frozen=True)
+class WebSocketConnector:
+    """Opens a `WebSocketTransport` to one gateway's URL each time it is called."""
 
-    return connect
+    url: str
+    limit: int = MAX_FRAME_BODY
+
+    @property
+    def address(self) -> str:
+        return self.url
+
+    async def __call__(self) -> Transport:
+        return await WebSocketTransport.open(self.url, self.limit)
+
+
+def websocket_connector(url: str, limit: int = MAX_FRAME_BODY) -> WebSocketConnector:
+    return WebSocketConnector(url, limit)
