@@ -44,6 +44,19 @@ def log(message):
     print(f"[failover {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def stop(process, how):
+    """Sends `how` to a process this run started, if it still runs, and waits for it (30 s,
+    then SIGKILL)."""
+    if process.poll() is not None:
+        return
+    process.send_signal(how)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def run_once(meridian, loadtest, fault, work, label):
     work.mkdir(parents=True, exist_ok=True)
     seconds = ROLL_SECONDS if fault == "roll" else SECONDS
@@ -113,24 +126,11 @@ def run_once(meridian, loadtest, fault, work, label):
             log(f"  meridian status --check: {'healthy' if healthy else 'NOT healthy'}")
     finally:
         for process, out in replacements:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process, signal.SIGTERM)
             out.close()
         for process, out, _ in loads:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+            stop(process, signal.SIGKILL)
+        stop(up, signal.SIGINT)
         up_log.close()
 
     def worst(key):

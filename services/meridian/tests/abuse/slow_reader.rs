@@ -37,15 +37,20 @@ const CHATTERS_AT: [(u32, u32); 4] = [(85, 85), (115, 85), (85, 115), (115, 115)
 /// How long the chatters may take to get the sluggard cut (about a second here).
 const CUT_WITHIN: Duration = Duration::from_secs(15);
 
-pub fn never_reading_client(front: Front) {
-    // The chatters may chat as fast as the test needs (the default is 2/s) and send that
-    // much (the default input budget is 100 frames and 64 KiB a second).
-    let opts = ClusterOptions::new(front)
+/// A cluster whose output bound is [`MAX_OUTPUT`] and whose chatters may chat as fast as
+/// the tests need (the default is 2/s) and send that much (the default input budget is
+/// 100 frames and 64 KiB a second).
+fn chatty_cluster(front: Front) -> ClusterOptions {
+    ClusterOptions::new(front)
         .env("MERIDIAN_MAX_OUTPUT", MAX_OUTPUT.to_string())
         .env("MERIDIAN_CHAT_RATE", "100000")
         .env("MERIDIAN_CHAT_BURST", "100000")
         .env("MERIDIAN_INPUT_FRAME_RATE", "100000")
-        .env("MERIDIAN_INPUT_BYTE_RATE", "67108864");
+        .env("MERIDIAN_INPUT_BYTE_RATE", "67108864")
+}
+
+pub fn never_reading_client(front: Front) {
+    let opts = chatty_cluster(front);
     with_cluster_alone(opts, |cluster| {
         let addr = cluster.game_addr(0);
         let admin = cluster.gateway(0).admin;
@@ -218,12 +223,7 @@ const KERNEL_SEND_QUEUE_MAX: u64 = 128 * 1024 + 16 * 1024;
 /// kernel's default buffer it reached ~4 MiB per socket before the gateway's own queue
 /// grew at all. A bystander far away is not slowed or cut.
 pub fn many_never_reading_clients(front: Front) {
-    let opts = ClusterOptions::new(front)
-        .env("MERIDIAN_MAX_OUTPUT", MAX_OUTPUT.to_string())
-        .env("MERIDIAN_CHAT_RATE", "100000")
-        .env("MERIDIAN_CHAT_BURST", "100000")
-        .env("MERIDIAN_INPUT_FRAME_RATE", "100000")
-        .env("MERIDIAN_INPUT_BYTE_RATE", "67108864");
+    let opts = chatty_cluster(front);
     with_cluster_alone(opts, |cluster| {
         let addr = cluster.game_addr(0);
         let admin = cluster.gateway(0).admin;
