@@ -247,16 +247,26 @@ impl Conn {
     /// Takes back the chat and action budgets `player`'s last connection to this gateway
     /// left with, if kept (see `limits::Admission::keep_budgets`). Its shard gives the ones
     /// parked with the player, from any gateway, beside its answer ([`Conn::lower_budgets`]).
+    /// Whether any were kept.
     pub(super) fn take_kept_budgets(
         &mut self,
         admission: &crate::limits::Admission,
         player: u64,
         now: Instant,
-    ) {
-        if let Some(kept) = admission.take_budgets(player, now) {
+    ) -> bool {
+        let kept = admission.take_budgets(player, now);
+        if let Some(kept) = &kept {
             self.chats = kept.chats;
             self.actions = kept.actions;
         }
+        kept.is_some()
+    }
+
+    /// Empties the chat and action budgets at `now` (they refill at their rates): for a
+    /// connection that took its player over from one still open, whose budgets come later.
+    pub(super) fn empty_budgets(&mut self, limits: &Limits, now: Instant) {
+        self.chats.lower_to(limits.chats, 0, now, now);
+        self.actions.lower_to(limits.actions, 0, now, now);
     }
 
     /// Lowers the chat and action budgets to what the player's shard says its last

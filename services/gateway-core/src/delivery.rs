@@ -108,7 +108,14 @@ impl Core {
                     self.ctx.shared.metrics.logins.inc();
                     conn.name = login.name;
                 }
-                conn.take_kept_budgets(&self.ctx.shared.admission, player, self.ctx.now);
+                let kept = conn.take_kept_budgets(&self.ctx.shared.admission, player, self.ctx.now);
+                if !kept && delivery.budgets.is_none() {
+                    // The shard gives no budgets when it took the player over from a
+                    // connection still open: that one's gateway holds them, and they come
+                    // later, with its Leave, through the shard. Until then, none to spend:
+                    // a reconnect must not buy a fresh burst in that race (issue 31 item 3).
+                    conn.empty_budgets(self.ctx.shared.admission.limits(), self.ctx.now);
+                }
                 conn.session = Session::Playing { player, link };
             }
             if delivery.resume_refused {

@@ -883,6 +883,10 @@ fn a_resume_gets_back_the_budgets_its_last_connection_spent() {
     let (mut core, links, mail) = core_limited(64, 1, Limits::default());
     let t0 = Instant::now();
     let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
+    // The shard says the player's budgets are full (parked so, long ago): only what this
+    // gateway kept of the connection it left can lower them.
+    let full =
+        Budgets { chat_credit: 5 * 1_000_000_000, action_credit: 20 * 1_000_000_000, age_ms: 0 };
     let resume_at = |core: &mut TestCore, at: Instant| {
         let slot = core.connect(at).expect("admitted");
         let resume = C::Resume(meridian_protocol::pb::Resume { token: token.clone() });
@@ -890,7 +894,8 @@ fn a_resume_gets_back_the_budgets_its_last_connection_spent() {
         let session = core.relayed_session(slot);
         let mut frames = Vec::new();
         encode_frame(&server::view_reset(42, 1, 1), &mut frames);
-        let answer = Delivery { session, frames: frames.into(), ..Default::default() };
+        let answer =
+            Delivery { session, frames: frames.into(), budgets: Some(full), ..Default::default() };
         mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![answer] }).unwrap();
         core.process_mail(at);
         replies(core, slot);
@@ -944,7 +949,9 @@ fn a_resume_on_another_gateway_gets_the_budgets_its_shard_parked() {
     };
     // Gateway A: the burst of 5 chats spent, then the connection drops.
     let (mut a, a_links, a_mail) = core_limited(64, 1, Limits::default());
-    let first = resume(&mut a, &a_mail, t0, None);
+    let full =
+        Budgets { chat_credit: 5 * 1_000_000_000, action_credit: 20 * 1_000_000_000, age_ms: 0 };
+    let first = resume(&mut a, &a_mail, t0, Some(full));
     write_all_at(&mut a, first, chats(5), t0);
     assert_eq!(n_chats(&relayed_inputs(&mut a, &a_links[0].1)), 5);
     a.on_peer_closed(first);
@@ -967,4 +974,39 @@ fn a_resume_on_another_gateway_gets_the_budgets_its_shard_parked() {
     let refilled = t0 + Duration::from_millis(510);
     write_all_at(&mut b, second, chats(2), refilled);
     assert_eq!(n_chats(&relayed_inputs(&mut b, &b_links[0].1)), 1);
+}
+
+/// A resume that takes the player over from a connection still open (on another gateway)
+/// is answered without budgets: the old connection's gateway holds them, and they come
+/// later, through the shard, with that connection's Leave. Until then the new connection
+/// has none to spend, so the race cannot buy a fresh burst (abuse scenario 11 heard 10
+/// chats of a budget of 6 when the old budgets came after the new burst). They refill at
+/// the usual rate.
+#[test]
+fn a_takeover_answered_without_budgets_starts_with_none() {
+    let (mut core, links, mail) = core_limited(64, 1, Limits::default());
+    let t0 = Instant::now();
+    let token = TokenKey::new(vec![7; 32]).expect("a valid key").mint(42, u64::MAX / 2);
+    let slot = core.connect(t0).expect("admitted");
+    let resume = C::Resume(meridian_protocol::pb::Resume { token });
+    write_all_at(&mut core, slot, vec![resume], t0);
+    let session = core.relayed_session(slot);
+    let mut frames = Vec::new();
+    encode_frame(&server::view_reset(42, 1, 1), &mut frames);
+    let answer = Delivery { session, frames: frames.into(), budgets: None, ..Default::default() };
+    mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![answer] }).unwrap();
+    core.process_mail(t0);
+    replies(&mut core, slot);
+    let chats = |n: usize| (0..n).map(|i| C::Chat(Chat { text: format!("hi {i}") })).collect();
+    let n_chats = |inputs: &[PlayerInput]| {
+        inputs.iter().filter(|i| matches!(i.kind, Some(Input::Chat(_)))).count()
+    };
+    write_all_at(&mut core, slot, chats(5), t0);
+    assert_eq!(n_chats(&relayed_inputs(&mut core, &links[0].1)), 0, "no fresh burst");
+    let refused = errors(&replies(&mut core, slot));
+    assert_eq!(refused, vec![(ErrorCode::RateLimited, 0); 5], "each chat refused");
+    // Half a second on, refilled by the rate (2/s): one chat.
+    let refilled = t0 + Duration::from_millis(510);
+    write_all_at(&mut core, slot, chats(2), refilled);
+    assert_eq!(n_chats(&relayed_inputs(&mut core, &links[0].1)), 1);
 }
