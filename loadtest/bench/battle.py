@@ -62,6 +62,8 @@ def parse_steps(text):
 def run_step(meridian, loadtest, kind, bots, seconds, work, label):
     work.mkdir(parents=True, exist_ok=True)
     ready = work / "ready.json"
+    # A ready file left by an earlier run in the same --out would name its dead cluster.
+    ready.unlink(missing_ok=True)
     up_log = open(work / "up.log", "w")
     up = subprocess.Popen(
         ["taskset", "-c", "1", str(meridian), "up", "--shards", "4", "--gateways", "1",

@@ -64,6 +64,8 @@ def run_once(meridian, loadtest, fault, work, label):
     replacements = []
     healthy = None
     ready = work / "ready.json"
+    # A ready file left by an earlier run in the same --out would name its dead cluster.
+    ready.unlink(missing_ok=True)
     up_log = open(work / "up.log", "w")
     up = subprocess.Popen(
         [str(meridian), "up", "--shards", "3", "--gateways", "2", "--port", "0",

@@ -239,7 +239,8 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
     stats.bots_online.fetch_sub(1, Ordering::Relaxed);
     let disconnected = {
         let ledger = session.ledger();
-        stats.moves_lost.fetch_add(ledger.outstanding.len() as u64, Ordering::Relaxed);
+        let unanswered = ledger.outstanding.len() + ledger.crossed.len();
+        stats.moves_lost.fetch_add(unanswered as u64, Ordering::Relaxed);
         stats.actions_lost.fetch_add(ledger.actions.len() as u64, Ordering::Relaxed);
         if ledger.acked {
             stats.ack_gaps.record(ledger.longest_gap.as_micros() as u64);
@@ -347,6 +348,10 @@ async fn log_out(io: Io<'_>) -> io::Result<()> {
 struct Ledger {
     /// Moves: `(client_time, sent at)`.
     outstanding: VecDeque<(u64, Instant)>,
+    /// Moves still unanswered when a `ViewReset` came: not applied before it, but one that
+    /// crossed the reset on the wire may be applied after it and acked (docs/protocol.md,
+    /// "ViewReset"). Answered or, at the end, lost.
+    crossed: VecDeque<(u64, Instant)>,
     /// Actions: `(client_time, sent at, whom it aimed at)`.
     actions: VecDeque<(u64, Instant, Aim)>,
     /// The writer has sent its last move.
@@ -573,7 +578,9 @@ impl Session<'_> {
             }
             {
                 let ledger = self.ledger();
-                let answered = ledger.outstanding.is_empty() && ledger.actions.is_empty();
+                let answered = ledger.outstanding.is_empty()
+                    && ledger.crossed.is_empty()
+                    && ledger.actions.is_empty();
                 if ledger.disconnected || (ledger.sending_done && answered) {
                     break;
                 }
@@ -632,14 +639,17 @@ impl Session<'_> {
                         self.position.store(pack((p.x, p.y)), Ordering::Relaxed);
                     }
                     self.with_sight(|sight| sight.reset(reset.position.map(|p| (p.x, p.y))));
-                    // Moves still unanswered at a ViewReset were not applied and will not
-                    // be answered (DESIGN.md section 2); nor will actions.
+                    // Moves still unanswered at a ViewReset were not applied before it
+                    // (DESIGN.md section 2), but each still gets its one answer: one that
+                    // crossed the reset on the wire may be applied after it and acked.
+                    // Actions unanswered at a reset will not be answered.
                     bump(&self.stats.view_resets);
-                    let (moves, actions) = {
+                    let actions = {
                         let mut ledger = self.ledger();
-                        (ledger.outstanding.drain(..).count(), ledger.actions.drain(..).count())
+                        let ledger = &mut *ledger;
+                        ledger.crossed.extend(ledger.outstanding.drain(..));
+                        ledger.actions.drain(..).count()
                     };
-                    self.stats.moves_lost.fetch_add(moves as u64, Ordering::Relaxed);
                     self.stats.actions_lost.fetch_add(actions as u64, Ordering::Relaxed);
                     if in_window {
                         bump(&self.stats.notifications);
@@ -683,11 +693,25 @@ impl Session<'_> {
         }
     }
 
+    /// The move sent with `client_time`, if it was unanswered at a `ViewReset` and is
+    /// answered now (counted in `moves_answered_after_reset`): when it was sent.
+    fn answered_after_reset(
+        &self,
+        crossed: &mut VecDeque<(u64, Instant)>,
+        client_time: u64,
+    ) -> Option<Instant> {
+        let sent_at = take(crossed, client_time)?;
+        bump(&self.stats.moves_answered_after_reset);
+        Some(sent_at)
+    }
+
     /// The own `Moved` ack of the move sent with `client_time`.
     fn ack(&self, client_time: u64, at: Option<(u32, u32)>, now: Instant) {
         let sent_at = {
             let mut ledger = self.ledger();
-            let Some(sent_at) = take(&mut ledger.outstanding, client_time) else {
+            let Some(sent_at) = take(&mut ledger.outstanding, client_time)
+                .or_else(|| self.answered_after_reset(&mut ledger.crossed, client_time))
+            else {
                 drop(ledger);
                 bump(&self.stats.acks_unmatched);
                 return;
@@ -723,7 +747,13 @@ impl Session<'_> {
     /// True when it is the game's answer to an action (`REJECTED`), counted with the
     /// actions (`actions_rejected`) and not as an error.
     fn error_answer(&self, client_time: u64, code: i32, now: Instant) -> bool {
-        let is_move = take(&mut self.ledger().outstanding, client_time).is_some();
+        let is_move = {
+            let mut ledger = self.ledger();
+            let ledger = &mut *ledger;
+            take(&mut ledger.outstanding, client_time)
+                .or_else(|| self.answered_after_reset(&mut ledger.crossed, client_time))
+                .is_some()
+        };
         if is_move {
             bump(&self.stats.moves_errored);
             false

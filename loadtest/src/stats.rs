@@ -32,6 +32,8 @@ pub struct Stats {
     pub moves_acked: AtomicU64,
     pub moves_errored: AtomicU64,
     pub moves_lost: AtomicU64,
+    /// Moves unanswered when a `ViewReset` came and answered after it (acked or errored).
+    pub moves_answered_after_reset: AtomicU64,
     /// Every other server message received during `--duration`.
     pub notifications: AtomicU64,
     pub disconnects: AtomicU64,
@@ -372,6 +374,9 @@ pub struct Summary {
     pub moves_acked: u64,
     pub moves_lost: u64,
     pub moves_errored: u64,
+    /// Moves still unanswered when a `ViewReset` came, answered after it (counted in
+    /// `moves_acked` or `moves_errored` too): they crossed the reset on the wire.
+    pub moves_answered_after_reset: u64,
     /// Server messages other than the bots' own answers, received during `--duration`.
     pub notifications: u64,
     pub notifications_per_s: f64,
@@ -438,6 +443,7 @@ impl Summary {
             moves_acked: load(&stats.moves_acked),
             moves_lost: load(&stats.moves_lost),
             moves_errored: load(&stats.moves_errored),
+            moves_answered_after_reset: load(&stats.moves_answered_after_reset),
             notifications,
             notifications_per_s: round3(notifications as f64 / duration_s),
             delay_ms: DelaySummary::of(delays),

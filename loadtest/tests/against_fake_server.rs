@@ -59,6 +59,9 @@ struct Behaviour {
     wolves: bool,
     /// Leave every n-th action of a connection unanswered.
     drop_action_every: Option<u64>,
+    /// Send a `ViewReset` just before answering every n-th move: the move crossed the
+    /// reset on the wire (a shard failure's restore), and its ack comes after it.
+    reset_every: Option<u64>,
 }
 
 /// What the fake server did, to compare with what the load test reports.
@@ -76,6 +79,7 @@ struct Counts {
     actions_done: AtomicU64,
     actions_rejected: AtomicU64,
     actions_unanswered: AtomicU64,
+    view_resets: AtomicU64,
     /// Per player, the target of each action in the order received.
     action_targets: Mutex<std::collections::BTreeMap<u64, Vec<u64>>>,
     peers: Mutex<BTreeSet<std::net::IpAddr>>,
@@ -379,6 +383,10 @@ async fn serve_connection(
                         add(&counts.moves_errored);
                         reply(server::error(ErrorCode::RateLimited, "slow down", mv.client_time));
                     } else {
+                        if is_nth(behaviour.reset_every) {
+                            add(&counts.view_resets);
+                            reply(server::view_reset(player_id, 1, 1));
+                        }
                         add(&counts.moves_acked);
                         reply(server::moved(player_id, 1, 1, mv.client_time));
                         reply(server::moved(NEIGHBOUR, 2, 2, 0));
@@ -551,6 +559,29 @@ async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
     assert!(summary["per_second"].as_array().unwrap().len() >= 2);
     assert_eq!(summary["duration_s"].as_f64(), Some(2.0));
     assert_eq!(summary["move_interval_ms"].as_f64(), Some(50.0));
+}
+
+/// A move in flight when a `ViewReset` arrives and acked after it (it crossed the reset on
+/// the wire, as after a shard failure: docs/protocol.md, "ViewReset") was answered, not
+/// lost: it counts as acked, and in `moves_answered_after_reset`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_acked_after_a_view_reset_is_acked_not_lost() {
+    let behaviour = Behaviour { reset_every: Some(6), ..Behaviour::default() };
+    let (addr, counts) = start_fake_server(behaviour).await;
+    let addr = addr.to_string();
+    let summary = run_ok(
+        "across-reset",
+        &["--addr", &addr, "--bots", "3", "--duration", "1s", "--move-interval", "50ms"],
+    )
+    .await;
+    let resets = get(&counts.view_resets);
+    assert!(resets >= 6, "the run was too short to test anything: {summary}");
+    assert_eq!(n(&summary, "view_resets"), resets);
+    assert_eq!(n(&summary, "moves_answered_after_reset"), resets, "{summary}");
+    assert_eq!(n(&summary, "moves_lost"), 0, "{summary}");
+    assert_eq!(n(&summary, "acks_unmatched"), 0, "{summary}");
+    assert_eq!(n(&summary, "moves_acked"), get(&counts.moves_acked));
+    assert_eq!(n(&summary, "moves_sent"), n(&summary, "moves_acked"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
