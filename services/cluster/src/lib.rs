@@ -55,7 +55,7 @@ pub use model::{
 #[cfg(feature = "etcd")]
 pub use patience::{until_etcd_answers, START_PATIENCE};
 #[cfg(feature = "etcd")]
-pub use registration::{revoke_dead_shard, Registration, RegistrationStatus};
+pub use registration::{revoke_dead_shard, ExpiryJudge, Registration, RegistrationStatus};
 pub use suspect::{Refusals, CONFIRM_REFUSALS, CONFIRM_SPAN};
 pub use transport::{Incompatible, Mismatch, Transport, CLUSTER_PROTOCOL};
 #[cfg(feature = "etcd")]

@@ -49,6 +49,21 @@ impl RegistrationStatus {
     }
 }
 
+/// Told of each lease expiry, before the key goes on a new lease: the receiver answers on
+/// the enclosed sender once the member has judged what it still owns and updated its value
+/// (see [`Registration::start_judged`]). A receiver that is gone, or drops the sender,
+/// lets the key go on at once.
+pub type ExpiryJudge = tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
+
+/// Waits for `judge`'s answer to an expiry, if there is a judge.
+async fn judged(judge: Option<&ExpiryJudge>) {
+    let Some(judge) = judge else { return };
+    let (done, answer) = tokio::sync::oneshot::channel();
+    if judge.send(done).await.is_ok() {
+        let _ = answer.await;
+    }
+}
+
 /// Handle to a running registration. Dropping it stops the keep-alive; [`Self::revoke`]
 /// removes the key at once (a clean exit).
 pub struct Registration {
@@ -71,6 +86,21 @@ impl Registration {
         ttl: Duration,
         contact: EtcdContact,
     ) -> Result<Self, ClusterError> {
+        Registration::start_judged(client, key, value, ttl, contact, None).await
+    }
+
+    /// [`Self::start`], and when etcd lets the lease expire, the key goes on a new lease
+    /// only once `judge` has answered: the member decides first what it still owns and
+    /// updates its value (a shard taken for dead comes back saying it is a new life, never
+    /// as the old one).
+    pub async fn start_judged(
+        client: Client,
+        key: String,
+        value: String,
+        ttl: Duration,
+        contact: EtcdContact,
+        judge: Option<ExpiryJudge>,
+    ) -> Result<Self, ClusterError> {
         let ttl_secs = ttl.as_secs().max(1) as i64;
         let mut first_client = client.clone();
         let lease_id = put_on_new_lease(&mut first_client, &key, &value, ttl_secs).await?;
@@ -86,6 +116,7 @@ impl Registration {
             Arc::clone(&lease),
             status.clone(),
             contact,
+            judge,
         ));
         Ok(Registration { value: sender, status, lease, client, task })
     }
@@ -157,6 +188,7 @@ async fn keep_alive(
     lease: Arc<std::sync::atomic::AtomicI64>,
     status: RegistrationStatus,
     contact: EtcdContact,
+    judge: Option<ExpiryJudge>,
 ) {
     let period = Duration::from_millis((ttl_secs as u64 * 1000 / 3).max(200));
     loop {
@@ -167,10 +199,11 @@ async fn keep_alive(
         contact.lost();
         status.registered.store(false, Ordering::Relaxed);
         let mut expired = matches!(outcome, ClusterError::LeaseExpired);
+        warn!(key, error = %outcome, "registration lost; renewing it as soon as etcd answers");
         if expired {
             status.expirations.fetch_add(1, Ordering::Relaxed);
+            judged(judge.as_ref()).await;
         }
-        warn!(key, error = %outcome, "registration lost; renewing it as soon as etcd answers");
         let mut backoff = Duration::from_millis(100);
         loop {
             let current = value.borrow_and_update().clone();
@@ -192,7 +225,9 @@ async fn keep_alive(
                         info!(key, %error, "the lease expired while etcd did not answer");
                         status.expirations.fetch_add(1, Ordering::Relaxed);
                         expired = true;
-                        None
+                        // The value may change with the judgement: read it again.
+                        judged(judge.as_ref()).await;
+                        continue;
                     }
                     Err(error) => {
                         tracing::debug!(key, %error, "etcd still unreachable");

@@ -230,16 +230,15 @@ impl ShardCore {
                 debug!(shard = %self.id, "lease confirmed after the pause");
                 self.resume_after_pause(now);
             }
-            Event::LeaseExpired { partition } => {
-                // Whether the region was given away is judged by the partition etcd holds
-                // now, or failing that read, by the newest one the watch brought meanwhile
-                // (it waits in the queue), never by the one from before the pause: the watch
-                // may not have brought the reassignment yet (seed 1643).
-                let newest = self.pause.newest_partition();
-                let owns =
-                    partition.as_ref().or(newest).map(|p| p.regions_of(self.id).next().is_some());
+            Event::LeaseExpired { .. } => {
+                // Taken for dead, whatever the map says now: every gateway saw this shard's
+                // record go and restores its players where the coordinator puts them, and
+                // the coordinator may not have drawn that map yet when this shard reads it
+                // (or has drawn this shard back in already). Its players are dropped, and
+                // their gateways restore them, here or elsewhere (issue 33: kept, they were
+                // the lost moves and the players on two shards after a SIGSTOP).
                 self.now = self.now.max(now);
-                if self.after_lease_expiry(owns) {
+                if self.after_lease_expiry(Some(false)) {
                     // What peers and gateways sent the old incarnation went with it: its
                     // ghosts, handoffs and inputs are void (a held restore taken here brought
                     // back a player that lives elsewhere now: seed 303). Peers learn it died
@@ -897,14 +896,12 @@ impl ShardCore {
         }
     }
 
-    /// Back from being taken for dead (a hang, or cut off from etcd past the TTL). If the
-    /// coordinator gave this shard's region away meanwhile, gateways have restored its
-    /// players elsewhere: this shard's copies are stale and are dropped without a word
-    /// (not handed off, which would duplicate them). If nobody took over, it keeps them.
-    /// The lease expired: if the region is not this shard's any more (`owns`, from the
-    /// newest partition known; the current geometry's if `None`), the players here live
-    /// elsewhere now and are dropped.
-    /// Whether they were dropped.
+    /// The lease expired (a hang, or cut off from etcd past the TTL, or etcd stalled). If
+    /// the region is not this shard's any more (`owns`, from the partition read with the
+    /// expiry; the current geometry's if `None`), or the shard did not run meanwhile (then
+    /// `owns` is `Some(false)`), gateways restore its players elsewhere: this shard's copies
+    /// are stale and are dropped without a word (not handed off, which would duplicate
+    /// them). If the region is still its own, it keeps them. Whether they were dropped.
     fn after_lease_expiry(&mut self, owns: Option<bool>) -> bool {
         if owns.unwrap_or_else(|| self.geometry.owner_count(self.id) > 0) {
             warn!(shard = %self.id, "lease expired but the region is still ours; keeping players");

@@ -462,6 +462,47 @@ fn a_shard_taken_for_dead_judges_by_the_partition_read_with_the_expiry() {
     assert_eq!(h.actor.local_players().count(), 0, "player 11 lives elsewhere now");
 }
 
+/// A shard that did not run past its lease and finds it expired was taken for dead, whatever
+/// the map says when it reads it: the gateways saw its record go and restore its players
+/// where the coordinator puts them, and the coordinator may not have drawn the new map yet.
+/// So it starts a new life: its players are dropped (their gateways restore them, here or
+/// elsewhere), the move that waited is void, and its incarnation says so. Keeping them was
+/// issue 33's SIGSTOP run: moves lost, players on two shards.
+#[test]
+fn a_paused_shard_whose_lease_expired_starts_a_new_life_even_if_the_map_still_names_it() {
+    let mut h = Harness::pausing();
+    h.join(11, 1);
+    h.received();
+    h.now += Duration::from_secs(5);
+    h.direct(11, 2, a_move(1));
+    let ours = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![ours] };
+    h.actor.handle(h.now, Event::LeaseExpired { partition: Some(partition) });
+    assert_eq!(h.received(), vec![], "the move is not applied");
+    assert_eq!(h.actor.local_players().count(), 0, "player 11 is restored by its gateway");
+    assert_eq!(h.actor.incarnation(), 2, "a new life");
+}
+
+/// A shard that kept running while its lease expired (etcd stalled: every lease expires at
+/// once when it resumes, and nobody is taken for dead) keeps its players if the map still
+/// gives it its region.
+#[test]
+fn a_running_shard_whose_lease_expired_keeps_its_players_if_the_region_is_still_its() {
+    let mut h = Harness::pausing();
+    h.join(11, 1);
+    h.received();
+    let ours = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![ours] };
+    h.actor.handle(h.now, Event::LeaseExpired { partition: Some(partition) });
+    h.direct(11, 2, a_move(1));
+    let answered = h.received();
+    assert!(
+        matches!(answered.as_slice(), [Server::Moved(m)] if m.client_time == 1),
+        "the player plays on: {answered:?}"
+    );
+    assert_eq!(h.actor.incarnation(), 1, "the same life");
+}
+
 /// A peer that registered again (taken for dead after a pause: it dropped every copy it
 /// held) gets its copies back, even when the view that says so is the first this shard
 /// sees without it ever having been gone (`meridian-sim` seed 4348).

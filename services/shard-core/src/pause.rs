@@ -11,8 +11,6 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use meridian_cluster::PartitionMap;
-
 use crate::types::{Event, LinkId};
 
 pub(crate) struct Pause {
@@ -50,14 +48,6 @@ impl Pause {
     /// An event waits until the lease is known.
     pub fn hold(&mut self, event: Event) {
         self.held.push_back(event);
-    }
-
-    /// The newest partition among the views that waited.
-    pub fn newest_partition(&self) -> Option<&PartitionMap> {
-        self.held.iter().rev().find_map(|event| match event {
-            Event::View(view) => view.partition.as_ref(),
-            _ => None,
-        })
     }
 
     /// The shard was taken for dead: what peers and gateways sent the old incarnation is

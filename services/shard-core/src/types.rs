@@ -82,7 +82,10 @@ pub enum Event {
     PeersUp(Vec<ShardId>),
     /// etcd let this shard's lease expire: the cluster took it for dead. `partition` is the
     /// partition etcd held when the expiry was found (read then, not the watch's copy, which
-    /// may lag behind the reassignment), if that read succeeded.
+    /// may lag behind the reassignment), if that read succeeded; it decides only for a shard
+    /// that kept running (a stalled etcd), as one that did not run past its lease starts a
+    /// new life. The shard registers again only once its core has taken this event, so the
+    /// record that comes back says which life it is.
     LeaseExpired { partition: Option<PartitionMap> },
     /// etcd answered a keep-alive sent at `asked` with the lease alive.
     LeaseConfirmed { asked: Instant },

@@ -225,12 +225,16 @@ pub async fn run(
         incarnation,
         transport: Some(transport.clone()),
     };
+    // A lease expiry is judged (what this shard still owns, which life it is) before its
+    // record goes back on a new lease: see `publish_record`.
+    let (judge, expiries) = tokio::sync::mpsc::channel(1);
     let registration = meridian_cluster::until_etcd_answers(
         "registering",
         meridian_cluster::START_PATIENCE,
         || {
             let (key, value) = (keys.shard(config.id), record.to_json());
-            Registration::start(client.clone(), key, value, config.lease_ttl, contact.clone())
+            let (ttl, contact, judge) = (config.lease_ttl, contact.clone(), Some(judge.clone()));
+            Registration::start_judged(client.clone(), key, value, ttl, contact, judge)
         },
     )
     .await?;
@@ -302,7 +306,7 @@ pub async fn run(
 
     let status = registration.status();
     metrics::watch_registration(&registry, config.id, status.clone());
-    tokio::spawn(watch_expiry(status.clone(), client.clone(), keys.clone(), commands.clone()));
+    tokio::spawn(watch_confirmations(status.clone(), commands.clone()));
     let me = config.id;
     // Ready means able to serve players: a region in the newest partition this shard knows.
     // Not whether etcd answered lately: a shard whose lease lapsed only because etcd stalled
@@ -323,11 +327,12 @@ pub async fn run(
     let gate = meridian_observe::Gate::new("grpc", meridian_tls::UNTRUSTED, &registry);
     tokio::spawn(serve_admin_with(admin, registry, readiness, routes, access));
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    tokio::spawn(publish_load(
+    tokio::spawn(publish_record(
         record.clone(),
         commands.clone(),
         Arc::clone(&draining),
         registration.updater(),
+        Expiries { judgements: expiries, client: client.clone(), keys: keys.clone() },
     ));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -471,16 +476,51 @@ async fn drain(
     }
 }
 
-/// Keeps the player count in the shard's etcd record fresh (placement and `status`).
-async fn publish_load(
+/// Lease expiries, each waiting for its judgement before the record goes on a new lease,
+/// and how to read the partition map for it.
+struct Expiries {
+    judgements: tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
+    client: meridian_cluster::EtcdClient,
+    keys: ClusterKeys,
+}
+
+/// Keeps the shard's etcd record fresh: its player count and load (placement and `status`)
+/// every 500 ms, and which life it is. When etcd let the lease expire, the world task judges
+/// first (what it still owns; a new life if it was taken for dead) and the record goes back
+/// on a new lease only then, saying so: a record back under the old life would let the
+/// cluster hand players to a life that is about to end.
+async fn publish_record(
     mut record: ShardRecord,
     commands: tokio::sync::mpsc::Sender<command::Command>,
     draining: Arc<std::sync::atomic::AtomicBool>,
     update: impl Fn(String) + Send + 'static,
+    mut expiries: Expiries,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
-        tick.tick().await;
+        let judged = tokio::select! {
+            _ = tick.tick() => None,
+            Some(judged) = expiries.judgements.recv() => Some(judged),
+        };
+        if judged.is_some() {
+            // Read now, not the watch's copy, which may lag behind the reassignment.
+            let partition = match meridian_cluster::read_partition(
+                &mut expiries.client,
+                &expiries.keys,
+            )
+            .await
+            {
+                Ok(partition) => partition,
+                Err(error) => {
+                    warn!(%error, "could not read the partition after the lease expired");
+                    None
+                }
+            };
+            if commands.send(command::Command::LeaseExpired { partition }).await.is_err() {
+                return;
+            }
+        }
+        // Asked after the expiry (commands are taken in order): the load and life it left.
         let (reply, answer) = tokio::sync::oneshot::channel();
         if commands.send(command::Command::Load { reply }).await.is_err() {
             return;
@@ -504,39 +544,22 @@ async fn publish_load(
             record.incarnation = incarnation;
             update(record.to_json());
         }
+        if let Some(judged) = judged {
+            let _ = judged.send(());
+        }
     }
 }
 
-/// Tells the world task when etcd let this shard's lease expire.
-async fn watch_expiry(
+/// Tells the world task each keep-alive etcd answered with the lease alive: what a shard
+/// that did not run for longer than its lease waits for before it acts again.
+async fn watch_confirmations(
     status: meridian_cluster::RegistrationStatus,
-    mut client: meridian_cluster::EtcdClient,
-    keys: ClusterKeys,
     commands: tokio::sync::mpsc::Sender<command::Command>,
 ) {
-    let mut seen = status.expirations();
     let mut confirmed = status.confirmed();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tick.tick().await;
-        let now = status.expirations();
-        if now != seen {
-            seen = now;
-            // Whether the region was given away is judged by the partition etcd holds now:
-            // the watch may not have brought the reassignment yet.
-            let partition = match meridian_cluster::read_partition(&mut client, &keys).await {
-                Ok(partition) => partition,
-                Err(error) => {
-                    warn!(%error, "could not read the partition after the lease expired");
-                    None
-                }
-            };
-            if commands.send(command::Command::LeaseExpired { partition }).await.is_err() {
-                return;
-            }
-        }
-        // Each keep-alive etcd answered with the lease alive: what a shard that did not
-        // run for longer than its lease waits for before it acts again.
         let latest = status.confirmed();
         if latest != confirmed {
             confirmed = latest;

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use meridian_testkit::{
     owners_at_rest, settle, stop_etcd, test_seed, wait_for_expected_partition, wait_ready,
-    wait_until, Area, Cluster, Io, Partition, RestartedEtcd, Rng, WalkOptions, Walkers,
+    wait_until, Cluster, Io, Partition, RestartedEtcd, Rng, WalkOptions, Walkers,
     DEFAULT_LEASE_TTL, SEED_ENV,
 };
 
-use crate::{options, positions, stop_unnoticed, walkers_in, with_cluster, SETTLE_WITHIN, SIGHT};
+use crate::two_sides::TwoSides;
+use crate::{options, positions, stop_unnoticed, with_cluster, SETTLE_WITHIN, SIGHT};
 
 const PER_SIDE: usize = 30;
 const WEST: (u32, u32) = (170, 199);
@@ -74,15 +75,7 @@ pub fn etcd_outage_is_invisible(io: Io) {
     let label = format!("seed {seed} ({SEED_ENV}={seed}), etcd down for 10 s under load");
     let etcd = with_cluster(&label.clone(), options(io, 2), |cluster| {
         let before = wait_for_expected_partition(cluster, Duration::from_secs(10))?;
-        let mut rng = Rng::new(seed);
-        let mut specs =
-            walkers_in("west", PER_SIDE, Area::new(WEST.0..=WEST.1, ROWS.0..=ROWS.1), &mut rng);
-        specs.extend(walkers_in(
-            "east",
-            PER_SIDE,
-            Area::new(EAST.0..=EAST.1, ROWS.0..=ROWS.1),
-            &mut rng,
-        ));
+        let specs = TwoSides::new(WEST, EAST, ROWS).walkers(PER_SIDE, &mut Rng::new(seed));
         let gateways = cluster.gateways().iter().map(|g| g.game).collect();
         let walkers = Walkers::start(&specs, WalkOptions::new(gateways, seed, label.clone()))?;
         walkers.wait_logged_in(Duration::from_secs(15))?;

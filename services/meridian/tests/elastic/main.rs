@@ -7,6 +7,9 @@
 //! - `shard_kill`: kill -9 a shard under 60 bots: each of its players gets `ViewReset`
 //!   within the lease TTL + 2 s and plays on; every move answered (ack or `UNAVAILABLE`);
 //!   nobody lost or duplicated.
+//! - `shard_pause`: SIGSTOP a shard for 8 s (past its lease) under 60 bots and SIGCONT:
+//!   its players are restored on the other shard, and the woken shard acts on none of
+//!   them; every move answered, nobody lost, no player on two shards at rest.
 //! - `etcd_outage`: etcd killed for 10 s under 60 bots and started again: nobody notices,
 //!   every member comes back in `meridian status` and ready.
 //! - `etcd_stall`: etcd frozen (SIGSTOP) for 30 s under 48 bots and continued: nobody
@@ -29,6 +32,8 @@ mod etcd_stall;
 mod hotspot;
 mod scale;
 mod shard_kill;
+mod shard_pause;
+mod two_sides;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -142,6 +147,11 @@ fn scale_2_4_2_under_load() {
 #[test]
 fn shard_kill_restores_players() {
     shard_kill::shard_kill_restores_players(Io::Uring);
+}
+
+#[test]
+fn shard_pause_is_fenced() {
+    shard_pause::shard_pause_is_fenced(Io::Uring);
 }
 
 #[test]

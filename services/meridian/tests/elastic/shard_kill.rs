@@ -17,11 +17,12 @@ use anyhow::{ensure, Context};
 use meridian_testkit::conservation::{fetch_players, status_player_counts};
 use meridian_testkit::pb::ErrorCode;
 use meridian_testkit::{
-    owners_at_rest_on, settle, test_seed, wait_for_expected_partition, Area, Io, Rng, WalkOptions,
+    owners_at_rest_on, settle, test_seed, wait_for_expected_partition, Io, Rng, WalkOptions,
     WalkerStatus, Walkers, DEFAULT_LEASE_TTL, DEFAULT_WAIT, SEED_ENV,
 };
 
-use crate::{options, p50_max, positions, walkers_in, with_cluster, SETTLE_WITHIN, SIGHT};
+use crate::two_sides::TwoSides;
+use crate::{options, p50_max, positions, with_cluster, SETTLE_WITHIN, SIGHT};
 
 const PER_SIDE: usize = 30;
 /// Each side's walkers stay in their shard's half, within sight of the border x = 200.
@@ -37,23 +38,9 @@ pub fn shard_kill_restores_players(io: Io) {
     let label = format!("seed {seed} ({SEED_ENV}={seed}), kill -9 a shard under load");
     with_cluster(&label.clone(), options(io, 2), |cluster| {
         let partition = wait_for_expected_partition(cluster, Duration::from_secs(10))?;
-        let (survivor, victim) = (cluster.shard(0).clone(), cluster.shard(1).clone());
-        ensure!(
-            partition.owner((WEST.1, ROWS.0)) == Some(survivor.id)
-                && partition.owner((EAST.0, ROWS.0)) == Some(victim.id),
-            "the test assumes shard {} west of x = 200 and shard {} east of it: {partition}",
-            survivor.id,
-            victim.id
-        );
-        let mut rng = Rng::new(seed);
-        let mut specs =
-            walkers_in("west", PER_SIDE, Area::new(WEST.0..=WEST.1, ROWS.0..=ROWS.1), &mut rng);
-        specs.extend(walkers_in(
-            "east",
-            PER_SIDE,
-            Area::new(EAST.0..=EAST.1, ROWS.0..=ROWS.1),
-            &mut rng,
-        ));
+        let sides = TwoSides::new(WEST, EAST, ROWS);
+        let (survivor, victim) = sides.owners(cluster, &partition)?;
+        let specs = sides.walkers(PER_SIDE, &mut Rng::new(seed));
         let gateways = cluster.gateways().iter().map(|g| g.game).collect();
         let mut walk = WalkOptions::new(gateways, seed, label.clone());
         walk.allowed_errors = vec![ErrorCode::Unavailable];
