@@ -216,6 +216,7 @@ impl Ctx {
         if conn.inflight.is_empty() && !conn.refused_after_logout.is_empty() {
             self.refuse_after_logout(conn, slot);
         }
+        self.goodbye_once_answered(conn, slot);
         if delivery.close {
             conn.session = Session::Gone;
             if conn.closing == Closing::No {

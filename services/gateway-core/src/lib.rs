@@ -79,7 +79,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_protocol::pb::ErrorCode;
-use meridian_protocol::server;
 
 pub use metrics::GatewayMetrics;
 
@@ -101,6 +100,11 @@ pub const LINGER: Duration = Duration::from_secs(2);
 /// How often the event loops call [`Core::handle_timeout`]: the granularity of every
 /// deadline the core keeps (login, idle, linger, resume, restore, heartbeats).
 pub const TICK: Duration = Duration::from_millis(250);
+
+/// How long a stopping gateway waits for its shards' answers to the moves and actions it
+/// relayed before it refuses them (`UNAVAILABLE`) and tells the client `SHUTTING_DOWN`:
+/// with [`TICK`], under [`LINGER`], which bounds the whole stop.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
 /// Bytes read from a connection and not yet handled. A connection over its input budget
 /// is not read any more, but what was already on its way still arrives (an io_uring
@@ -227,6 +231,8 @@ struct Ctx {
     account_requests: VecDeque<AccountRequest>,
     /// The time of the event being handled (the core reads no clock of its own).
     now: Instant,
+    /// Since when the gateway is stopping ([`Core::shut_down`]).
+    shutting_down: Option<Instant>,
 }
 
 pub struct Core {
@@ -269,6 +275,7 @@ impl Core {
                 dirty: Vec::new(),
                 account_requests: VecDeque::new(),
                 now,
+                shutting_down: None,
             },
             refused_upgrades: 0,
             ws_frames: Vec::new(),
@@ -523,17 +530,18 @@ impl Core {
         }
     }
 
-    /// Tells every client the gateway is going away and closes after flushing.
+    /// The gateway is stopping: every client is told `SHUTTING_DOWN` (then a resume on
+    /// another gateway moves its player there) and closed after flushing, each once what it
+    /// is owed is answered: the moves and actions relayed to its shard (what it sends
+    /// meanwhile is relayed too). Past [`SHUTDOWN_WAIT`] what is still unanswered is
+    /// refused (see `timers.rs`). So nothing relayed goes unanswered; a move the client
+    /// sends after the goodbye is on its way is not read, and was not applied.
     pub fn shut_down(&mut self, now: Instant) {
         self.ctx.now = now;
-        let message = server::error(ErrorCode::ShuttingDown, "gateway is shutting down", 0);
+        self.ctx.shutting_down.get_or_insert(now);
         for slot in 0..self.endpoints.len() {
             let Some(conn) = self.endpoints.conn_mut(slot) else { continue };
-            if conn.closing == Closing::No {
-                let session = session_id(self.ctx.worker, slot, conn.generation_slot);
-                self.ctx.reply(conn, slot, &message);
-                self.ctx.close(conn, slot, session, Closing::AfterFlush);
-            }
+            self.ctx.goodbye_once_answered(conn, slot);
         }
     }
 

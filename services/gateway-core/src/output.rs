@@ -80,6 +80,29 @@ impl Ctx {
         }
     }
 
+    /// If the gateway is stopping and `conn` is owed nothing more (no move or action in
+    /// flight), tells it `SHUTTING_DOWN` and closes it after flushing.
+    pub(super) fn goodbye_once_answered(&mut self, conn: &mut Conn, slot: u32) {
+        if self.shutting_down.is_none() || conn.closing != Closing::No || !conn.inflight.is_empty()
+        {
+            return;
+        }
+        let session = session_id(self.worker, slot, conn.generation_slot);
+        let goodbye = server::error(ErrorCode::ShuttingDown, "gateway is shutting down", 0);
+        self.reply(conn, slot, &goodbye);
+        self.close(conn, slot, session, Closing::AfterFlush);
+    }
+
+    /// The gateway has stopped waiting for the shards' answers ([`crate::SHUTDOWN_WAIT`]):
+    /// what `conn` still has in flight is refused, then it is told `SHUTTING_DOWN`.
+    pub(super) fn goodbye_now(&mut self, conn: &mut Conn, slot: u32) {
+        for (client_time, ..) in std::mem::take(&mut conn.inflight) {
+            let detail = "gateway shutting down before the shard answered";
+            self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);
+        }
+        self.goodbye_once_answered(conn, slot);
+    }
+
     pub(super) fn refuse(
         &mut self,
         conn: &mut Conn,

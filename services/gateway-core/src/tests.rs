@@ -11,7 +11,7 @@ use meridian_cluster::{PartitionMap, Region, ShardId};
 use meridian_protocol::pb::{
     client_message::Kind as C, Chat, ClientMessage, Direction, Login, Move, ServerMessage,
 };
-use meridian_protocol::{encode_frame, TokenKey};
+use meridian_protocol::{encode_frame, server, TokenKey};
 use meridian_rpc::pb::{player_input::Kind as Input, Budgets, Delivery, Leave, PlayerInput};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
@@ -22,6 +22,7 @@ use crate::limits::Refusal;
 use crate::uplink::LinkFailure;
 
 mod budgets;
+mod shutdown;
 mod websocket;
 
 /// A link's index in the core: what the core queued on it is read back from its `out`.

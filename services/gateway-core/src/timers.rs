@@ -10,7 +10,7 @@ use meridian_protocol::pb::ErrorCode;
 use tracing::{debug, warn};
 
 use super::conn::RESUME_WAIT;
-use super::{Closing, Core, Session, LINGER};
+use super::{Closing, Core, Session, LINGER, SHUTDOWN_WAIT};
 use crate::shared::session_id;
 
 /// How long a player handed to a shard the routing table does not know yet waits for it
@@ -41,6 +41,10 @@ impl Core {
                     conn.closing = Closing::Abort;
                     self.ctx.mark_dirty(conn, slot);
                 }
+                continue;
+            }
+            if self.ctx.shutting_down.is_some_and(|since| now - since >= SHUTDOWN_WAIT) {
+                self.ctx.goodbye_now(conn, slot);
                 continue;
             }
             let session = session_id(self.ctx.worker, slot, conn.generation_slot);

@@ -1,0 +1,63 @@
+//! A gateway told to stop (SIGTERM): its clients are told `SHUTTING_DOWN` and closed, each
+//! once its moves and actions in flight are answered, so that nothing it relayed goes
+//! unanswered; a shard that does not answer within `SHUTDOWN_WAIT` gets them refused.
+
+use super::*;
+use crate::SHUTDOWN_WAIT;
+
+/// The answer to move 1 from the shard, as a delivery for the connection's session.
+fn answer_to_move_1(session: u64) -> Mail {
+    let mut frames = Vec::new();
+    encode_frame(&server::moved(1, 5, 5, 1), &mut frames);
+    let delivery =
+        Delivery { session, frames: frames.into(), move_answers: 1, ..Default::default() };
+    Mail::Deliveries { from: ShardId(1), deliveries: vec![delivery] }
+}
+
+#[test]
+fn a_client_with_nothing_in_flight_is_told_at_once() {
+    let (mut core, _links, _mail) = core_limited(64, 1, Limits::default());
+    let t0 = Instant::now();
+    let slot = login_at(&mut core, t0);
+    core.shut_down(t0);
+    assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::ShuttingDown, 0)]);
+    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+}
+
+#[test]
+fn a_client_is_told_once_its_moves_in_flight_are_answered() {
+    let (mut core, links, mail) = core_limited(64, 1, Limits::default());
+    let t0 = Instant::now();
+    let slot = login_at(&mut core, t0);
+    let session = core.relayed_session(slot);
+    write_all_at(&mut core, slot, vec![step(1)], t0);
+    assert!(!relayed_inputs(&mut core, &links[0].1).is_empty());
+    core.shut_down(t0);
+    assert_eq!(replies(&mut core, slot), vec![], "move 1 is owed its answer first");
+    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::No));
+    mail.send(answer_to_move_1(session)).unwrap();
+    core.process_mail(t0 + Duration::from_millis(1));
+    let answers = replies(&mut core, slot);
+    assert_eq!(answers[0], server::moved(1, 5, 5, 1), "the ack goes out");
+    assert_eq!(errors(&answers), vec![(ErrorCode::ShuttingDown, 0)], "then the goodbye");
+    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+}
+
+#[test]
+fn moves_a_shard_does_not_answer_in_time_are_refused_before_the_goodbye() {
+    let (mut core, _links, _mail) = core_limited(64, 1, Limits::default());
+    let t0 = Instant::now();
+    let slot = login_at(&mut core, t0);
+    write_all_at(&mut core, slot, vec![step(1), step(2)], t0);
+    core.shut_down(t0);
+    tick(&mut core, t0 + SHUTDOWN_WAIT / 2);
+    assert_eq!(replies(&mut core, slot), vec![], "still waiting for the shard");
+    tick(&mut core, t0 + SHUTDOWN_WAIT + TICK);
+    let expected = vec![
+        (ErrorCode::Unavailable, 1),
+        (ErrorCode::Unavailable, 2),
+        (ErrorCode::ShuttingDown, 0),
+    ];
+    assert_eq!(errors(&replies(&mut core, slot)), expected);
+    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+}
