@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long a shard's failure freezes its players, two builds side by side (issue 33).
 
-    python3 loadtest/bench/failover.py --before DIR --after DIR [--faults kill,stop,roll]
+    python3 loadtest/bench/failover.py --before DIR --after DIR [--faults kill,stop,gateway,roll]
                                        [--rounds 1] [--out target/bench-failover]
 
 DIR holds a release `meridian` binary. For each fault and round, each build in turn (the
@@ -11,6 +11,9 @@ for 25 s. At 10 s one shard (the second) meets the fault:
 
 - `kill`: SIGKILL, the process is gone (a crash, an OOM kill);
 - `stop`: SIGSTOP at 8 s and SIGCONT at 16 s (a long pause: a GC, a VM migration);
+- `gateway`: SIGTERM to the first gateway at 10 s (a gateway's rolling restart, or a
+  scale-in): its bots are told `SHUTTING_DOWN` and resume on the other gateway with their
+  tokens (`loadtest --resume-addr`, as the SDKs do); the ack gap includes the move;
 - `roll`: a rolling restart, 45 s of load: every shard in turn gets SIGTERM (it drains:
   its players are handed to the others, then it exits) at 5 + 12k s and is started again
   with the same id 6 s later (`meridian shard --join <up's data dir> --id K`); after the
@@ -81,9 +84,12 @@ def run_once(meridian, loadtest, fault, work, label):
             time.sleep(0.1)
         info = json.loads(ready.read_text())
         victim = info["shards"][1]["pid"]
-        for n, gateway in enumerate(info["gateways"][:2]):
+        gateways = info["gateways"][:2]
+        for n, gateway in enumerate(gateways):
             summary = work / f"summary-{n}.json"
-            args = [str(loadtest), "--addr", gateway["game"], "--bots", str(BOTS_PER_GATEWAY),
+            other = gateways[1 - n]["game"]
+            args = [str(loadtest), "--addr", gateway["game"], "--resume-addr", other,
+                    "--bots", str(BOTS_PER_GATEWAY),
                     "--duration", f"{seconds}s", "--move-interval", "100ms",
                     "--connect-interval", "5ms", "--name-prefix", f"g{n}-", "--json",
                     str(summary), "--label", label]
@@ -95,6 +101,10 @@ def run_once(meridian, loadtest, fault, work, label):
             time.sleep(max(0.0, started + 10 - time.time()))
             log(f"  SIGKILL to shard pid {victim}")
             os.kill(victim, signal.SIGKILL)
+        elif fault == "gateway":
+            time.sleep(max(0.0, started + 10 - time.time()))
+            log(f"  SIGTERM to gateway pid {gateways[0]['pid']}")
+            os.kill(gateways[0]["pid"], signal.SIGTERM)
         elif fault == "roll":
             for k, shard in enumerate(info["shards"]):
                 at = started + 5 + 12 * k
@@ -142,13 +152,14 @@ def run_once(meridian, loadtest, fault, work, label):
     def total(key):
         return sum(s[key] for s in summaries)
 
-    refused = sum(sum(s["errors_by_code"].values()) for s in summaries)
+    refused = total("moves_errored")
     return {
         "fault": fault, "label": label,
         "gap_p50_ms": worst("p50"), "gap_p99_ms": worst("p99"), "gap_max_ms": worst("max"),
         "sent": total("moves_sent"), "acked": total("moves_acked"), "refused": refused,
         "errors": [s["errors_by_code"] for s in summaries], "lost": total("moves_lost"),
         "disconnects": total("disconnects"), "healthy_after": healthy,
+        "resumes": total("resumes"),
     }
 
 
@@ -162,7 +173,7 @@ def main():
     parser.add_argument("--before", required=True, help="folder with the 'before' meridian")
     parser.add_argument("--after", required=True, help="folder with the 'after' meridian")
     parser.add_argument("--loadtest", default=str(ROOT / "target" / "release" / "loadtest"))
-    parser.add_argument("--faults", default="kill,stop,roll")
+    parser.add_argument("--faults", default="kill,stop,gateway,roll")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "target" / "bench-failover"))
     args = parser.parse_args()
@@ -172,8 +183,8 @@ def main():
     results = []
     n = 0
     for fault in args.faults.split(","):
-        if fault not in ("kill", "stop", "roll"):
-            raise SystemExit(f"unknown fault {fault!r}: want kill, stop or roll")
+        if fault not in ("kill", "stop", "gateway", "roll"):
+            raise SystemExit(f"unknown fault {fault!r}: want kill, stop, gateway or roll")
         for round_ in range(args.rounds):
             order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
             n += 1
@@ -183,16 +194,17 @@ def main():
                                   out / f"{fault}-{round_}-{label}", label)
                 log(f"  longest ack gap p50 {result['gap_p50_ms']} p99 {result['gap_p99_ms']} "
                     f"max {result['gap_max_ms']} ms; refused {result['refused']}, lost "
-                    f"{result['lost']}, disconnects {result['disconnects']}")
+                    f"{result['lost']}, disconnects {result['disconnects']}, resumes "
+                    f"{result['resumes']}")
                 results.append(result)
     (out / "failover.json").write_text(json.dumps(results, indent=2))
     print("| fault | build | longest ack gap per player p50 / p99 / max, ms | moves sent / "
-          "acked / refused / lost | disconnects | status --check after |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          "acked / refused / lost | disconnects | resumes | status --check after |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(f"| {r['fault']} | {r['label']} | {r['gap_p50_ms']} / {r['gap_p99_ms']} / "
               f"{r['gap_max_ms']} | {r['sent']} / {r['acked']} / {r['refused']} / {r['lost']} "
-              f"| {r['disconnects']} | {healthy_words(r['healthy_after'])} |")
+              f"| {r['disconnects']} | {r['resumes']} | {healthy_words(r['healthy_after'])} |")
     return 0
 
 

@@ -80,6 +80,8 @@ pub enum Carrier {
 #[derive(Debug)]
 pub struct Plan {
     pub target: SocketAddr,
+    /// `--resume-addr`: where a bot told `SHUTTING_DOWN` resumes, after `target`.
+    pub resume_targets: Vec<SocketAddr>,
     pub carrier: Carrier,
     pub source_ips: u32,
     pub name_prefix: String,
@@ -137,12 +139,15 @@ pub fn source_ip(source_ips: u32, index: u32) -> Option<IpAddr> {
 /// Opens bot `index`'s connection, from its source address if the run spreads them: a
 /// TCP connection, a QUIC connection and its one bidirectional stream, or a WebSocket.
 pub async fn connect(plan: &Plan, index: u32) -> io::Result<Conn> {
+    connect_to(plan, index, plan.target).await
+}
+
+/// [`connect`] to `target` (the first gateway, or one to resume on).
+async fn connect_to(plan: &Plan, index: u32, target: SocketAddr) -> io::Result<Conn> {
     let deadline = (Instant::now() + CONNECT_TIMEOUT).min(plan.drain_ends());
     if let Carrier::Quic(quic) = &plan.carrier {
-        let connecting = quic
-            .endpoint(index)
-            .connect(plan.target, &quic.server_name)
-            .map_err(io::Error::other)?;
+        let connecting =
+            quic.endpoint(index).connect(target, &quic.server_name).map_err(io::Error::other)?;
         let connection = timeout_at(deadline, connecting)
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "QUIC handshake timed out"))?
@@ -150,20 +155,20 @@ pub async fn connect(plan: &Plan, index: u32) -> io::Result<Conn> {
         let (send, recv) = connection.open_bi().await.map_err(io::Error::other)?;
         return Ok(Conn { read_half: Box::new(recv), write_half: Box::new(send) });
     }
-    let socket = match plan.target {
+    let socket = match target {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     if let Some(source) = plan.source_ip(index) {
         socket.bind(SocketAddr::new(source, 0))?;
     }
-    let stream = timeout_at(deadline, socket.connect(plan.target))
+    let stream = timeout_at(deadline, socket.connect(target))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     // Moves are tiny and latency is what is measured: never let Nagle hold one back.
     stream.set_nodelay(true)?;
     if let Carrier::WebSocket = plan.carrier {
-        let host = plan.target.to_string();
+        let host = target.to_string();
         let (read_half, write_half) =
             timeout_at(deadline, crate::ws::upgrade(stream, &host)).await.map_err(|_| {
                 io::Error::new(io::ErrorKind::TimedOut, "WebSocket upgrade timed out")
@@ -204,7 +209,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         read_buf: &mut read_buf,
         encoded: &mut encoded,
     };
-    let (player_id, login_cell) = match log_in(io, &login, &stats, &plan).await {
+    let (player_id, login_cell, token) = match log_in(io, &login, &stats, &plan).await {
         Ok(answer) => answer,
         Err(error) => {
             debug!(bot = index, %error, "login failed");
@@ -216,12 +221,12 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
     bump(&stats.bots_connected);
     bump(&stats.bots_online);
 
-    let session = Session {
+    let mut session = Session {
         plan: &plan,
         stats: &stats,
         player_id,
         position: AtomicU64::new(login_cell.map_or(u64::MAX, pack)),
-        ledger: Mutex::new(Ledger { last_ack: Some(logged_in_at), ..Ledger::default() }),
+        ledger: Mutex::new(Ledger { last_ack: Some(logged_in_at), token, ..Ledger::default() }),
         sight: plan.action_interval.map(|_| {
             let mut sight = Sight::new(WOLF);
             if let Some(cell) = login_cell {
@@ -232,10 +237,30 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         writer_done: Notify::new(),
         reader_done: Notify::new(),
     };
-    let (writer_intact, ()) = tokio::join!(
-        session.send_moves(&mut write_half, &mut encoded, &mut rng, logged_in_at),
-        session.read_answers(&mut read_half, &mut frames, &mut read_buf),
-    );
+    let mut gateway = 0;
+    let mut schedule_from = logged_in_at;
+    let writer_intact = loop {
+        let (writer_intact, ()) = tokio::join!(
+            session.send_moves(&mut write_half, &mut encoded, &mut rng, schedule_from),
+            session.read_answers(&mut read_half, &mut frames, &mut read_buf),
+        );
+        if !std::mem::take(&mut session.ledger().moving) {
+            break writer_intact;
+        }
+        // The gateway said SHUTTING_DOWN and closed: on to the next one, with the token.
+        let Some(conn) = session.resume_elsewhere(index, &mut gateway, &mut encoded).await else {
+            bump(&stats.resume_failures);
+            session.mark_disconnected();
+            break false;
+        };
+        bump(&stats.resumes);
+        Conn { read_half, write_half } = conn.0;
+        frames = conn.1;
+        session.writer_done = Notify::new();
+        session.reader_done = Notify::new();
+        session.ledger().sending_done = false;
+        schedule_from = Instant::now();
+    };
     stats.bots_online.fetch_sub(1, Ordering::Relaxed);
     let disconnected = {
         let ledger = session.ledger();
@@ -299,7 +324,7 @@ async fn log_in(
     login: &Login,
     stats: &Stats,
     plan: &Plan,
-) -> anyhow::Result<(u64, Option<(u32, u32)>)> {
+) -> anyhow::Result<(u64, Option<(u32, u32)>, Vec<u8>)> {
     let message = pb::Login { name: login.name.clone(), spawn: login.spawn, token: String::new() };
     send(io.write_half, io.encoded, client_message::Kind::Login(message)).await?;
     let deadline = (Instant::now() + LOGIN_TIMEOUT).min(plan.drain_ends());
@@ -307,7 +332,8 @@ async fn log_in(
         while let Some(message) = io.frames.next_message::<ServerMessage>()? {
             match message.kind {
                 Some(server_message::Kind::LoginOk(ok)) => {
-                    return Ok((ok.player_id, ok.position.map(|p| (p.x, p.y))));
+                    let at = ok.position.map(|p| (p.x, p.y));
+                    return Ok((ok.player_id, at, ok.resume_token));
                 }
                 Some(server_message::Kind::Error(error)) => {
                     stats.record_error(error.code);
@@ -322,6 +348,38 @@ async fn log_in(
             .context("reading the login answer")?;
         if read == 0 {
             bail!("server closed the connection before LoginOk");
+        }
+        io.frames.extend(&io.read_buf[..read]);
+    }
+}
+
+/// Sends `Resume` with `token` and waits for its `ViewReset`, which it returns. Messages
+/// after it stay in `frames` for the reader.
+async fn resume(
+    io: Io<'_>,
+    token: Vec<u8>,
+    plan: &Plan,
+    stats: &Stats,
+) -> anyhow::Result<pb::ViewReset> {
+    send(io.write_half, io.encoded, client_message::Kind::Resume(pb::Resume { token })).await?;
+    let deadline = (Instant::now() + LOGIN_TIMEOUT).min(plan.drain_ends());
+    loop {
+        while let Some(message) = io.frames.next_message::<ServerMessage>()? {
+            match message.kind {
+                Some(server_message::Kind::ViewReset(reset)) => return Ok(reset),
+                Some(server_message::Kind::Error(error)) if error.client_time == 0 => {
+                    stats.record_error(error.code);
+                    bail!("resume refused with error {}: {}", error.code, error.detail);
+                }
+                _ => {}
+            }
+        }
+        let read = timeout_at(deadline, io.read_half.read(io.read_buf))
+            .await
+            .map_err(|_| anyhow!("no ViewReset within the login timeout"))?
+            .context("reading the resume answer")?;
+        if read == 0 {
+            bail!("server closed the connection before ViewReset");
         }
         io.frames.extend(&io.read_buf[..read]);
     }
@@ -358,6 +416,11 @@ struct Ledger {
     sending_done: bool,
     /// The connection broke before the bot was done with it.
     disconnected: bool,
+    /// The latest resume token (from `LoginOk`, or a `ViewReset` that carried one).
+    token: Vec<u8>,
+    /// The gateway said `SHUTTING_DOWN` and there is another to resume on: the writer
+    /// stops, the reader reads to the close, then the bot moves.
+    moving: bool,
     /// The last move ack (or the login, before the first), and the longest time between
     /// two of them so far.
     last_ack: Option<Instant>,
@@ -506,8 +569,9 @@ impl Session<'_> {
                 () = sleep_until(next) => {}
                 () = self.reader_done.notified() => break,
             }
-            // Ramp mode may have ended the run while this bot slept.
-            if next >= self.plan.sending_ends() {
+            // Ramp mode may have ended the run while this bot slept; or the gateway is
+            // going away.
+            if next >= self.plan.sending_ends() || self.ledger().moving {
                 break;
             }
             let now = Instant::now();
@@ -587,6 +651,7 @@ impl Session<'_> {
             }
             tokio::select! {
                 read = read_half.read(read_buf) => match read {
+                    Ok(0) if self.ledger().moving => break,
                     Ok(0) => {
                         debug!(player = self.player_id, "server closed the connection");
                         self.mark_disconnected();
@@ -596,6 +661,7 @@ impl Session<'_> {
                         now = Instant::now();
                         frames.extend(&read_buf[..n]);
                     }
+                    Err(_) if self.ledger().moving => break,
                     Err(error) => {
                         debug!(player = self.player_id, %error, "read failed");
                         self.mark_disconnected();
@@ -633,24 +699,14 @@ impl Session<'_> {
                     if !game_answer {
                         self.stats.record_error(error.code);
                     }
+                    let goodbye =
+                        error.client_time == 0 && error.code == ErrorCode::ShuttingDown as i32;
+                    if goodbye && !self.plan.resume_targets.is_empty() {
+                        self.ledger().moving = true;
+                    }
                 }
                 Some(server_message::Kind::ViewReset(reset)) => {
-                    if let Some(p) = reset.position {
-                        self.position.store(pack((p.x, p.y)), Ordering::Relaxed);
-                    }
-                    self.with_sight(|sight| sight.reset(reset.position.map(|p| (p.x, p.y))));
-                    // Moves still unanswered at a ViewReset were not applied before it
-                    // (DESIGN.md section 2), but each still gets its one answer: one that
-                    // crossed the reset on the wire may be applied after it and acked.
-                    // Actions unanswered at a reset will not be answered.
-                    bump(&self.stats.view_resets);
-                    let actions = {
-                        let mut ledger = self.ledger();
-                        let ledger = &mut *ledger;
-                        ledger.crossed.extend(ledger.outstanding.drain(..));
-                        ledger.actions.drain(..).count()
-                    };
-                    self.stats.actions_lost.fetch_add(actions as u64, Ordering::Relaxed);
+                    self.view_reset(reset);
                     if in_window {
                         bump(&self.stats.notifications);
                     }
@@ -691,6 +747,73 @@ impl Session<'_> {
             }
             _ => {}
         }
+    }
+
+    /// A `ViewReset`: the bot is where it says; what is unanswered was not applied before
+    /// it (DESIGN.md section 2), but each move still gets its one answer: one that crossed
+    /// the reset on the wire may be applied after it and acked. Actions unanswered at a
+    /// reset will not be answered.
+    fn view_reset(&self, reset: pb::ViewReset) {
+        if let Some(p) = reset.position {
+            self.position.store(pack((p.x, p.y)), Ordering::Relaxed);
+        }
+        self.with_sight(|sight| sight.reset(reset.position.map(|p| (p.x, p.y))));
+        bump(&self.stats.view_resets);
+        let actions = {
+            let mut ledger = self.ledger();
+            let ledger = &mut *ledger;
+            ledger.crossed.extend(ledger.outstanding.drain(..));
+            if !reset.resume_token.is_empty() {
+                ledger.token = reset.resume_token;
+            }
+            ledger.actions.drain(..).count()
+        };
+        self.stats.actions_lost.fetch_add(actions as u64, Ordering::Relaxed);
+    }
+
+    /// After `SHUTTING_DOWN`: connects to the next gateway after `gateway` (in turn, each
+    /// tried once) and resumes there; the new connection and its frames, with the
+    /// `ViewReset` handled and what came after it left for the reader.
+    async fn resume_elsewhere(
+        &self,
+        index: u32,
+        gateway: &mut usize,
+        encoded: &mut Vec<u8>,
+    ) -> Option<(Conn, FrameReader)> {
+        let targets: Vec<SocketAddr> = std::iter::once(self.plan.target)
+            .chain(self.plan.resume_targets.iter().copied())
+            .collect();
+        for _ in 1..targets.len() {
+            *gateway = (*gateway + 1) % targets.len();
+            if Instant::now() >= self.plan.drain_ends() {
+                return None;
+            }
+            let mut conn = match connect_to(self.plan, index, targets[*gateway]).await {
+                Ok(conn) => conn,
+                Err(error) => {
+                    debug!(player = self.player_id, %error, "resume: connect failed");
+                    continue;
+                }
+            };
+            let token = self.ledger().token.clone();
+            let mut frames = FrameReader::new(DEFAULT_MAX_FRAME);
+            let mut read_buf = vec![0u8; READ_CHUNK];
+            let io = Io {
+                read_half: &mut conn.read_half,
+                write_half: &mut conn.write_half,
+                frames: &mut frames,
+                read_buf: &mut read_buf,
+                encoded,
+            };
+            match resume(io, token, self.plan, self.stats).await {
+                Ok(reset) => {
+                    self.view_reset(reset);
+                    return Some((conn, frames));
+                }
+                Err(error) => debug!(player = self.player_id, %error, "resume refused"),
+            }
+        }
+        None
     }
 
     /// The move sent with `client_time`, if it was unanswered at a `ViewReset` and is

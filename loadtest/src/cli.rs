@@ -21,6 +21,13 @@ pub struct Cli {
     #[arg(long, env = "MERIDIAN_LOADTEST_ADDR")]
     pub addr: String,
 
+    /// Gateways to resume on after the gateway says `SHUTTING_DOWN` (a rolling restart),
+    /// HOST:PORT, comma-separated: a bot reconnects to the next address after the one it
+    /// was on (in turn, `--addr` first) and sends `Resume` with its token, as the SDKs do.
+    /// None (the default): a bot whose gateway stops counts as disconnected.
+    #[arg(long, value_delimiter = ',', env = "MERIDIAN_LOADTEST_RESUME_ADDR")]
+    pub resume_addr: Vec<String>,
+
     /// Number of bots to connect.
     #[arg(long, env = "MERIDIAN_LOADTEST_BOTS")]
     pub bots: u32,
@@ -220,6 +227,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub addr: String,
+    pub resume_addr: Vec<String>,
     pub bots: u32,
     pub duration: Duration,
     pub move_interval: Duration,
@@ -278,6 +286,9 @@ impl Config {
         if !cli.addr.contains(':') {
             problems.push(format!("--addr must be HOST:PORT, got {:?}", cli.addr));
         }
+        for addr in cli.resume_addr.iter().filter(|a| !a.contains(':')) {
+            problems.push(format!("--resume-addr must be HOST:PORT, got {addr:?}"));
+        }
         let longest_name = bot_name(&cli.name_prefix, cli.bots.saturating_sub(1));
         if cli.name_prefix.is_empty() {
             problems.push("--name-prefix must not be empty".to_owned());
@@ -334,6 +345,7 @@ impl Config {
         }
         Ok(Config {
             addr: cli.addr,
+            resume_addr: cli.resume_addr,
             bots: cli.bots,
             duration: cli.duration,
             move_interval: cli.move_interval,

@@ -137,6 +137,10 @@ fn gist(summary: &Summary, path: &std::path::Path) -> String {
 /// Runs the whole test; fails only when the target cannot be reached at all.
 async fn run(config: &Config) -> anyhow::Result<Summary> {
     let target = resolve(&config.addr, config.source_ips).await?;
+    let mut resume_targets = Vec::with_capacity(config.resume_addr.len());
+    for addr in &config.resume_addr {
+        resume_targets.push(resolve(addr, config.source_ips).await?);
+    }
     raise_fd_limit(u64::from(config.bots) + SPARE_FDS);
 
     let carrier = match &config.transport {
@@ -163,6 +167,7 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let plan = Arc::new(Plan {
         target,
+        resume_targets,
         carrier,
         source_ips: config.source_ips,
         name_prefix: config.name_prefix.clone(),

@@ -34,6 +34,10 @@ pub struct Stats {
     pub moves_lost: AtomicU64,
     /// Moves unanswered when a `ViewReset` came and answered after it (acked or errored).
     pub moves_answered_after_reset: AtomicU64,
+    /// Bots that moved to another gateway after `SHUTTING_DOWN` and resumed there.
+    pub resumes: AtomicU64,
+    /// Bots told `SHUTTING_DOWN` that could not resume on any other gateway.
+    pub resume_failures: AtomicU64,
     /// Every other server message received during `--duration`.
     pub notifications: AtomicU64,
     pub disconnects: AtomicU64,
@@ -377,6 +381,10 @@ pub struct Summary {
     /// Moves still unanswered when a `ViewReset` came, answered after it (counted in
     /// `moves_acked` or `moves_errored` too): they crossed the reset on the wire.
     pub moves_answered_after_reset: u64,
+    /// With `--resume-addr`: bots that resumed on another gateway after `SHUTTING_DOWN`,
+    /// and those that could not (they count as disconnected too).
+    pub resumes: u64,
+    pub resume_failures: u64,
     /// Server messages other than the bots' own answers, received during `--duration`.
     pub notifications: u64,
     pub notifications_per_s: f64,
@@ -444,6 +452,8 @@ impl Summary {
             moves_lost: load(&stats.moves_lost),
             moves_errored: load(&stats.moves_errored),
             moves_answered_after_reset: load(&stats.moves_answered_after_reset),
+            resumes: load(&stats.resumes),
+            resume_failures: load(&stats.resume_failures),
             notifications,
             notifications_per_s: round3(notifications as f64 / duration_s),
             delay_ms: DelaySummary::of(delays),

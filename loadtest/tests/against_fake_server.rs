@@ -62,6 +62,9 @@ struct Behaviour {
     /// Send a `ViewReset` just before answering every n-th move: the move crossed the
     /// reset on the wire (a shard failure's restore), and its ack comes after it.
     reset_every: Option<u64>,
+    /// After answering a connection's n-th move, say `SHUTTING_DOWN` and close (a gateway
+    /// stopping); moves read after that go unanswered. A `Resume` is answered `ViewReset`.
+    goodbye_after: Option<u64>,
 }
 
 /// What the fake server did, to compare with what the load test reports.
@@ -80,6 +83,8 @@ struct Counts {
     actions_rejected: AtomicU64,
     actions_unanswered: AtomicU64,
     view_resets: AtomicU64,
+    goodbyes: AtomicU64,
+    resumes: AtomicU64,
     /// Per player, the target of each action in the order received.
     action_targets: Mutex<std::collections::BTreeMap<u64, Vec<u64>>>,
     peers: Mutex<BTreeSet<std::net::IpAddr>>,
@@ -283,7 +288,7 @@ async fn write_answers(
 async fn serve_connection(
     mut read_half: ReadHalf,
     write_half: WriteHalf,
-    player_id: u64,
+    mut player_id: u64,
     behaviour: Arc<Behaviour>,
     counts: Arc<Counts>,
 ) {
@@ -324,6 +329,7 @@ async fn serve_connection(
                     let ok = LoginOk {
                         player_id,
                         position: server::position(1, 1),
+                        resume_token: player_id.to_le_bytes().to_vec(),
                         ..Default::default()
                     };
                     reply_now(ServerMessage {
@@ -391,7 +397,19 @@ async fn serve_connection(
                         reply(server::moved(player_id, 1, 1, mv.client_time));
                         reply(server::moved(NEIGHBOUR, 2, 2, 0));
                         add(&counts.notifications_sent);
+                        if behaviour.goodbye_after == Some(moves) {
+                            add(&counts.goodbyes);
+                            reply(server::error(ErrorCode::ShuttingDown, "bye", 0));
+                            break 'connection;
+                        }
                     }
+                }
+                client_message::Kind::Resume(resume) => {
+                    // The token is the player id its LoginOk gave (see below).
+                    add(&counts.resumes);
+                    let token: [u8; 8] = resume.token.try_into().expect("a token we gave");
+                    player_id = u64::from_le_bytes(token);
+                    reply_now(server::view_reset(player_id, 1, 1));
                 }
                 client_message::Kind::Logout(_) => {
                     add(&counts.logouts);
@@ -405,6 +423,20 @@ async fn serve_connection(
     // Answers already queued still go out; then the write half closes with a FIN.
     drop(answers);
     let _ = writer.await;
+    if behaviour.goodbye_after.is_some() {
+        // After the goodbye: whatever moves still come are read and never answered.
+        loop {
+            match read_half.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => frames.extend(&buf[..n]),
+            }
+            while let Ok(Some(message)) = frames.next_message::<ClientMessage>() {
+                if matches!(message.kind, Some(client_message::Kind::Move(_))) {
+                    add(&counts.moves_unanswered);
+                }
+            }
+        }
+    }
 }
 
 /// What the wolves do after a connection's n-th action: the far wolf comes next to the bot
@@ -582,6 +614,46 @@ async fn a_move_acked_after_a_view_reset_is_acked_not_lost() {
     assert_eq!(n(&summary, "acks_unmatched"), 0, "{summary}");
     assert_eq!(n(&summary, "moves_acked"), get(&counts.moves_acked));
     assert_eq!(n(&summary, "moves_sent"), n(&summary, "moves_acked"));
+}
+
+/// With `--resume-addr`, a bot whose gateway says `SHUTTING_DOWN` and closes resumes on
+/// the next gateway with its token and plays on there: counted in `resumes`, not in
+/// `disconnects`, and every move it sent has its answer (but any it sent after the goodbye
+/// was on its way, which the gateway never read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bot_told_shutting_down_resumes_on_the_next_gateway() {
+    let stopping = Behaviour { goodbye_after: Some(5), ..Behaviour::default() };
+    let (first, first_counts) = start_fake_server(stopping).await;
+    let (second, second_counts) = start_fake_server(Behaviour::default()).await;
+    let (first, second) = (first.to_string(), second.to_string());
+    let summary = run_ok(
+        "resume",
+        &[
+            "--addr",
+            &first,
+            "--resume-addr",
+            &second,
+            "--bots",
+            "3",
+            "--duration",
+            "1s",
+            "--move-interval",
+            "50ms",
+        ],
+    )
+    .await;
+    assert_eq!(get(&first_counts.goodbyes), 3, "{summary}");
+    assert_eq!(get(&second_counts.resumes), 3, "{summary}");
+    assert_eq!(n(&summary, "resumes"), 3, "{summary}");
+    assert_eq!(n(&summary, "resume_failures"), 0, "{summary}");
+    assert_eq!(n(&summary, "disconnects"), 0, "{summary}");
+    assert_eq!(n(&summary, "view_resets"), 3, "{summary}");
+    let acked = get(&first_counts.moves_acked) + get(&second_counts.moves_acked);
+    assert_eq!(n(&summary, "moves_acked"), acked, "{summary}");
+    assert!(get(&second_counts.moves_acked) > 0, "they played on there: {summary}");
+    let unread = get(&first_counts.moves_unanswered);
+    assert_eq!(n(&summary, "moves_lost"), unread, "only moves sent after the goodbye: {summary}");
+    assert_eq!(n(&summary, "moves_sent"), acked + unread, "{summary}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
