@@ -167,6 +167,9 @@ pub(super) struct Conn {
     pub(super) closing: Closing,
     /// Set when `closing` left `No`; bounds the linger.
     pub(super) closing_since: Option<Instant>,
+    /// When the stopping gateway said `SHUTTING_DOWN` to it: what it sends from then on is
+    /// answered so, and it closes [`crate::GOODBYE_GRACE`] later.
+    pub(super) goodbye_at: Option<Instant>,
     pub(super) dirty: bool,
 }
 
@@ -227,6 +230,7 @@ impl Conn {
             held_bytes: 0,
             closing: Closing::No,
             closing_since: None,
+            goodbye_at: None,
             dirty: false,
         }
     }

@@ -106,6 +106,11 @@ pub const TICK: Duration = Duration::from_millis(250);
 /// with [`TICK`], under [`LINGER`], which bounds the whole stop.
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a stopping gateway keeps reading a client after its `SHUTTING_DOWN`: a move it
+/// sent before it read the goodbye is answered `SHUTTING_DOWN` with its `client_time`
+/// (not relayed), then the connection closes.
+pub const GOODBYE_GRACE: Duration = Duration::from_millis(50);
+
 /// Bytes read from a connection and not yet handled. A connection over its input budget
 /// is not read any more, but what was already on its way still arrives (an io_uring
 /// multishot receive keeps completing until its cancellation lands); past this much the
@@ -233,6 +238,8 @@ struct Ctx {
     now: Instant,
     /// Since when the gateway is stopping ([`Core::shut_down`]).
     shutting_down: Option<Instant>,
+    /// A timer due before the next tick (a goodbye's grace ending).
+    wake_at: Option<Instant>,
 }
 
 pub struct Core {
@@ -276,6 +283,7 @@ impl Core {
                 account_requests: VecDeque::new(),
                 now,
                 shutting_down: None,
+                wake_at: None,
             },
             refused_upgrades: 0,
             ws_frames: Vec::new(),
@@ -422,12 +430,13 @@ impl Core {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.ctx.now = now;
         self.next_timeout = now + TICK;
+        self.ctx.wake_at = None;
         self.tick(now);
     }
 
     /// When [`Core::handle_timeout`] is due.
     pub fn poll_timeout(&self) -> Instant {
-        self.next_timeout
+        self.ctx.wake_at.map_or(self.next_timeout, |at| at.min(self.next_timeout))
     }
 
     /// The end of a loop iteration: links the routing table dropped are let go, this

@@ -81,16 +81,22 @@ impl Ctx {
     }
 
     /// If the gateway is stopping and `conn` is owed nothing more (no move or action in
-    /// flight), tells it `SHUTTING_DOWN` and closes it after flushing.
+    /// flight), tells it `SHUTTING_DOWN`; it closes [`crate::GOODBYE_GRACE`] later (see
+    /// `timers.rs`), what it sends meanwhile answered so.
     pub(super) fn goodbye_once_answered(&mut self, conn: &mut Conn, slot: u32) {
-        if self.shutting_down.is_none() || conn.closing != Closing::No || !conn.inflight.is_empty()
+        if self.shutting_down.is_none()
+            || conn.goodbye_at.is_some()
+            || conn.closing != Closing::No
+            || !conn.inflight.is_empty()
         {
             return;
         }
-        let session = session_id(self.worker, slot, conn.generation_slot);
         let goodbye = server::error(ErrorCode::ShuttingDown, "gateway is shutting down", 0);
         self.reply(conn, slot, &goodbye);
-        self.close(conn, slot, session, Closing::AfterFlush);
+        self.mark_dirty(conn, slot);
+        conn.goodbye_at = Some(self.now);
+        let close_at = self.now + crate::GOODBYE_GRACE;
+        self.wake_at = Some(self.wake_at.map_or(close_at, |at| at.min(close_at)));
     }
 
     /// The gateway has stopped waiting for the shards' answers ([`crate::SHUTDOWN_WAIT`]):

@@ -10,7 +10,7 @@ use meridian_protocol::pb::ErrorCode;
 use tracing::{debug, warn};
 
 use super::conn::RESUME_WAIT;
-use super::{Closing, Core, Session, LINGER, SHUTDOWN_WAIT};
+use super::{Closing, Core, Session, GOODBYE_GRACE, LINGER, SHUTDOWN_WAIT};
 use crate::shared::session_id;
 
 /// How long a player handed to a shard the routing table does not know yet waits for it
@@ -40,6 +40,13 @@ impl Core {
                 {
                     conn.closing = Closing::Abort;
                     self.ctx.mark_dirty(conn, slot);
+                }
+                continue;
+            }
+            if let Some(at) = conn.goodbye_at {
+                if now.saturating_duration_since(at) >= GOODBYE_GRACE {
+                    let session = session_id(self.ctx.worker, slot, conn.generation_slot);
+                    self.ctx.close(conn, slot, session, Closing::AfterFlush);
                 }
                 continue;
             }

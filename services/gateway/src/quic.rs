@@ -26,7 +26,7 @@ use meridian_observe::{Gate, GateLimits};
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info};
 
-use crate::core::{Closing, Core, Endpoint, Front, Refused, LINGER, TICK};
+use crate::core::{Closing, Core, Endpoint, Front, Refused, LINGER};
 use crate::quic_tls::{server_config, PresentedCert, QuicCert, QuicSetupError, QuicTimeouts, ALPN};
 use crate::shared::{report_exit, Inbox, Shared, WorkerFailed};
 use crate::shell;
@@ -211,12 +211,12 @@ async fn serve(
         events: events_in,
         metrics,
     };
-    let mut ticker = tokio::time::interval(TICK);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut dirty = Vec::new();
     let mut stopping_since: Option<Instant> = None;
     info!(worker = index, %addr, idle_timeout = ?front.timeouts.idle, keep_alive = ?front.timeouts.keep_alive, "QUIC front started");
     loop {
+        // The core's tick, or a timer of its own due sooner (a goodbye's grace).
+        let due = tokio::time::Instant::from_std(this.core.poll_timeout());
         // The branches' futures are dropped before a handler runs, so handlers may use
         // `this` that the write branch borrows.
         tokio::select! {
@@ -234,7 +234,7 @@ async fn serve(
             }
             () = notify.notified() => {}
             () = poll_fn(|cx| this.poll_blocked(cx)) => {}
-            _ = ticker.tick() => this.core.handle_timeout(Instant::now()),
+            () = tokio::time::sleep_until(due) => this.core.handle_timeout(Instant::now()),
         }
         let now = Instant::now();
         let mut ups = Vec::new();

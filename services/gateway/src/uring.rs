@@ -23,7 +23,7 @@ use io_uring::types::BufRingEntry;
 use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 use tracing::{debug, info, warn};
 
-use crate::core::{Closing, Core, Endpoint, Front, Refused, LINGER, TICK};
+use crate::core::{Closing, Core, Endpoint, Front, Refused, GOODBYE_GRACE, LINGER, TICK};
 use crate::shared::{report_exit, Inbox, WorkerStart};
 use crate::shell;
 use crate::sockets::{configure_client_socket, is_resource_exhaustion, peer_ip, refuse_raw};
@@ -43,6 +43,9 @@ const OP_TICK: u64 = 5;
 const OP_CANCEL: u64 = 6;
 /// Accepts on the WebSocket listener.
 const OP_ACCEPT_WS: u64 = 7;
+/// A one-off timer while stopping: the core's goodbyes close after their grace, not at the
+/// next tick.
+const OP_GRACE: u64 = 8;
 
 fn user_data(op: u64, slot: u32, generation: u32) -> u64 {
     (op << 56) | (u64::from(slot & 0x00ff_ffff) << 32) | u64::from(generation)
@@ -261,6 +264,8 @@ struct Loop {
     eventfd: RawFd,
     wake_buf: Box<u64>,
     tick: Box<types::Timespec>,
+    /// [`OP_GRACE`]'s time; lives as long as the loop, as the kernel reads it.
+    grace: Box<types::Timespec>,
     stopping_since: Option<Instant>,
     /// The time of the current iteration's completions.
     now: Instant,
@@ -581,6 +586,9 @@ impl Loop {
         if self.core.shared().stopping.load(Ordering::Relaxed) && self.stopping_since.is_none() {
             self.stopping_since = Some(self.now);
             self.core.shut_down(self.now);
+            let grace =
+                opcode::Timeout::new(&*self.grace).build().user_data(user_data(OP_GRACE, 0, 0));
+            self.push(grace)?;
         }
         self.core.poll_dirty(dirty);
         dirty.append(&mut self.touched);
@@ -608,6 +616,7 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
         eventfd,
         wake_buf: Box::new(0),
         tick: Box::new(types::Timespec::new().nsec(TICK.as_nanos() as u32)),
+        grace: Box::new(types::Timespec::new().nsec(GOODBYE_GRACE.as_nanos() as u32)),
         stopping_since: None,
         now,
         touched: Vec::new(),
@@ -644,6 +653,10 @@ fn run(start: WorkerStart, eventfd: RawFd) -> io::Result<()> {
                 }
                 OP_WAKE => this.arm_wake(),
                 OP_TICK => this.on_tick(),
+                OP_GRACE => {
+                    this.core.handle_timeout(this.now);
+                    Ok(())
+                }
                 _ => Ok(()),
             };
             if step.is_err() {

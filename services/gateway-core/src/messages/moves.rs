@@ -47,6 +47,11 @@ impl Ctx {
             }
             return;
         }
+        if conn.goodbye_at.is_some() {
+            // Sent before the client read the gateway's goodbye: not relayed.
+            let detail = "gateway is shutting down: resume on another";
+            return self.refuse(conn, slot, ErrorCode::ShuttingDown, detail, client_time);
+        }
         if conn.inflight.len() >= MAX_MOVES_IN_FLIGHT {
             let detail = "too many moves and actions in flight";
             return self.refuse(conn, slot, ErrorCode::RateLimited, detail, client_time);

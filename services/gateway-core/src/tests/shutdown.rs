@@ -1,9 +1,11 @@
-//! A gateway told to stop (SIGTERM): its clients are told `SHUTTING_DOWN` and closed, each
-//! once its moves and actions in flight are answered, so that nothing it relayed goes
-//! unanswered; a shard that does not answer within `SHUTDOWN_WAIT` gets them refused.
+//! A gateway told to stop (SIGTERM): each client is told `SHUTTING_DOWN` once its moves and
+//! actions in flight are answered, so that nothing relayed goes unanswered (a shard that
+//! does not answer within `SHUTDOWN_WAIT` gets them refused); a move the client sent before
+//! it read the goodbye is answered `SHUTTING_DOWN` with its `client_time`; the connection
+//! closes `GOODBYE_GRACE` after the goodbye.
 
 use super::*;
-use crate::SHUTDOWN_WAIT;
+use crate::{GOODBYE_GRACE, SHUTDOWN_WAIT};
 
 /// The answer to move 1 from the shard, as a delivery for the connection's session.
 fn answer_to_move_1(session: u64) -> Mail {
@@ -14,14 +16,26 @@ fn answer_to_move_1(session: u64) -> Mail {
     Mail::Deliveries { from: ShardId(1), deliveries: vec![delivery] }
 }
 
+fn closing(core: &mut TestCore, slot: u32) -> Option<Closing> {
+    core.get_mut(slot).map(|c| c.closing)
+}
+
 #[test]
-fn a_client_with_nothing_in_flight_is_told_at_once() {
-    let (mut core, _links, _mail) = core_limited(64, 1, Limits::default());
+fn a_client_with_nothing_in_flight_is_told_at_once_and_closed_after_the_grace() {
+    let (mut core, links, _mail) = core_limited(64, 1, Limits::default());
     let t0 = Instant::now();
     let slot = login_at(&mut core, t0);
+    relayed_inputs(&mut core, &links[0].1);
     core.shut_down(t0);
     assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::ShuttingDown, 0)]);
-    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
+    assert!(core.poll_timeout() <= t0 + GOODBYE_GRACE, "woken for the close");
+    // A move the client sent before it read the goodbye: answered, not relayed.
+    write_all_at(&mut core, slot, vec![step(7)], t0 + GOODBYE_GRACE / 2);
+    assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::ShuttingDown, 7)]);
+    assert_eq!(relayed_inputs(&mut core, &links[0].1), vec![], "not relayed");
+    assert_eq!(closing(&mut core, slot), Some(Closing::No), "still reading");
+    tick(&mut core, t0 + GOODBYE_GRACE);
+    assert_eq!(closing(&mut core, slot), Some(Closing::AfterFlush));
 }
 
 #[test]
@@ -34,13 +48,11 @@ fn a_client_is_told_once_its_moves_in_flight_are_answered() {
     assert!(!relayed_inputs(&mut core, &links[0].1).is_empty());
     core.shut_down(t0);
     assert_eq!(replies(&mut core, slot), vec![], "move 1 is owed its answer first");
-    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::No));
     mail.send(answer_to_move_1(session)).unwrap();
     core.process_mail(t0 + Duration::from_millis(1));
     let answers = replies(&mut core, slot);
     assert_eq!(answers[0], server::moved(1, 5, 5, 1), "the ack goes out");
     assert_eq!(errors(&answers), vec![(ErrorCode::ShuttingDown, 0)], "then the goodbye");
-    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
 }
 
 #[test]
@@ -59,5 +71,4 @@ fn moves_a_shard_does_not_answer_in_time_are_refused_before_the_goodbye() {
         (ErrorCode::ShuttingDown, 0),
     ];
     assert_eq!(errors(&replies(&mut core, slot)), expected);
-    assert_eq!(core.get_mut(slot).map(|c| c.closing), Some(Closing::AfterFlush));
 }
