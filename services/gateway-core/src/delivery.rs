@@ -128,7 +128,11 @@ impl Core {
                 Session::Playing { link, .. } => Some(link.id),
                 _ => None,
             };
-            if owner.is_some_and(|owner| owner != from) {
+            // Handed to a shard not linked yet (`pending_owner`): the old owner spoke its
+            // last for that ownership with its marker, so what it sends now is of a later
+            // one (the player came straight back) and waits behind the pending owner's
+            // output and marker like anyone's (`meridian-sim` seed 2949).
+            if conn.pending_owner.is_some() || owner.is_some_and(|owner| owner != from) {
                 // A new owner already speaking: wait for the old owner's release. What
                 // waits counts toward the output bound: an old owner that never
                 // releases costs the client its connection, not the gateway its memory.

@@ -327,7 +327,7 @@ fn inputs_the_old_owner_did_not_answer_are_sent_again_to_the_new_owner() {
 fn handed_to_life(
     incarnation: u64,
     t0: Instant,
-) -> (TestCore, Links, u32, meridian_protocol::pb::Position) {
+) -> (TestCore, Links, u32, meridian_protocol::pb::Position, SyncSender<Mail>) {
     let (mut core, links, mail) = core_with_links(64, 2);
     let slot = core.connect(t0).expect("admitted");
     send(&mut core, slot, C::Login(Login { name: "ed".into(), ..Default::default() }));
@@ -345,12 +345,12 @@ fn handed_to_life(
     mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![joined, handed] }).unwrap();
     core.process_mail(t0);
     tick(&mut core, t0);
-    (core, links, slot, at)
+    (core, links, slot, at, mail)
 }
 
 #[test]
 fn a_player_handed_to_a_replaced_life_is_restored() {
-    let (mut core, links, _, at) = handed_to_life(5, Instant::now());
+    let (mut core, links, _, at, _) = handed_to_life(5, Instant::now());
     core.flush_inputs();
     let inputs = relayed_inputs(&mut core, &links[1].1);
     let restore = inputs.iter().find_map(|input| match &input.kind {
@@ -371,7 +371,7 @@ fn a_player_handed_to_a_replaced_life_is_restored() {
 #[test]
 fn a_player_handed_to_a_later_life_waits_for_its_link() {
     let t0 = Instant::now();
-    let (mut core, links, slot, _) = handed_to_life(30, t0);
+    let (mut core, links, slot, _, _) = handed_to_life(30, t0);
     send(&mut core, slot, step(1));
     assert_eq!(relayed(&mut core, &links[1].1), Vec::<u64>::new(), "nothing to the earlier life");
     assert_eq!(relayed(&mut core, &links[0].1), vec![2], "the move goes to the old owner");
@@ -382,6 +382,28 @@ fn a_player_handed_to_a_later_life_waits_for_its_link() {
         .filter(|i| matches!(&i.kind, Some(Input::Join(j)) if j.restore))
         .count();
     assert_eq!(restores, 1, "restored on the owner of its last cell once it waited enough");
+}
+
+/// Shard 1 handed the player to a shard this gateway has no link to yet, which handed it
+/// straight back: what shard 1 sends after its release marker is its second ownership's,
+/// and waits for the other shard's output and marker, as any new owner's does. It went
+/// to the client at once, ahead of the other shard's steps (found by `meridian-sim`, seed
+/// 2949: an observer told a neighbour moved two cells at once; and CI's
+/// conservation_at_the_four_way_corner, a Left and Entered for a player in sight).
+#[test]
+fn the_old_owners_output_after_its_release_waits_while_the_new_owner_is_not_linked() {
+    let t0 = Instant::now();
+    let (mut core, _links, slot, _, mail) = handed_to_life(30, t0);
+    replies(&mut core, slot);
+    let session = core.relayed_session(slot);
+    let mut frames = Vec::new();
+    encode_frame(&server::moved(7, 5, 7, 0), &mut frames);
+    let again = Delivery { session, frames: frames.into(), ..Default::default() };
+    mail.send(Mail::Deliveries { from: ShardId(1), deliveries: vec![again] }).unwrap();
+    core.process_mail(t0);
+    assert_eq!(replies(&mut core, slot), Vec::<ServerMessage>::new(), "held for shard 2's marker");
+    let held = core.get_mut(slot).map(|c| c.held.len());
+    assert_eq!(held, Some(1), "kept, not dropped");
 }
 
 #[test]

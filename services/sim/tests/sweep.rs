@@ -76,6 +76,7 @@ const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
     (5542, "a player handed to a shard whose gateway stream was down"),
     (2442, "a player restored two cells behind the copy its observers saw (a jump)"),
     (2796, "a ghost created by a full state, without the steps a handed-in client missed"),
+    (2949, "the old owner's output after its release marker, the new owner not linked yet"),
 ];
 
 #[test]

@@ -92,6 +92,10 @@ mod humantime_like {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        // The cores' own log lines (`RUST_LOG=meridian_shard_core=debug`), on stderr.
+        meridian_observe::init_tracing(false);
+    }
     meridian_sim::TRACE_LINES.store(args.trace_lines, std::sync::atomic::Ordering::Relaxed);
     if args.scale {
         return scale_model(&args);
