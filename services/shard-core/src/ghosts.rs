@@ -176,14 +176,18 @@ impl Ghosts {
             track.closed = false;
         }
         let shown_from = track.source;
+        let was_orphaned = track.orphaned.is_some();
         track.source = from;
         track.orphaned = None;
         // A release of the generation shown, by a shard other than the one the copy is from:
         // two shards owned the player at that generation (this one handed it to a shard
         // that was paused past its lease and taken for dead, and the gateway restored the
         // player elsewhere at the same generation). The copy shown is the lost handoff's,
-        // which nobody updates: it ends as below (`meridian-sim --pauses` seed 64).
-        let foreign = !fresh && from != shown_from;
+        // which nobody updates: it ends as below (`meridian-sim --pauses` seed 64). So does
+        // a copy orphaned by its source's death released by that shard's next life, which
+        // restored the player at the same generation (seed 2125: the copy stayed, its new
+        // owner never told of it).
+        let foreign = !fresh && (from != shown_from || was_orphaned);
         if let (true, Some(Kind::Released(released))) =
             ((fresh || foreign) && track.present, &message.kind)
         {
@@ -685,6 +689,30 @@ mod tests {
         ghosts.demoted(PlayerId(GHOST), 2, ShardId(3), now);
         let released = message(2, Kind::Released(Released { new_owner: 3 }));
         ghosts.apply(&mut world, &mut history, ShardId(2), released, now, &mut out);
+        assert_eq!(world.position(PlayerId(GHOST)), None, "out of everyone's sight: gone");
+        assert!(ghosts.needed.is_empty());
+    }
+
+    /// This shard handed the player (generation 2) to shard 3, which was paused past its
+    /// lease and taken for dead before it took it: the copy here is orphaned. Shard 3's next
+    /// life restored the player, at generation 2 too, and hands it to shard 4: its
+    /// `Released` of generation 2 comes from the shard id the copy is from, but the copy is
+    /// the lost handoff's all the same, and shard 4 never heard of it. It goes (kept, and
+    /// asked for, only while a player here sees it). Found by `meridian-sim`, seed 2125.
+    #[test]
+    fn a_release_of_an_orphaned_copy_by_its_sources_next_life_ends_the_copy() {
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        let mut history = History::default();
+        let mut out = Vec::new();
+        let now = Instant::now();
+        let far = Position { x: 30, y: 10 };
+        world.upsert_ghost(PlayerId(GHOST), "ghost".into(), far, &mut out).unwrap();
+        ghosts.demoted(PlayerId(GHOST), 2, ShardId(3), now);
+        ghosts.sources_gone(&mut world, &mut history, |s| s != ShardId(3), now, &mut out);
+        assert!(ghosts.is_orphaned(PlayerId(GHOST)));
+        let released = message(2, Kind::Released(Released { new_owner: 4 }));
+        ghosts.apply(&mut world, &mut history, ShardId(3), released, now, &mut out);
         assert_eq!(world.position(PlayerId(GHOST)), None, "out of everyone's sight: gone");
         assert!(ghosts.needed.is_empty());
     }

@@ -114,6 +114,7 @@ const FOUND_WITH_PAUSES: &[(u64, &str)] = &[
     (5430, "a player handed to a shard taken for dead, its gateway routing to the new life"),
     (5768, "a shard taken for dead kept a gateway link its held events had closed"),
     (6176, "a player handed to a later life of a shard than its gateway knew, restored twice"),
+    (2125, "an orphaned copy released by its source's next life, which restored the player"),
 ];
 
 #[test]
