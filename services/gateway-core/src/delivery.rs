@@ -280,6 +280,11 @@ impl Ctx {
         let to = link.id;
         debug!(%to, player, "player handed to a shard whose link is down or that was replaced");
         self.switch_owner(conn, slot, player, link);
+        if !matches!(&conn.session, Session::Playing { link, .. } if link.id == to) {
+            // What that shard sent while held handed the player on (back to the shard that
+            // took it back, whose output waited behind its marker): not lost (seed 7664).
+            return;
+        }
         self.let_go(conn, slot);
         conn.claim = Some((to, generation));
     }

@@ -115,6 +115,7 @@ const FOUND_WITH_PAUSES: &[(u64, &str)] = &[
     (5768, "a shard taken for dead kept a gateway link its held events had closed"),
     (6176, "a player handed to a later life of a shard than its gateway knew, restored twice"),
     (2125, "an orphaned copy released by its source's next life, which restored the player"),
+    (7664, "a player handed to a replaced life and back, its return held, then restored twice"),
 ];
 
 #[test]
