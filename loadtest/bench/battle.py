@@ -11,12 +11,15 @@ builds alternating from step to step), the whole cluster (`meridian up --shards 
 
 - `spread:N`: N bots over the whole map;
 - `battle:N`: N bots spawned in the 20x20 box at the map's centre, where four shards meet,
-  and kept in it (`loadtest --battle`): every bot in sight of every other.
+  and kept in it (`loadtest --battle`): every bot in sight of every other;
+- `border:N`: N bots kept in a 20x100 box standing on the x = 200 border, away from the
+  y = 200 one (issue 30's calm borders: a crowd on a border moves it a few times at most).
 
 Reported per step: p50/p99 of a bot's own move, moves sent / acked / refused / lost,
 notifications delivered per second per cluster core, the cluster's CPU per notification,
 bytes per second per player in and out (the gateway's counters), handoffs and the
-partition epochs the balancer made. Prints a Markdown table, writes battle.json and the
+partition epochs the balancer made and the ghost holds given up on for want of a
+`Released` (`meridian_shard_ghost_release_timeouts_total`, 0 without a fault). Prints a Markdown table, writes battle.json and the
 plot of p99 against players (battle.svg) into --out. Everything runs on loopback; every
 process started is stopped by its PID.
 """
@@ -37,6 +40,7 @@ import game  # noqa: E402
 from suite import ROOT, cpu_seconds  # noqa: E402
 
 BOX = "190,190,209,209"
+BORDER_BOX = "190,60,209,159"
 
 
 def log(message):
@@ -53,8 +57,8 @@ def parse_steps(text):
     steps = []
     for item in text.split(","):
         kind, _, bots = item.partition(":")
-        if kind not in ("spread", "battle") or not bots.isdigit():
-            raise SystemExit(f"bad step {item!r}: want spread:N or battle:N")
+        if kind not in ("spread", "battle", "border") or not bots.isdigit():
+            raise SystemExit(f"bad step {item!r}: want spread:N, battle:N or border:N")
         steps.append((kind, int(bots)))
     return steps
 
@@ -85,6 +89,8 @@ def run_step(meridian, loadtest, kind, bots, seconds, work, label):
                 "2ms", "--json", str(summary_path), "--label", label]
         if kind == "battle":
             args += ["--spawn-area", BOX, "--battle"]
+        elif kind == "border":
+            args += ["--spawn-area", BORDER_BOX, "--battle"]
         before = {s["id"]: scrape(s["admin"]) for s in info["shards"]}
         gw_before = scrape(gateway["admin"])
         epochs_before = up_log_epochs(work / "up.log")
@@ -134,6 +140,7 @@ def run_step(meridian, loadtest, kind, bots, seconds, work, label):
         "handoffs": delta("meridian_shard_handoffs_out_total"),
         "moves_shed": delta("meridian_shard_moves_shed_total"),
         "epochs": epochs,
+        "release_timeouts": delta("meridian_shard_ghost_release_timeouts_total"),
     }
 
 
@@ -229,10 +236,12 @@ def print_table(results):
     header = ["workload", "players", "build", "p50 ms", "p99 ms",
               "worst 1-s p99 after 5 s, ms", "moves sent / acked / refused / lost",
               "disconnects", "notifications/s (one core)", "CPU µs per notification",
-              "bytes/s per player in / out", "handoffs", "balancer epochs"]
+              "bytes/s per player in / out", "handoffs", "balancer epochs",
+              "ghost release timeouts"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for r in sorted(results, key=lambda r: (r["kind"] != "spread", r["bots"], r["label"] != "before")):
+    kinds = {"spread": 0, "battle": 1, "border": 2}
+    for r in sorted(results, key=lambda r: (kinds[r["kind"]], r["bots"], r["label"] != "before")):
         print("| " + " | ".join([
             r["kind"], f"{r['bots']:,}", r["label"], f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
             f"{r['steady_p99_ms']:.1f}" if r.get("steady_p99_ms") is not None else "",
@@ -240,7 +249,7 @@ def print_table(results):
             str(r["disconnects"]), f"{r['notifications_per_s']:,.0f}",
             f"{r['cpu_us_per_notification']:.3f}",
             f"{r['bytes_in_per_player_s']:.0f} / {r['bytes_out_per_player_s']:,.0f}",
-            f"{r['handoffs']:.0f}", str(r["epochs"]),
+            f"{r['handoffs']:.0f}", str(r["epochs"]), f"{r.get('release_timeouts', 0):.0f}",
         ]) + " |")
 
 

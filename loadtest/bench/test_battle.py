@@ -11,8 +11,8 @@ import battle  # noqa: E402
 
 class Steps(unittest.TestCase):
     def test_steps_parse_in_order(self):
-        self.assertEqual(battle.parse_steps("spread:5000,battle:2000"),
-                         [("spread", 5000), ("battle", 2000)])
+        self.assertEqual(battle.parse_steps("spread:5000,battle:2000,border:1000"),
+                         [("spread", 5000), ("battle", 2000), ("border", 1000)])
 
     def test_a_bad_step_is_refused(self):
         for bad in ("crowd:10", "battle:", "battle:x", "spread"):

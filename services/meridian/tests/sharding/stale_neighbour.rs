@@ -11,12 +11,21 @@
 //! test --release -p meridian --test sharding stale_neighbour -- --nocapture`). Every run
 //! uses a fresh crowd on the same cluster, whose borders keep whatever the runs before
 //! made of them.
+//!
+//! Issue 30: the runs go with busy loops beside the cluster (`MERIDIAN_STALE_BUSY`, default
+//! 2, one per core here), as the stale neighbour showed only on contended cores, and no
+//! shard may have given up waiting for a `Released` (its
+//! `meridian_shard_ghost_release_timeouts_total` stays 0): without a fault, every handoff's
+//! old owner releases its ghosts.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use meridian_testkit::{
-    settle, test_seed, Area, ClusterOptions, Io, Rng, WalkOptions, WalkerSpec, Walkers, SEED_ENV,
+    metric_total, settle, test_seed, Area, ClusterOptions, Io, Rng, WalkOptions, WalkerSpec,
+    Walkers, SEED_ENV,
 };
 
 use crate::{with_cluster, SIGHT};
@@ -34,16 +43,51 @@ fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// Threads that spin until dropped: contended cores for the cluster beside them.
+struct BusyLoops {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyLoops {
+    fn start(count: usize) -> BusyLoops {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyLoops { stop, threads }
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
 pub fn stale_neighbour_workload(io: Io) {
     let seed = test_seed("sharding::stale_neighbour", 11);
     let bots = env_or("MERIDIAN_STALE_BOTS", 100);
     let runs = env_or("MERIDIAN_STALE_RUNS", 2);
-    let label = format!("seed {seed} ({SEED_ENV}={seed}), {bots} bots, {runs} runs");
+    let busy = env_or("MERIDIAN_STALE_BUSY", 2);
+    let label =
+        format!("seed {seed} ({SEED_ENV}={seed}), {bots} bots, {runs} runs, {busy} busy loops");
     let options = ClusterOptions::new(io).shards(4).gateways(2);
     with_cluster(&label.clone(), options, |cluster| {
         let gateways: Vec<_> = cluster.gateways().iter().map(|g| g.game).collect();
         let area = Area::new(BOX.0, BOX.1);
         let mut rng = Rng::new(seed);
+        let _busy = BusyLoops::start(busy);
         for run in 1..=runs {
             let started = Instant::now();
             let run_label = format!("{label}, run {run}");
@@ -81,6 +125,16 @@ pub fn stale_neighbour_workload(io: Io) {
                 let by = Instant::now() + Duration::from_secs(10);
                 player.bot.expect_closed(by).context("closed after its logout")?;
             }
+        }
+        for shard in cluster.shards() {
+            let name = "meridian_shard_ghost_release_timeouts_total";
+            let timeouts = metric_total(shard.admin, name)?;
+            anyhow::ensure!(
+                timeouts == 0.0,
+                "{label}: shard {} gave up waiting for {timeouts} Released (its log names the \
+                 handoffs)",
+                shard.id
+            );
         }
         Ok(())
     });
