@@ -44,9 +44,13 @@ impl Core {
                 continue;
             }
             if let Some(at) = conn.goodbye_at {
-                if now.saturating_duration_since(at) >= GOODBYE_GRACE {
+                let close_at = at + GOODBYE_GRACE;
+                if now >= close_at {
                     let session = session_id(self.ctx.worker, slot, conn.generation_slot);
                     self.ctx.close(conn, slot, session, Closing::AfterFlush);
+                } else {
+                    // Not due yet: the wake-up this timeout spent is asked for again.
+                    self.ctx.wake_at = Some(self.ctx.wake_at.map_or(close_at, |w| w.min(close_at)));
                 }
                 continue;
             }

@@ -34,6 +34,8 @@ fn a_client_with_nothing_in_flight_is_told_at_once_and_closed_after_the_grace() 
     assert_eq!(errors(&replies(&mut core, slot)), vec![(ErrorCode::ShuttingDown, 7)]);
     assert_eq!(relayed_inputs(&mut core, &links[0].1), vec![], "not relayed");
     assert_eq!(closing(&mut core, slot), Some(Closing::No), "still reading");
+    tick(&mut core, t0 + GOODBYE_GRACE / 2);
+    assert!(core.poll_timeout() <= t0 + GOODBYE_GRACE, "a tick before the close keeps its wake-up");
     tick(&mut core, t0 + GOODBYE_GRACE);
     assert_eq!(closing(&mut core, slot), Some(Closing::AfterFlush));
 }
