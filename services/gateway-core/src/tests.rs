@@ -388,8 +388,7 @@ fn a_player_handed_to_a_later_life_waits_for_its_link() {
 /// straight back: what shard 1 sends after its release marker is its second ownership's,
 /// and waits for the other shard's output and marker, as any new owner's does. It went
 /// to the client at once, ahead of the other shard's steps (found by `meridian-sim`, seed
-/// 2949: an observer told a neighbour moved two cells at once; and CI's
-/// conservation_at_the_four_way_corner, a Left and Entered for a player in sight).
+/// 2949: an observer told a neighbour moved two cells at once).
 #[test]
 fn the_old_owners_output_after_its_release_waits_while_the_new_owner_is_not_linked() {
     let t0 = Instant::now();

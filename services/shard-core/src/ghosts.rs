@@ -677,16 +677,21 @@ mod tests {
     /// generation 2, and shard 2 now hands it on: its `Released` of generation 2 is not from
     /// the shard the copy here is from. The copy is the lost handoff's: it goes (kept, and
     /// asked for, only while a player here sees it). Found by `meridian-sim --pauses`, seed 64.
-    #[test]
-    fn a_release_of_the_shown_generation_by_another_shard_ends_the_copy() {
-        let mut world = world_with_watcher();
-        let mut ghosts = Ghosts::default();
-        let mut history = History::default();
-        let mut out = Vec::new();
+    /// A copy out of the watcher's sight, demoted here when this shard handed the player
+    /// (generation 2) to shard 3.
+    fn handed_to_shard_3() -> (World, Ghosts, History, Vec<Envelope>, Instant) {
+        let (mut world, mut ghosts, mut out) =
+            (world_with_watcher(), Ghosts::default(), Vec::new());
         let now = Instant::now();
         let far = Position { x: 30, y: 10 };
         world.upsert_ghost(PlayerId(GHOST), "ghost".into(), far, &mut out).unwrap();
         ghosts.demoted(PlayerId(GHOST), 2, ShardId(3), now);
+        (world, ghosts, History::default(), out, now)
+    }
+
+    #[test]
+    fn a_release_of_the_shown_generation_by_another_shard_ends_the_copy() {
+        let (mut world, mut ghosts, mut history, mut out, now) = handed_to_shard_3();
         let released = message(2, Kind::Released(Released { new_owner: 3 }));
         ghosts.apply(&mut world, &mut history, ShardId(2), released, now, &mut out);
         assert_eq!(world.position(PlayerId(GHOST)), None, "out of everyone's sight: gone");
@@ -701,14 +706,7 @@ mod tests {
     /// asked for, only while a player here sees it). Found by `meridian-sim`, seed 2125.
     #[test]
     fn a_release_of_an_orphaned_copy_by_its_sources_next_life_ends_the_copy() {
-        let mut world = world_with_watcher();
-        let mut ghosts = Ghosts::default();
-        let mut history = History::default();
-        let mut out = Vec::new();
-        let now = Instant::now();
-        let far = Position { x: 30, y: 10 };
-        world.upsert_ghost(PlayerId(GHOST), "ghost".into(), far, &mut out).unwrap();
-        ghosts.demoted(PlayerId(GHOST), 2, ShardId(3), now);
+        let (mut world, mut ghosts, mut history, mut out, now) = handed_to_shard_3();
         ghosts.sources_gone(&mut world, &mut history, |s| s != ShardId(3), now, &mut out);
         assert!(ghosts.is_orphaned(PlayerId(GHOST)));
         let released = message(2, Kind::Released(Released { new_owner: 4 }));

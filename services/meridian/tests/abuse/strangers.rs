@@ -120,6 +120,7 @@ fn attempts(
     (0..ATTEMPTS)
         .map(|n| {
             let at = first + ATTEMPT_EVERY * n as u32;
+            // Paces the attempts on their schedule: waits for nothing.
             std::thread::sleep(at.saturating_duration_since(Instant::now()));
             attempt()
         })
