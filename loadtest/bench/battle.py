@@ -13,13 +13,19 @@ builds alternating from step to step), the whole cluster (`meridian up --shards 
 - `battle:N`: N bots spawned in the 20x20 box at the map's centre, where four shards meet,
   and kept in it (`loadtest --battle`): every bot in sight of every other;
 - `border:N`: N bots kept in a 20x100 box standing on the x = 200 border, away from the
-  y = 200 one (issue 30's calm borders: a crowd on a border moves it a few times at most).
+  y = 200 one (issue 30's calm borders: a crowd on a border moves it a few times at most);
+- `disperse:N`: the battle of N, and halfway through the crowd disperses: three in four of
+  its players leave (`loadtest --disperse-after`). Reported: how long after that the
+  cluster is back to normal, i.e. the end of the last second with a refused move or a
+  one-second p99 over 100 ms (`recovery_s`; 0 if the first second after is normal).
 
 Reported per step: p50/p99 of a bot's own move, moves sent / acked / refused / lost,
 notifications delivered per second per cluster core, the cluster's CPU per notification,
 bytes per second per player in and out (the gateway's counters), handoffs and the
 partition epochs the balancer made and the ghost holds given up on for want of a
-`Released` (`meridian_shard_ghost_release_timeouts_total`, 0 without a fault). Prints a Markdown table, writes battle.json and the
+`Released` (`meridian_shard_ghost_release_timeouts_total`, 0 without a fault), and the
+largest resident memory the cluster's processes (gateway, shards, etcd) reached together,
+sampled every half second. Prints a Markdown table, writes battle.json and the
 plot of p99 against players (battle.svg) into --out. Everything runs on loopback; every
 process started is stopped by its PID.
 """
@@ -31,6 +37,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -41,6 +48,11 @@ from suite import ROOT, cpu_seconds  # noqa: E402
 
 BOX = "190,190,209,209"
 BORDER_BOX = "190,60,209,159"
+# disperse:N: when the crowd disperses (a share of the run) and which share of it leaves.
+DISPERSE_AT = 0.5
+DISPERSE_SHARE = 0.75
+# "Back to normal" after a dispersal: no refused move and a one-second p99 at most this.
+NORMAL_P99_MS = 100.0
 
 
 def log(message):
@@ -57,8 +69,9 @@ def parse_steps(text):
     steps = []
     for item in text.split(","):
         kind, _, bots = item.partition(":")
-        if kind not in ("spread", "battle", "border") or not bots.isdigit():
-            raise SystemExit(f"bad step {item!r}: want spread:N, battle:N or border:N")
+        if kind not in ("spread", "battle", "border", "disperse") or not bots.isdigit():
+            raise SystemExit(
+                f"bad step {item!r}: want spread:N, battle:N, border:N or disperse:N")
         steps.append((kind, int(bots)))
     return steps
 
@@ -87,18 +100,23 @@ def run_step(meridian, loadtest, kind, bots, seconds, work, label):
         args = [str(loadtest), "--addr", gateway["game"], "--bots", str(bots),
                 "--duration", f"{seconds}s", "--move-interval", "1s", "--connect-interval",
                 "2ms", "--json", str(summary_path), "--label", label]
-        if kind == "battle":
+        if kind in ("battle", "disperse"):
             args += ["--spawn-area", BOX, "--battle"]
+        if kind == "disperse":
+            args += ["--disperse-after", f"{int(seconds * DISPERSE_AT * 1000)}ms",
+                     "--disperse-share", str(DISPERSE_SHARE)]
         elif kind == "border":
             args += ["--spawn-area", BORDER_BOX, "--battle"]
         before = {s["id"]: scrape(s["admin"]) for s in info["shards"]}
         gw_before = scrape(gateway["admin"])
         epochs_before = up_log_epochs(work / "up.log")
         cpu_before, t0 = cpu_seconds(pids), time.time()
+        memory = MemoryPeak(pids)
         with open(work / "loadtest.log", "w") as out:
             subprocess.run(["taskset", "-c", "0"] + args, stdout=out, stderr=subprocess.STDOUT,
                            check=False, timeout=seconds + 120)
         cpu, wall = cpu_seconds(pids) - cpu_before, time.time() - t0
+        peak_rss = memory.stop()
         after = {s["id"]: scrape(s["admin"]) for s in info["shards"]}
         gw_after = scrape(gateway["admin"])
         epochs = up_log_epochs(work / "up.log") - epochs_before
@@ -141,7 +159,53 @@ def run_step(meridian, loadtest, kind, bots, seconds, work, label):
         "moves_shed": delta("meridian_shard_moves_shed_total"),
         "epochs": epochs,
         "release_timeouts": delta("meridian_shard_ghost_release_timeouts_total"),
+        "peak_rss_mb": peak_rss / 2**20,
+        "recovery_s": (recovery_seconds(summary["per_second"], seconds * DISPERSE_AT)
+                       if kind == "disperse" else None),
     }
+
+
+def recovery_seconds(per_second, dispersed_at):
+    """Seconds from the dispersal to the end of the last one-second interval after it with a
+    refused move or a p99 over NORMAL_P99_MS (0: the first second after was normal)."""
+    last_bad = dispersed_at
+    for second in per_second:
+        if second["t"] <= dispersed_at:
+            continue
+        p99 = second.get("p99_ms")
+        if second.get("errors", 0) > 0 or (p99 is not None and p99 > NORMAL_P99_MS):
+            last_bad = second["t"]
+    return round(last_bad - dispersed_at, 3)
+
+
+class MemoryPeak:
+    """Samples the summed resident memory of `pids` every half second until stopped."""
+
+    def __init__(self, pids):
+        self.pids, self.peak, self.done = pids, 0, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.done.is_set():
+            self.peak = max(self.peak, sum(rss_bytes(pid) for pid in self.pids))
+            self.done.wait(0.5)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def rss_bytes(pid):
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def up_log_epochs(path):
@@ -237,10 +301,10 @@ def print_table(results):
               "worst 1-s p99 after 5 s, ms", "moves sent / acked / refused / lost",
               "disconnects", "notifications/s (one core)", "CPU µs per notification",
               "bytes/s per player in / out", "handoffs", "balancer epochs",
-              "ghost release timeouts"]
+              "ghost release timeouts", "peak memory, MB", "back to normal after dispersal, s"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    kinds = {"spread": 0, "battle": 1, "border": 2}
+    kinds = {"spread": 0, "battle": 1, "border": 2, "disperse": 3}
     for r in sorted(results, key=lambda r: (kinds[r["kind"]], r["bots"], r["label"] != "before")):
         print("| " + " | ".join([
             r["kind"], f"{r['bots']:,}", r["label"], f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
@@ -250,6 +314,8 @@ def print_table(results):
             f"{r['cpu_us_per_notification']:.3f}",
             f"{r['bytes_in_per_player_s']:.0f} / {r['bytes_out_per_player_s']:,.0f}",
             f"{r['handoffs']:.0f}", str(r["epochs"]), f"{r.get('release_timeouts', 0):.0f}",
+            f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") else "",
+            f"{r['recovery_s']:.1f}" if r.get("recovery_s") is not None else "",
         ]) + " |")
 
 

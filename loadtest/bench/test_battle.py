@@ -11,13 +11,31 @@ import battle  # noqa: E402
 
 class Steps(unittest.TestCase):
     def test_steps_parse_in_order(self):
-        self.assertEqual(battle.parse_steps("spread:5000,battle:2000,border:1000"),
-                         [("spread", 5000), ("battle", 2000), ("border", 1000)])
+        self.assertEqual(battle.parse_steps("spread:5000,battle:2000,border:1000,disperse:4000"),
+                         [("spread", 5000), ("battle", 2000), ("border", 1000),
+                          ("disperse", 4000)])
 
     def test_a_bad_step_is_refused(self):
         for bad in ("crowd:10", "battle:", "battle:x", "spread"):
             with self.assertRaises(SystemExit):
                 battle.parse_steps(bad)
+
+
+class Recovery(unittest.TestCase):
+    def second(self, t, p99, errors=0):
+        return {"t": t, "p99_ms": p99, "errors": errors}
+
+    def test_recovery_ends_with_the_last_bad_second_after_the_dispersal(self):
+        per_second = [self.second(9.0, 900.0, 50), self.second(10.0, 800.0, 40),
+                      self.second(11.0, 300.0, 0), self.second(12.0, 40.0, 3),
+                      self.second(13.0, 30.0), self.second(14.0, 20.0)]
+        # Bad before 10 s does not count; 12 s still refused moves; 13 s on is normal.
+        self.assertEqual(battle.recovery_seconds(per_second, 10.0), 2.0)
+
+    def test_a_cluster_normal_at_once_recovers_in_no_time(self):
+        per_second = [self.second(10.0, 900.0, 5), self.second(11.0, 30.0),
+                      self.second(12.0, None)]
+        self.assertEqual(battle.recovery_seconds(per_second, 10.0), 0.0)
 
 
 class Plot(unittest.TestCase):

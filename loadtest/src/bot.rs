@@ -88,6 +88,8 @@ pub struct Plan {
     pub spawn_area: Option<SpawnArea>,
     /// Battle mode: moves stay inside `spawn_area`.
     pub battle: bool,
+    /// `--disperse-after`: when a share of the bots leave.
+    pub disperse: Option<crate::cli::Disperse>,
     /// Shard borders (columns, rows): acks that land across one count as crossings.
     pub border_x: Vec<u32>,
     pub border_y: Vec<u32>,
@@ -236,6 +238,7 @@ pub async fn run(plan: Arc<Plan>, stats: Arc<Stats>, index: u32, conn: Option<Co
         }),
         writer_done: Notify::new(),
         reader_done: Notify::new(),
+        leaves_at: plan.disperse.filter(|d| d.leaves(index)).map(|d| plan.started + d.after),
     };
     let mut gateway = 0;
     let mut schedule_from = logged_in_at;
@@ -442,6 +445,9 @@ struct Session<'a> {
     sight: Option<Mutex<Sight>>,
     writer_done: Notify,
     reader_done: Notify,
+    /// `--disperse-after`, for a bot among those that leave: it sends nothing due at or
+    /// after this instant, and logs out once its moves are answered.
+    leaves_at: Option<Instant>,
 }
 
 /// Whom an action aimed at, seen from the bot when it sent it.
@@ -510,6 +516,20 @@ fn pack((x, y): (u32, u32)) -> u64 {
 }
 
 impl Session<'_> {
+    /// No move of this bot is due at or after this instant: the run's end, or earlier for
+    /// a bot that leaves when the crowd disperses.
+    fn sending_ends(&self) -> Instant {
+        let ends = self.plan.sending_ends();
+        self.leaves_at.map_or(ends, |leaves| leaves.min(ends))
+    }
+
+    /// This bot's moves still unanswered at this instant are lost.
+    fn drain_ends(&self) -> Instant {
+        self.leaves_at.map_or(self.plan.drain_ends(), |leaves| {
+            (leaves + self.plan.drain).min(self.plan.drain_ends())
+        })
+    }
+
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -562,7 +582,7 @@ impl Session<'_> {
             // The next message due: an action only if strictly before the next move.
             let action_next = action_due.filter(|&at| at < due);
             let next = action_next.unwrap_or(due);
-            if next >= self.plan.sending_ends() {
+            if next >= self.sending_ends() {
                 break;
             }
             tokio::select! {
@@ -571,7 +591,7 @@ impl Session<'_> {
             }
             // Ramp mode may have ended the run while this bot slept; or the gateway is
             // going away.
-            if next >= self.plan.sending_ends() || self.ledger().moving {
+            if next >= self.sending_ends() || self.ledger().moving {
                 break;
             }
             let now = Instant::now();
@@ -670,7 +690,7 @@ impl Session<'_> {
                 },
                 // Wakes the loop to re-check the ledger once the last move is out.
                 () = self.writer_done.notified() => {}
-                () = sleep_until(self.plan.drain_ends()) => break,
+                () = sleep_until(self.drain_ends()) => break,
             }
         }
         self.reader_done.notify_one();

@@ -65,6 +65,18 @@ pub struct Cli {
     #[arg(long, requires = "spawn_area", env = "MERIDIAN_LOADTEST_BATTLE")]
     pub battle: bool,
 
+    /// The crowd disperses this long after the run started: `--disperse-share` of the bots
+    /// (spread evenly over the bots' indices) stop moving, wait for their answers and log
+    /// out; the rest go on. Measures how fast an overloaded
+    /// cluster comes back once a battle thins out.
+    #[arg(long, value_parser = parse_duration, env = "MERIDIAN_LOADTEST_DISPERSE_AFTER")]
+    pub disperse_after: Option<Duration>,
+
+    /// The share of bots that leave at `--disperse-after`, 0 to 1.
+    #[arg(long, default_value_t = 0.75, requires = "disperse_after",
+          value_parser = parse_share, env = "MERIDIAN_LOADTEST_DISPERSE_SHARE")]
+    pub disperse_share: f64,
+
     /// Spread bots over K loopback source addresses 127.0.0.1 .. 127.0.0.K (beyond ~14k
     /// sockets one source address runs out of ephemeral ports). Loopback targets only.
     #[arg(long, default_value_t = 1, env = "MERIDIAN_LOADTEST_SOURCE_IPS")]
@@ -200,6 +212,32 @@ impl fmt::Display for SpawnArea {
 }
 
 /// Parses `250us`, `500ms`, `1s`, `2m`, `1h`: a whole number and a unit, nothing else.
+/// When a crowd disperses and which share of it leaves (`--disperse-after`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Disperse {
+    pub after: Duration,
+    /// 0 to 1.
+    pub share: f64,
+}
+
+impl Disperse {
+    /// Whether bot `index` is among those that leave: the share is spread evenly, so the
+    /// first n bots send `floor(n * share)` away whatever n is.
+    pub fn leaves(&self, index: u32) -> bool {
+        let leaving_among = |n: u32| (f64::from(n) * self.share).floor();
+        leaving_among(index + 1) > leaving_among(index)
+    }
+}
+
+fn parse_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text.parse().map_err(|e| format!("{text:?} is not a number: {e}"))?;
+    if (0.0..=1.0).contains(&share) {
+        Ok(share)
+    } else {
+        Err(format!("{share} is not between 0 and 1"))
+    }
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
@@ -240,6 +278,8 @@ pub struct Config {
     pub spawn_area: Option<SpawnArea>,
     /// `--battle`: bots stay inside the spawn area.
     pub battle: bool,
+    /// `--disperse-after` and `--disperse-share`.
+    pub disperse: Option<Disperse>,
     pub border_x: Vec<u32>,
     pub border_y: Vec<u32>,
     pub source_ips: u32,
@@ -355,6 +395,7 @@ impl Config {
             seed: cli.seed,
             spawn_area: cli.spawn_area,
             battle: cli.battle,
+            disperse: cli.disperse_after.map(|after| Disperse { after, share: cli.disperse_share }),
             border_x: cli.border_x,
             border_y: cli.border_y,
             source_ips: cli.source_ips,
@@ -393,6 +434,22 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_dispersal_sends_its_share_of_every_hundred_bots_away() {
+        let disperse = Disperse { after: Duration::from_secs(10), share: 0.75 };
+        let leaving = |n| (0..n).filter(|&i| disperse.leaves(i)).count();
+        assert_eq!((leaving(1000), leaving(8), leaving(4), leaving(1)), (750, 6, 3, 0));
+        let half = Disperse { share: 0.5, ..disperse };
+        assert_eq!((0..6).map(|i| half.leaves(i)).collect::<Vec<_>>(), [false, true].repeat(3));
+        let everyone = Disperse { share: 1.0, ..disperse };
+        assert!((0..100).all(|i| everyone.leaves(i)));
+        let nobody = Disperse { share: 0.0, ..disperse };
+        assert!((0..100).all(|i| !nobody.leaves(i)));
+        assert_eq!(parse_share("1"), Ok(1.0));
+        assert!(parse_share("1.5").is_err() && parse_share("-0.1").is_err());
+        assert!(parse_share("most").is_err());
     }
 
     #[test]

@@ -173,6 +173,7 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
         name_prefix: config.name_prefix.clone(),
         spawn_area: config.spawn_area,
         battle: config.battle,
+        disperse: config.disperse,
         border_x: config.border_x.clone(),
         border_y: config.border_y.clone(),
         move_interval: config.move_interval,

@@ -131,6 +131,8 @@ struct Totals {
     sent: u64,
     acked: u64,
     notifications: u64,
+    /// Error answers that are failures (`Stats::failure_errors`).
+    errors: u64,
     actions_sent: u64,
     actions_answered: u64,
 }
@@ -141,6 +143,7 @@ impl Totals {
             sent: load(&stats.moves_sent),
             acked: load(&stats.moves_acked),
             notifications: load(&stats.notifications),
+            errors: stats.failure_errors(),
             actions_sent: load(&stats.actions_sent),
             actions_answered: load(&stats.actions_answered) + load(&stats.actions_rejected),
         }
@@ -157,6 +160,9 @@ pub struct SecondStats {
     pub sent: u64,
     pub acked: u64,
     pub notifications: u64,
+    /// Error answers received in this interval (a refused move's `RATE_LIMITED`, ...;
+    /// a game's `REJECTED` is an answer, not counted).
+    pub errors: u64,
     /// p50 and p99 of the acks received in this interval; null when there were none.
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
@@ -230,6 +236,7 @@ impl Reporter {
             sent: totals.sent - self.last.sent,
             acked: totals.acked - self.last.acked,
             notifications: totals.notifications - self.last.notifications,
+            errors: totals.errors - self.last.errors,
             p50_ms: delays.quantile(0.5).map(micros_to_ms),
             p99_ms: delays.quantile(0.99).map(micros_to_ms),
         };

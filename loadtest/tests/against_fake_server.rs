@@ -588,9 +588,56 @@ async fn every_move_is_acked_errored_or_lost_and_the_json_says_which() {
 
     assert_eq!(per_second_sum(&summary, "acked"), acked, "per_second covers every ack");
     assert_eq!(per_second_sum(&summary, "sent"), sent, "per_second covers every move");
+    // Every error answer, the refused login's UNAVAILABLE too.
+    assert_eq!(per_second_sum(&summary, "errors"), errored + 1, "per_second covers every error");
     assert!(summary["per_second"].as_array().unwrap().len() >= 2);
     assert_eq!(summary["duration_s"].as_f64(), Some(2.0));
     assert_eq!(summary["move_interval_ms"].as_f64(), Some(50.0));
+}
+
+/// `--disperse-after`: the share of the crowd that leaves stops moving then, has its moves
+/// answered and logs out; the rest play on to the end. Nothing is lost or disconnected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispersing_crowd_leaves_with_its_moves_answered_and_the_rest_play_on() {
+    let reply_delay = Duration::from_millis(20);
+    let (addr, counts) = start_fake_server(Behaviour { reply_delay, ..Behaviour::default() }).await;
+    let addr = addr.to_string();
+    let summary = run_ok(
+        "disperse",
+        &[
+            "--addr",
+            &addr,
+            "--bots",
+            "8",
+            "--connect-interval",
+            "0ms",
+            "--duration",
+            "3s",
+            "--move-interval",
+            "100ms",
+            "--spawn-area",
+            "10,10,29,29",
+            "--battle",
+            "--disperse-after",
+            "1s",
+            "--disperse-share",
+            "0.5",
+        ],
+    )
+    .await;
+
+    let (sent, acked) = (n(&summary, "moves_sent"), n(&summary, "moves_acked"));
+    assert_eq!(n(&summary, "moves_lost"), 0, "the leavers' moves were answered: {summary}");
+    assert_eq!(n(&summary, "disconnects"), 0, "{summary}");
+    assert_eq!(sent, acked, "{summary}");
+    // Four bots move for 1 s and four for 3 s, 10 moves a second: about 160, not 240.
+    assert!((130..=190).contains(&sent), "expected about 160 moves: {summary}");
+    assert_eq!(get(&counts.logouts), 8, "the leavers logged out, the others at the end");
+    let seconds = summary["per_second"].as_array().expect("per_second");
+    let late = seconds.iter().filter(|s| s["t"].as_f64().is_some_and(|t| (1.6..2.9).contains(&t)));
+    for second in late {
+        assert_eq!(second["bots"].as_u64(), Some(4), "half the crowd left: {summary}");
+    }
 }
 
 /// A move in flight when a `ViewReset` arrives and acked after it (it crossed the reset on
