@@ -816,7 +816,7 @@ impl ShardCore {
             }
             // The same notification for viewer after viewer (a mover's `Moved` goes to all
             // who see it in a row): encoded once, copied to each.
-            self.outbox.push_shared(link, session, &note, || match &note {
+            self.outbox.push_shared(link, session, &seat.outbox, &note, || match &note {
                 Notification::Entered { subject, position, name, kind, state } => Some(
                     server::entered_as(subject.0, position.x, position.y, &**name, *kind, state),
                 ),

@@ -40,6 +40,10 @@ struct LinkOut {
     deliveries: Vec<Delivery>,
     frames: Vec<Frames>,
     by_session: FxHashMap<u64, usize>,
+    /// A connection's frame buffer starts this big: the mean a connection of this link
+    /// was sent last round (a battle's viewers get kilobytes a round each; growing to
+    /// that showed as reallocations and their copies).
+    frames_capacity: usize,
     /// Where each move answer ends in its connection's frames: (delivery index, offset),
     /// in the order pushed. Read only to cut a connection's output into pieces.
     move_answer_ends: Vec<(usize, usize)>,
@@ -54,11 +58,30 @@ struct LastShared {
     frame: Vec<u8>,
 }
 
-/// Output of one round of the world task. Reused across rounds: the maps keep their
+/// Where a connection's output is in this round's outbox, remembered with its seat: the
+/// viewers of a battle get a hundred notifications a round each, and finding their
+/// delivery by link and session every time was a tenth of a busy shard's time.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Memo(std::cell::Cell<Option<MemoAt>>);
+
+#[derive(Debug, Clone, Copy)]
+struct MemoAt {
+    round: u64,
+    link: LinkId,
+    session: u64,
+    /// Index into `Outbox::links`, and of the delivery in that link's output.
+    link_at: usize,
+    index: usize,
+}
+
+/// Output of one round of the world task. Reused across rounds: the links keep their
 /// capacity; only the frame buffers handed to gRPC are new.
 #[derive(Default)]
 pub struct Outbox {
-    links: FxHashMap<LinkId, LinkOut>,
+    /// Per link, its output this round (a shard has a gateway link or a few: a scan).
+    links: Vec<(LinkId, LinkOut)>,
+    /// Counts rounds (and forgotten links), so a [`Memo`] of an earlier one is stale.
+    round: u64,
     last_shared: LastShared,
     /// Messages pushed since the last drain.
     n_messages: u64,
@@ -84,10 +107,12 @@ impl Outbox {
     /// Appends the frame of `note`, which many viewers may be sent in a row, for a
     /// connection: `message` makes its message (`None`: nothing is sent for it), called
     /// only when `note` differs from the last one pushed this way.
-    pub fn push_shared(
+    /// `memo` is the viewer's (its seat's): where its output is, if this round has some.
+    pub(crate) fn push_shared(
         &mut self,
         link: LinkId,
         session: u64,
+        memo: &Memo,
         note: &Notification,
         message: impl FnOnce() -> Option<ServerMessage>,
     ) {
@@ -102,7 +127,20 @@ impl Outbox {
         if last.frame.is_empty() {
             return;
         }
-        let (out, index) = slot(&mut self.links, link, session);
+        let at = memo
+            .0
+            .get()
+            .filter(|at| at.round == self.round && at.link == link && at.session == session);
+        let (link_at, index) = match at {
+            Some(at) => (at.link_at, at.index),
+            None => {
+                let (link_at, index) = slot_at(&mut self.links, link, session);
+                let round = self.round;
+                memo.0.set(Some(MemoAt { round, link, session, link_at, index }));
+                (link_at, index)
+            }
+        };
+        let out = &mut self.links[link_at].1;
         out.frames[index].bytes.extend_from_slice(&last.frame);
         // Never an error: notifications are news about others.
         self.n_messages += 1;
@@ -182,6 +220,7 @@ impl Outbox {
     /// outbox empty.
     pub fn drain(&mut self) -> impl Iterator<Item = (LinkId, Vec<ShardBatch>, u64)> + '_ {
         self.n_messages = 0;
+        self.round += 1;
         self.links.iter_mut().filter(|(_, out)| !out.deliveries.is_empty()).map(|(link, out)| {
             let (deliveries, bytes) = out.take();
             let batches = split_entries(deliveries, SHARD_BATCH)
@@ -193,24 +232,36 @@ impl Outbox {
     }
 
     pub fn forget_link(&mut self, link: LinkId) {
-        self.links.remove(&link);
+        // The links after it move up: every memo of this round is stale.
+        self.links.retain(|(l, _)| *l != link);
+        self.round += 1;
     }
 }
 
 /// The index of a connection's delivery in its link's output this round, made if new.
-fn slot(
-    links: &mut FxHashMap<LinkId, LinkOut>,
-    link: LinkId,
-    session: u64,
-) -> (&mut LinkOut, usize) {
-    let out = links.entry(link).or_default();
+fn slot(links: &mut Vec<(LinkId, LinkOut)>, link: LinkId, session: u64) -> (&mut LinkOut, usize) {
+    let (link_at, index) = slot_at(links, link, session);
+    (&mut links[link_at].1, index)
+}
+
+/// Where a connection's delivery is this round (its link's place in `links`, its index in
+/// that link's output), made if new.
+fn slot_at(links: &mut Vec<(LinkId, LinkOut)>, link: LinkId, session: u64) -> (usize, usize) {
+    let link_at = match links.iter().position(|(l, _)| *l == link) {
+        Some(at) => at,
+        None => {
+            links.push((link, LinkOut::default()));
+            links.len() - 1
+        }
+    };
+    let out = &mut links[link_at].1;
     let index = *out.by_session.entry(session).or_insert_with(|| {
         out.deliveries.push(Delivery { session, ..Default::default() });
-        let bytes = Vec::with_capacity(FRAMES_CAPACITY);
+        let bytes = Vec::with_capacity(out.frames_capacity.max(FRAMES_CAPACITY));
         out.frames.push(Frames { bytes, tracked_at: 0 });
         out.deliveries.len() - 1
     });
-    (out, index)
+    (link_at, index)
 }
 
 impl LinkOut {
@@ -219,6 +270,8 @@ impl LinkOut {
     fn take(&mut self) -> (Vec<Delivery>, u64) {
         self.by_session.clear();
         let bytes = self.frames.iter().map(|f| f.bytes.len() as u64).sum();
+        let mean = bytes as usize / self.frames.len().max(1);
+        self.frames_capacity = mean.next_power_of_two().min(MAX_DELIVERY_FRAMES);
         let mut deliveries = std::mem::take(&mut self.deliveries);
         if self.frames.iter().all(|f| f.bytes.len() <= MAX_DELIVERY_FRAMES) {
             for (delivery, frames) in deliveries.iter_mut().zip(self.frames.drain(..)) {
@@ -486,5 +539,75 @@ mod tests {
             batches.iter().flat_map(|b| b.deliveries.iter().map(|d| d.session)).collect();
         assert_eq!(sessions, (1..=MAX_DELIVERIES_PER_BATCH as u64 + 10).collect::<Vec<_>>());
         assert!(drained(&mut outbox).is_empty(), "the outbox is empty after a drain");
+    }
+}
+
+#[cfg(test)]
+mod memo_tests {
+    use meridian_protocol::server;
+    use meridian_world::{PlayerId, Position};
+
+    use super::*;
+
+    fn moved(subject: u64, x: u32) -> (Notification, ServerMessage) {
+        let position = Position { x, y: 0 };
+        let note = Notification::Moved { subject: PlayerId(subject), position, client_time: 0 };
+        (note, server::moved(subject, x, 0, 0))
+    }
+
+    /// Per link, per session, the frames of the round.
+    fn round(outbox: &mut Outbox) -> Vec<(LinkId, u64, Vec<u8>)> {
+        let mut out: Vec<_> = outbox
+            .drain()
+            .flat_map(|(link, batches, _)| {
+                batches
+                    .into_iter()
+                    .flat_map(|b| b.deliveries)
+                    .map(move |d| (link, d.session, d.frames.to_vec()))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The memo of a viewer's place in the outbox saves finding it again, and never sends
+    /// its output astray: not in the next round, not after a link before it is forgotten,
+    /// not when the seat moved to another link or session.
+    #[test]
+    fn a_viewers_memo_finds_its_own_output_and_only_this_rounds() {
+        let (a, b, other) = (LinkId(1), LinkId(2), LinkId(3));
+        let (memo_x, memo_y) = (Memo::default(), Memo::default());
+        let mut outbox = Outbox::default();
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for n in 0..3 {
+            let (note, message) = moved(100 + n, n as u32);
+            outbox.push_shared(b, 7, &memo_x, &note, || Some(message.clone()));
+            outbox.push_shared(b, 8, &memo_y, &note, || Some(message.clone()));
+            // Another path to the same connection's output lands in the same place.
+            let ack = server::moved(7, 9, 9, 1 + n);
+            outbox.push_move_answer(b, 7, &ack);
+            for frame in [&message, &ack] {
+                encode_frame(frame, &mut x);
+            }
+            encode_frame(&message, &mut y);
+        }
+        assert_eq!(round(&mut outbox), vec![(b, 7, x.clone()), (b, 8, y)]);
+
+        // Next round: link `a` comes first, then `b`'s place moves up when `a` is forgotten.
+        let (note, message) = moved(200, 1);
+        outbox.push_shared(a, 7, &Memo::default(), &note, || Some(message.clone()));
+        outbox.push_shared(b, 7, &memo_x, &note, || Some(message.clone()));
+        outbox.forget_link(a);
+        let (note, later) = moved(201, 2);
+        outbox.push_shared(b, 7, &memo_x, &note, || Some(later.clone()));
+        // The seat moved: the same memo, another link and session.
+        outbox.push_shared(other, 9, &memo_x, &note, || Some(later.clone()));
+        x.clear();
+        encode_frame(&message, &mut x);
+        encode_frame(&later, &mut x);
+        let mut moved_seat = Vec::new();
+        encode_frame(&later, &mut moved_seat);
+        assert_eq!(round(&mut outbox), vec![(b, 7, x), (other, 9, moved_seat)]);
+        assert!(round(&mut outbox).is_empty(), "a drained outbox is empty");
     }
 }

@@ -175,6 +175,8 @@ pub(crate) struct Seat {
     /// connection (`Leave.budgets`), and when: parked with the player when its connection
     /// drops, so that a resume on any gateway gets them back.
     pub budgets: Option<(Budgets, Instant)>,
+    /// Where the player's output is in this round's outbox.
+    pub outbox: crate::outbox::Memo,
 }
 
 /// An action sent to its target's owner: when, and its client_time.
@@ -206,6 +208,7 @@ impl Seat {
             resume_previous: None,
             login: (0, 0),
             budgets: None,
+            outbox: Default::default(),
         }
     }
 
