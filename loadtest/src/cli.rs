@@ -72,6 +72,12 @@ pub struct Cli {
     #[arg(long, value_parser = parse_duration, env = "MERIDIAN_LOADTEST_DISPERSE_AFTER")]
     pub disperse_after: Option<Duration>,
 
+    /// Also report the delays of the acks received from this long after the start on
+    /// (`delay_steady_ms`): a battle's steady state, once its crowd has logged in and the
+    /// balancer has made its first adjustment. Counted whole seconds of the progress lines.
+    #[arg(long, value_parser = parse_duration, env = "MERIDIAN_LOADTEST_WARMUP")]
+    pub warmup: Option<Duration>,
+
     /// The share of bots that leave at `--disperse-after`, 0 to 1.
     #[arg(long, default_value_t = 0.75, requires = "disperse_after",
           value_parser = parse_share, env = "MERIDIAN_LOADTEST_DISPERSE_SHARE")]
@@ -280,6 +286,7 @@ pub struct Config {
     pub battle: bool,
     /// `--disperse-after` and `--disperse-share`.
     pub disperse: Option<Disperse>,
+    pub warmup: Option<Duration>,
     pub border_x: Vec<u32>,
     pub border_y: Vec<u32>,
     pub source_ips: u32,
@@ -396,6 +403,7 @@ impl Config {
             spawn_area: cli.spawn_area,
             battle: cli.battle,
             disperse: cli.disperse_after.map(|after| Disperse { after, share: cli.disperse_share }),
+            warmup: cli.warmup,
             border_x: cli.border_x,
             border_y: cli.border_y,
             source_ips: cli.source_ips,

@@ -40,10 +40,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::bot::{Carrier, Plan};
 use crate::cli::{Cli, Config, Transport};
-use crate::histogram::Histogram;
 use crate::quic::QuicClients;
 use crate::ramp::{Ramp, RampConfig, RampSummary, StepMeasure};
-use crate::stats::{Reporter, SecondStats, Stats, Summary};
+use crate::stats::{Finished, Reporter, Stats, Summary};
 
 /// File descriptors kept for everything that is not a bot socket.
 const SPARE_FDS: u64 = 64;
@@ -192,8 +191,9 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
         .with_context(|| format!("cannot connect to --addr {} ({target})", config.addr))?;
 
     let (stop_reporter, stopped) = tokio::sync::oneshot::channel::<()>();
-    let reporter =
-        Reporter::new(started, config.bots).with_actions(config.action_interval.is_some());
+    let reporter = Reporter::new(started, config.bots)
+        .with_actions(config.action_interval.is_some())
+        .with_warmup(config.warmup);
     let reporter = tokio::spawn(report_every_second(Arc::clone(&stats), reporter, stopped));
 
     let mut bots = JoinSet::new();
@@ -213,8 +213,8 @@ async fn run(config: &Config) -> anyhow::Result<Summary> {
 
     // The reporter only stops when told to; if it is gone, it panicked.
     let _ = stop_reporter.send(());
-    let (delays, per_second) = reporter.await.context("the progress reporter panicked")?;
-    let summary = Summary::build(config, &stats, &delays, per_second, elapsed, ramp);
+    let finished = reporter.await.context("the progress reporter panicked")?;
+    let summary = Summary::build(config, &stats, finished, elapsed, ramp);
     if let Some(actions) = &summary.actions {
         let ms = |value: Option<f64>| value.map_or("-".to_owned(), |v| format!("{v:.2}"));
         eprintln!(
@@ -366,7 +366,7 @@ async fn report_every_second(
     stats: Arc<Stats>,
     mut reporter: Reporter,
     mut stop: tokio::sync::oneshot::Receiver<()>,
-) -> (Histogram, Vec<SecondStats>) {
+) -> Finished {
     let started = reporter.started();
     let second = Duration::from_secs(1);
     let mut ticker = tokio::time::interval_at(started + second, second);

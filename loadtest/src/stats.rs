@@ -168,6 +168,15 @@ pub struct SecondStats {
     pub p99_ms: Option<f64>,
 }
 
+/// What the reporter gathered over the run.
+#[derive(Debug)]
+pub struct Finished {
+    pub delays: Histogram,
+    pub per_second: Vec<SecondStats>,
+    /// With `--warmup`: the delays of the intervals after it.
+    pub steady: Option<Histogram>,
+}
+
 /// Sweeps the shared stats once a second into a progress line and a `SecondStats`.
 #[derive(Debug)]
 pub struct Reporter {
@@ -180,6 +189,9 @@ pub struct Reporter {
     last_at: Instant,
     last: Totals,
     total_delays: Histogram,
+    /// `--warmup`: the delays of the intervals that began after it.
+    warmup: Option<Duration>,
+    steady_delays: Histogram,
     per_second: Vec<SecondStats>,
 }
 
@@ -193,8 +205,18 @@ impl Reporter {
             last_at: started,
             last: Totals::default(),
             total_delays: Histogram::default(),
+            warmup: None,
+            steady_delays: Histogram::default(),
             per_second: Vec::new(),
         }
+    }
+
+    /// Also keeps the delays of every interval that begins `warmup` or more after the
+    /// start (`--warmup`): a battle's, once its crowd has logged in and the balancer's first
+    /// adjustment is over.
+    pub fn with_warmup(mut self, warmup: Option<Duration>) -> Reporter {
+        self.warmup = warmup;
+        self
     }
 
     /// When the run started.
@@ -216,19 +238,28 @@ impl Reporter {
     }
 
     /// Closes the last, partial interval (kept only if something happened in it) and
-    /// returns the run's delays and the per-second entries.
-    pub fn finish(mut self, stats: &Stats, now: Instant) -> (Histogram, Vec<SecondStats>) {
+    /// returns the run's delays, the per-second entries and, with a warm-up, the delays
+    /// after it.
+    pub fn finish(mut self, stats: &Stats, now: Instant) -> Finished {
         let entry = self.close_interval(stats, now);
         if entry.sent + entry.acked + entry.notifications > 0 || entry.p99_ms.is_some() {
             self.print(stats, &entry, now);
             self.per_second.push(entry);
         }
-        (self.total_delays, self.per_second)
+        Finished {
+            delays: self.total_delays,
+            per_second: self.per_second,
+            steady: self.warmup.map(|_| self.steady_delays),
+        }
     }
 
     fn close_interval(&mut self, stats: &Stats, now: Instant) -> SecondStats {
         let delays = stats.delays.sweep();
         self.total_delays.merge(&delays);
+        // `last_at` is still this interval's beginning (`print` moves it on).
+        if self.warmup.is_some_and(|warmup| self.last_at >= self.started + warmup) {
+            self.steady_delays.merge(&delays);
+        }
         let totals = Totals::read(stats);
         let entry = SecondStats {
             t: round3(now.saturating_duration_since(self.started).as_secs_f64()),
@@ -396,6 +427,9 @@ pub struct Summary {
     pub notifications: u64,
     pub notifications_per_s: f64,
     pub delay_ms: DelaySummary,
+    /// Only with `--warmup`: the delays of acks received once it was over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_steady_ms: Option<DelaySummary>,
     /// Per bot, the longest gap between two of its move acks (from its login to its first
     /// ack included), over the bots: a shard's death shows here as the time its players
     /// waited to be restored.
@@ -434,11 +468,12 @@ impl Summary {
     pub fn build(
         config: &Config,
         stats: &Stats,
-        delays: &Histogram,
-        per_second: Vec<SecondStats>,
+        finished: Finished,
         elapsed: Duration,
         ramp: Option<RampSummary>,
     ) -> Summary {
+        let Finished { delays, per_second, steady } = finished;
+        let delays = &delays;
         // A ramp ends when it ends; rates are over the time moves were actually sent.
         let duration_s = match &ramp {
             Some(_) => per_second.last().map_or(config.duration.as_secs_f64(), |s| s.t).max(1e-3),
@@ -464,6 +499,7 @@ impl Summary {
             notifications,
             notifications_per_s: round3(notifications as f64 / duration_s),
             delay_ms: DelaySummary::of(delays),
+            delay_steady_ms: steady.as_ref().map(DelaySummary::of),
             ack_gap_ms: DelaySummary::of(&stats.ack_gaps.sweep()),
             delay_cdf: delays
                 .cdf(CDF_STEP)
@@ -521,6 +557,23 @@ mod tests {
     }
 
     #[test]
+    fn a_warm_up_keeps_the_delays_of_the_intervals_after_it_apart() {
+        let stats = Stats::default();
+        let start = Instant::now();
+        let mut reporter = Reporter::new(start, 1).with_warmup(Some(Duration::from_secs(1)));
+        stats.delays.record(900_000);
+        reporter.tick(&stats, start + Duration::from_secs(1));
+        stats.delays.record(4_000);
+        stats.delays.record(6_000);
+        reporter.tick(&stats, start + Duration::from_secs(2));
+        let finished = reporter.finish(&stats, start + Duration::from_millis(2_600));
+        assert_eq!(finished.delays.count(), 3);
+        let steady = finished.steady.expect("a warm-up was asked for");
+        assert_eq!(steady.count(), 2, "the first second's delay is left out");
+        assert!(steady.quantile(1.0).is_some_and(|us| us < 10_000.0), "{steady:?}");
+    }
+
+    #[test]
     fn reporter_counts_each_interval_once_and_keeps_the_total() {
         let stats = Stats::default();
         let start = Instant::now();
@@ -535,7 +588,9 @@ mod tests {
         stats.delays.record(4_000);
         reporter.tick(&stats, start + Duration::from_secs(2));
         reporter.tick(&stats, start + Duration::from_millis(2_500));
-        let (total, seconds) = reporter.finish(&stats, start + Duration::from_millis(2_600));
+        let Finished { delays: total, per_second: seconds, steady } =
+            reporter.finish(&stats, start + Duration::from_millis(2_600));
+        assert!(steady.is_none(), "no warm-up, no steady delays");
         assert_eq!(seconds.len(), 3, "an idle last interval is left out");
         assert_eq!(total.count(), 2);
         let acked: Vec<u64> = seconds.iter().map(|s| s.acked).collect();
