@@ -85,7 +85,8 @@ impl Scenario {
             seq: player.seq,
             kind: Some(kind),
         };
-        self.core.handle(self.now, Event::Inputs { link: LINK, inputs: vec![input] });
+        self.core
+            .handle(self.now, Event::Inputs { link: LINK, inputs: vec![input], read_at: None });
     }
 
     fn label(&mut self, id: u64) -> String {

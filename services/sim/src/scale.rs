@@ -380,7 +380,8 @@ pub fn run(config: &ScaleConfig) -> ScaleReport {
         }
         for (i, batch) in inputs.into_iter().enumerate() {
             if !batch.is_empty() {
-                model.cores[i].handle(now, Event::Inputs { link: LINK, inputs: batch });
+                model.cores[i]
+                    .handle(now, Event::Inputs { link: LINK, inputs: batch, read_at: None });
             }
         }
         for core in model.cores.iter_mut() {
