@@ -27,6 +27,7 @@ mod layout;
 mod model;
 #[cfg(feature = "etcd")]
 mod patience;
+mod ports;
 #[cfg(feature = "etcd")]
 mod registration;
 mod suspect;
@@ -54,6 +55,7 @@ pub use model::{
 };
 #[cfg(feature = "etcd")]
 pub use patience::{until_etcd_answers, START_PATIENCE};
+pub use ports::listen_port;
 #[cfg(feature = "etcd")]
 pub use registration::{revoke_dead_shard, ExpiryJudge, Registration, RegistrationStatus};
 pub use suspect::{Refusals, CONFIRM_REFUSALS, CONFIRM_SPAN};

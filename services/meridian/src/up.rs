@@ -68,31 +68,11 @@ impl Drop for Nodes {
     }
 }
 
-/// The lowest port [`free_port`] picks from.
-const PICKED_PORTS_FROM: u16 = 10_000;
-
-/// A port nobody listens on for etcd, which cannot take an inherited listener. It is picked
-/// below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`) when there is room:
-/// a port of that range can be taken by any outgoing connection while etcd is down, and
-/// etcd started again on its ports would then fail to listen (a flaky
-/// `etcd_outage_is_invisible` in CI, its peer port taken in the 10 s etcd was stopped).
+/// A port nobody listens on for etcd, which cannot take an inherited listener: below the
+/// kernel's ephemeral range, so etcd started again on it finds it free
+/// (`meridian_cluster::listen_port`).
 fn free_port() -> anyhow::Result<u16> {
-    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    if let Some(span) = ephemeral_from.checked_sub(PICKED_PORTS_FROM).filter(|s| *s >= 1_000) {
-        // A random start (std's hasher keys are random), then the next ports in turn.
-        use std::hash::{BuildHasher, RandomState};
-        let start = RandomState::new().hash_one(std::process::id()) % u64::from(span);
-        for i in 0..200u64 {
-            let port = PICKED_PORTS_FROM + ((start + i) % u64::from(span)) as u16;
-            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return Ok(port);
-            }
-        }
-    }
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(meridian_cluster::listen_port()?)
 }
 
 /// etcd's client port: `wanted` (the port every command looks at by default) if nobody

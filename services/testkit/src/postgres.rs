@@ -7,7 +7,6 @@
 //! benchmarks of writes start it with [`TempPostgres::start_durable`], the server's own
 //! defaults, so that a commit waits for the disk as it would in production.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,7 +51,9 @@ impl TempPostgres {
                 bail!("chown {} to postgres: {status}", dir.display());
             }
         }
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        // Below the ephemeral range: a port just released from there can be taken by any
+        // outgoing connection before the server binds it (CI), or while it is stopped.
+        let port = meridian_cluster::listen_port()?;
         let mut pg = TempPostgres { dir, bin, port, running: false, durable };
         let data = pg.data();
         pg.run("initdb", &["-D", path_str(&data)?, "-A", "trust", "-U", "postgres", "--no-sync"])?;

@@ -36,8 +36,8 @@ impl SecureEtcd {
         let ca = meridian_tls::DevCa::open_or_create(&dir.join("ca"))?;
         let server = ca.issue("localhost")?;
         let client = ca.issue("meridian-node")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let peer = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = meridian_cluster::listen_port()?;
+        let peer = meridian_cluster::listen_port()?;
         let url = format!("https://localhost:{port}");
         let log = File::create(dir.join("etcd.log"))?;
         let mut command = Command::new("etcd");
