@@ -306,9 +306,6 @@ impl ShardCore {
                 for input in inputs {
                     self.on_input(Some(link), input);
                 }
-                // Inputs taken later by other paths (held for a player handed in, behind an
-                // action) are not this batch's: their wait is not known here.
-                self.overload.inputs_read(Duration::ZERO);
             }
             Event::LinkClosed { link } => self.drop_link(link),
             Event::LinkBacklog { link, queued, waited } => {

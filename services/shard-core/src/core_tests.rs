@@ -408,45 +408,6 @@ fn a_shard_that_did_not_run_past_its_lease_waits_for_etcd_before_it_acts() {
     );
 }
 
-/// Under overload a move the world gets to more than `MOVE_WAIT_MAX` after its link read it
-/// is refused `RATE_LIMITED`, not applied; that wait belongs to its batch only (an input
-/// taken later by another path is applied); and moves held through a pause of the lease
-/// are applied however long ago they were read: they waited for the lease, not a backlog.
-#[test]
-fn a_move_read_too_long_ago_is_refused_as_overload_but_not_one_held_by_a_pause() {
-    use crate::overload::MOVE_WAIT_MAX;
-    let refused = |answer: &[Server], time: u64| {
-        matches!(answer, [Server::Error(e)]
-            if e.code == ErrorCode::RateLimited as i32 && e.client_time == time)
-    };
-    let mut h = Harness::pausing();
-    h.join(11, 1);
-    h.received();
-    let read_at = h.now;
-    h.now += MOVE_WAIT_MAX + Duration::from_millis(1);
-    let inputs = vec![input(11, 2, a_move(1))];
-    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs, read_at: Some(read_at) });
-    let answer = h.received();
-    assert!(refused(&answer, 1), "read too long ago: refused, not applied: {answer:?}");
-    h.forwarded(11, 3, a_move(2));
-    let answer = h.received();
-    assert!(matches!(answer.as_slice(), [Server::Moved(m)] if m.client_time == 2), "{answer:?}");
-    let inputs = vec![input(11, 4, a_move(3))];
-    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs, read_at: Some(h.now) });
-    let answer = h.received();
-    assert!(matches!(answer.as_slice(), [Server::Moved(m)] if m.client_time == 3), "{answer:?}");
-
-    // A pause: the move read just after it waits for the lease, seconds.
-    h.now += Duration::from_secs(5);
-    let inputs = vec![input(11, 5, a_move(4))];
-    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs, read_at: Some(h.now) });
-    assert_eq!(h.received(), vec![], "nothing acted on while the lease is in doubt");
-    h.now += Duration::from_secs(2);
-    h.actor.handle(h.now, Event::LeaseConfirmed { asked: h.now });
-    let answer = h.received();
-    assert!(matches!(answer.as_slice(), [Server::Moved(m)] if m.client_time == 4), "{answer:?}");
-}
-
 /// A shard woken after its lease expired, whose region the newest partition gave away, was
 /// taken for dead: its players were restored elsewhere. What its gateways sent the old
 /// incarnation (here a restore and a move) is void, not applied: applying it brought back a
