@@ -85,8 +85,7 @@ impl Scenario {
             seq: player.seq,
             kind: Some(kind),
         };
-        self.core
-            .handle(self.now, Event::Inputs { link: LINK, inputs: vec![input], read_at: None });
+        self.core.handle(self.now, Event::Inputs { link: LINK, inputs: vec![input] });
     }
 
     fn label(&mut self, id: u64) -> String {

@@ -87,8 +87,6 @@ pub struct ShardCore {
     /// Whether the lease is in doubt after a pause, and what waits meanwhile (see
     /// [`ShardCore::handle`] and `pause.rs`).
     pause: Pause,
-    /// Taking the events held while the lease was in doubt.
-    replaying: bool,
     /// Open gateway links, by lane, and those to end (see `gateway_links.rs`).
     pub(crate) links: GatewayLinks,
     /// Seats, parked players, divergent views, resume tokens (see `roster.rs`).
@@ -157,7 +155,6 @@ impl ShardCore {
             inputs: Inputs::default(),
             saves: Saves::new(config.save_interval, now),
             pause: Pause::new(config.lease_ttl),
-            replaying: false,
             orders_seen: FxHashSet::default(),
             ghosts: Ghosts::default(),
             outbox: Outbox::default(),
@@ -264,20 +261,16 @@ impl ShardCore {
             Event::LeaseConfirmed { .. } => {}
             Event::Tick => self.now = self.now.max(now),
             // News about the shell's queues, not about players: kept, never held.
-            Event::LinkBacklog { link, queued, waited } => {
-                self.overload.backlog(link, queued, waited)
-            }
+            Event::LinkBacklog { link, queued } => self.overload.backlog(link, queued),
             other => self.pause.hold(other),
         }
     }
 
     /// Takes what waited while the lease was in doubt, in arrival order.
     fn resume_after_pause(&mut self, now: Instant) {
-        self.replaying = true;
         for event in self.pause.resume() {
             self.take(now, event);
         }
-        self.replaying = false;
     }
 
     /// Acts on one event.
@@ -294,31 +287,20 @@ impl ShardCore {
                 }
                 self.restores_for(opened);
             }
-            Event::Inputs { link, inputs, read_at } => {
+            Event::Inputs { link, inputs } => {
                 self.metrics.batches_in.inc();
-                // Replayed after a pause, the inputs waited for the lease, not for a
-                // backlog: they are not overload's to refuse.
-                let waited = match read_at {
-                    Some(read_at) if !self.replaying => self.now.saturating_duration_since(read_at),
-                    _ => Duration::ZERO,
-                };
-                self.overload.inputs_read(waited);
                 for input in inputs {
                     self.on_input(Some(link), input);
                 }
             }
             Event::LinkClosed { link } => self.drop_link(link),
-            Event::LinkBacklog { link, queued, waited } => {
-                self.overload.backlog(link, queued, waited);
-                let wait = self.overload.longest_wait().as_millis();
-                self.metrics.relay_queue_wait.set(i64::try_from(wait).unwrap_or(i64::MAX));
+            Event::LinkBacklog { link, queued } => {
+                self.overload.backlog(link, queued);
                 if let Some(shed) = self.overload.adjust(self.now) {
                     if shed > 0 && self.metrics.overload_shed.get() == 0 {
                         warn!(
                             link = link.0,
-                            queued,
-                            ?waited,
-                            "gateways not keeping up with the output; shedding moves"
+                            queued, "gateways not keeping up with the output; shedding moves"
                         );
                     } else if shed == 0 {
                         tracing::info!("gateways keeping up again; applying every move");

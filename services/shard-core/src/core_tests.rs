@@ -71,7 +71,7 @@ impl Harness {
     /// From the gateway link.
     fn direct(&mut self, player: u64, seq: u64, kind: Input) {
         let inputs = vec![input(player, seq, kind)];
-        self.actor.handle(self.now, Event::Inputs { link: LINK, inputs, read_at: None });
+        self.actor.handle(self.now, Event::Inputs { link: LINK, inputs });
     }
 
     /// Forwarded by another shard (no link).
@@ -601,7 +601,7 @@ fn a_login_through_another_gateway_takes_the_player_over_whatever_its_session_nu
         ..Default::default()
     };
     let inputs = vec![input(11, 1, Input::Resume(login))];
-    h.actor.handle(h.now, Event::Inputs { link: other, inputs, read_at: None });
+    h.actor.handle(h.now, Event::Inputs { link: other, inputs });
     let mut old = Vec::new();
     let mut new = Vec::new();
     for (link, _, kind, close) in received_all(&mut h) {
@@ -625,7 +625,7 @@ fn a_login_through_another_gateway_takes_the_player_over_whatever_its_session_nu
     h.direct(11, 3, a_move(2));
     assert_eq!(received_on(&mut h, other), vec![], "nothing for the new connection");
     let moved = vec![input(11, 2, a_move(3))];
-    h.actor.handle(h.now, Event::Inputs { link: other, inputs: moved, read_at: None });
+    h.actor.handle(h.now, Event::Inputs { link: other, inputs: moved });
     let answered = received_on(&mut h, other);
     assert!(
         matches!(answered.as_slice(), [(_, Server::Moved(m), false)] if m.client_time == 3 && m.position == Some(client_pb::Position { x: 12, y: 10 })),
@@ -664,7 +664,7 @@ fn resume_with(h: &mut Harness, player: u64, session: u64, token: &[u8]) {
         seq: 1,
         kind: Some(Input::Resume(request)),
     }];
-    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs, read_at: None });
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs });
 }
 
 /// A resume token is good once: the resume that uses it gets a fresh one in its
@@ -707,10 +707,7 @@ fn a_resume_token_takes_the_player_back_once() {
         seq: 2,
         kind: Some(Input::Leave(Leave { logout: false, budgets: None })),
     };
-    h.actor.handle(
-        h.now,
-        Event::Inputs { link: LINK, inputs: vec![leave(SESSION + 4)], read_at: None },
-    );
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![leave(SESSION + 4)] });
     h.received();
     resume_with(&mut h, 11, SESSION + 5, &first);
     let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 5);
@@ -725,7 +722,7 @@ fn a_resume_token_takes_the_player_back_once() {
     // Once the client speaks on its new session it has the fresh token: the spent one
     // cannot take the player from that live session, nor once it is parked again.
     let ping = PlayerInput { session: SESSION + 5, player_id: 11, seq: 2, kind: Some(ping(5)) };
-    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![ping], read_at: None });
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![ping] });
     h.received();
     resume_with(&mut h, 11, SESSION + 6, &first);
     let (messages, refused) = resume_answers(&mut h, LINK, SESSION + 6);
@@ -782,7 +779,7 @@ fn handoff_of(h: &mut Harness, player: u64, session: u64) {
 /// A move of `player` on `session` through `link`.
 fn move_on(h: &mut Harness, link: LinkId, session: u64, player: u64, seq: u64, time: u64) {
     let inputs = vec![PlayerInput { session, ..input(player, seq, a_move(time)) }];
-    h.actor.handle(h.now, Event::Inputs { link, inputs, read_at: None });
+    h.actor.handle(h.now, Event::Inputs { link, inputs });
 }
 
 /// A gateway opens one link per lane: a player handed in is answered on its session's lane's
@@ -796,7 +793,7 @@ fn each_lane_of_a_gateway_carries_its_own_sessions() {
     let spawn = Some(client_pb::Position { x: 11, y: 11 });
     let join = Join { name: "p12".into(), spawn, ..Default::default() };
     let inputs = vec![PlayerInput { session: LANE_1_SESSION, ..input(12, 1, Input::Join(join)) }];
-    h.actor.handle(h.now, Event::Inputs { link: lane_1, inputs, read_at: None });
+    h.actor.handle(h.now, Event::Inputs { link: lane_1, inputs });
     h.received();
 
     // Handed in: one player of each lane (lane 1's link opened last).
@@ -946,10 +943,7 @@ fn a_resume_gets_back_the_budgets_its_dropped_connection_parked() {
         seq: 2,
         kind: Some(Input::Leave(Leave { logout: false, budgets })),
     };
-    h.actor.handle(
-        h.now,
-        Event::Inputs { link: LINK, inputs: vec![leave(SESSION, Some(spent))], read_at: None },
-    );
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![leave(SESSION, Some(spent))] });
     h.received();
     let answered_budgets = |h: &mut Harness, session| {
         let mut out = Vec::new();
@@ -971,10 +965,7 @@ fn a_resume_gets_back_the_budgets_its_dropped_connection_parked() {
         vec![meridian_rpc::pb::Budgets { age_ms: 250, ..spent }]
     );
     // Dropped before the answer reached the client: no budgets of its own to give.
-    h.actor.handle(
-        h.now,
-        Event::Inputs { link: LINK, inputs: vec![leave(SESSION + 1, None)], read_at: None },
-    );
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs: vec![leave(SESSION + 1, None)] });
     h.received();
     h.now += Duration::from_millis(100);
     resume_with(&mut h, 11, SESSION + 2, &token);

@@ -91,8 +91,7 @@ impl Harness {
         self.seq += 1;
         let input =
             PlayerInput { session: SESSION, player_id: PLAYER, seq: self.seq, kind: Some(kind) };
-        self.core
-            .handle(self.now, Event::Inputs { link: LINK, inputs: vec![input], read_at: None });
+        self.core.handle(self.now, Event::Inputs { link: LINK, inputs: vec![input] });
     }
 
     fn action(&mut self, kind: u32, target: u64, client_time: u64) {

@@ -25,7 +25,6 @@ pub struct ShardMetrics {
     pub moves_rate_limited: Arc<Counter>,
     pub moves_shed: Arc<Counter>,
     pub overload_shed: Arc<Gauge>,
-    pub relay_queue_wait: Arc<Gauge>,
     pub chats: Arc<Counter>,
     pub notifications: Arc<Counter>,
     /// Errors the shard sent to clients (through their gateways), by code.
@@ -118,11 +117,6 @@ impl ShardMetrics {
             overload_shed: registry.gauge(
                 "meridian_shard_overload_shed_permille",
                 "Thousandths of moves the shard refuses right now for overload (0: none).",
-                l,
-            ),
-            relay_queue_wait: registry.gauge(
-                "meridian_shard_relay_queue_wait_milliseconds",
-                "How long the oldest batch queued for a gateway link had waited after the last round, on the slowest link (see overload.rs).",
                 l,
             ),
             chats: registry.counter("meridian_shard_chats_total", "Chats spoken.", l),

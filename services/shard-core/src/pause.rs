@@ -110,7 +110,7 @@ mod tests {
         let (mut pause, start) = (Pause::new(TTL), Instant::now());
         pause.woke(start, start + TTL * 2, &Event::Tick);
         pause.hold(Event::LinkOpened { link: LinkId(4), gateway: 1, lane: 0 });
-        pause.hold(Event::Inputs { link: LinkId(4), inputs: Vec::new(), read_at: None });
+        pause.hold(Event::Inputs { link: LinkId(4), inputs: Vec::new() });
         pause.hold(Event::LinkCut { link: LinkId(2) });
         pause.hold(Event::Tick);
         assert_eq!(pause.void_for_new_life(), (vec![LinkId(4)], vec![LinkId(2)]));

@@ -64,17 +64,16 @@ pub enum Event {
     /// A gateway's lane (one of its event-loop workers) opened its link. A session's
     /// inputs and output travel on its lane's link only (`meridian_rpc::link::session_lane`).
     LinkOpened { link: LinkId, gateway: u32, lane: u32 },
-    /// A batch of inputs arrived on a gateway stream, read from it at `read_at` (`None`:
-    /// just now). Moves read too long ago are refused as overload (`overload.rs`).
-    Inputs { link: LinkId, inputs: Vec<PlayerInput>, read_at: Option<Instant> },
+    /// A batch of inputs arrived on a gateway stream.
+    Inputs { link: LinkId, inputs: Vec<PlayerInput> },
     /// A gateway stream ended.
     LinkClosed { link: LinkId },
     /// A gateway stream stopped reading (its queue is full): it is cut, its players leave.
     LinkCut { link: LinkId },
-    /// After a round was sent: how many batches wait in a gateway stream's queue, and how
-    /// long ago the oldest of them was queued. A backlog makes the shard apply fewer moves
-    /// (see `overload.rs`) long before the queue is full.
-    LinkBacklog { link: LinkId, queued: usize, waited: std::time::Duration },
+    /// After a round was sent: how many batches wait in a gateway stream's queue. A
+    /// backlog makes the shard apply fewer moves (see `overload.rs`) long before the queue
+    /// is full.
+    LinkBacklog { link: LinkId, queued: usize },
     /// A batch of messages from a peer shard, in its stream's order.
     Peer { from: ShardId, messages: Vec<PeerMessage> },
     /// The cluster view changed (members, partition map).

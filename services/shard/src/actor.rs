@@ -6,9 +6,9 @@
 //! tells the core when the cluster view changes, which peer streams are open, and ticks
 //! it every [`TICK`]. It decides nothing about the world: that is the core's.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use meridian_cluster::{ClusterView, ShardId};
 use meridian_rpc::pb::{PeerMessage, ShardBatch};
@@ -35,9 +35,6 @@ pub struct WorldActor {
     view: watch::Receiver<ClusterView>,
     peer_senders: PeerSenders,
     links: HashMap<LinkId, mpsc::Sender<Result<ShardBatch, Status>>>,
-    /// Per link, when each batch still queued on it was sent (oldest first): the wait of
-    /// the oldest tells the core how far behind that gateway is.
-    sent_at: HashMap<LinkId, VecDeque<Instant>>,
     /// Rounds for peers the partition names whose stream is not set up yet.
     pending: HashMap<ShardId, Vec<PeerMessage>>,
     peers_up: Vec<ShardId>,
@@ -115,7 +112,6 @@ impl WorldActor {
             view,
             peer_senders,
             links: HashMap::new(),
-            sent_at: HashMap::new(),
             pending: HashMap::new(),
             peers_up: Vec::new(),
             metrics,
@@ -202,8 +198,8 @@ impl WorldActor {
                 self.links.insert(link, out);
                 self.core.handle(now, Event::LinkOpened { link, gateway, lane });
             }
-            Command::Inputs { link, inputs, read_at } => {
-                self.core.handle(now, Event::Inputs { link, inputs, read_at: Some(read_at) })
+            Command::Inputs { link, inputs } => {
+                self.core.handle(now, Event::Inputs { link, inputs })
             }
             Command::Closed { link } => {
                 self.links.remove(&link);
@@ -255,12 +251,8 @@ impl WorldActor {
                             continue;
                         }
                         let sent = self.links.get(&link).map(|out| out.try_send(Ok(batch)));
-                        match sent {
-                            Some(Ok(())) => {
-                                self.sent_at.entry(link).or_default().push_back(Instant::now())
-                            }
-                            Some(Err(_)) => cut.push(link),
-                            None => {}
+                        if matches!(sent, Some(Err(_))) {
+                            cut.push(link);
                         }
                     }
                     Transmit::Peer { to, messages } => peers.push((to, messages)),
@@ -274,18 +266,12 @@ impl WorldActor {
             }
             self.send_to_peers(peers);
             if cut.is_empty() {
-                // How far behind each gateway is: the core sheds moves before a queue fills
-                // or its answers wait too long in it. The batches a link's writer took are
-                // the oldest sent; what remains queued is the newest `queued`.
+                // How far behind each gateway is: the core sheds moves before a queue fills.
                 let now = Instant::now();
                 for (&link, out) in &self.links {
                     let queued = out.max_capacity() - out.capacity();
-                    let sent_at = self.sent_at.entry(link).or_default();
-                    sent_at.drain(..sent_at.len().saturating_sub(queued));
-                    let waited = sent_at.front().map_or(Duration::ZERO, |at| now - *at);
-                    self.core.handle(now, Event::LinkBacklog { link, queued, waited });
+                    self.core.handle(now, Event::LinkBacklog { link, queued });
                 }
-                self.sent_at.retain(|link, _| self.links.contains_key(link));
                 return;
             }
             for link in cut {

@@ -25,11 +25,9 @@ pub enum Command {
         lane: u32,
         out: mpsc::Sender<Result<ShardBatch, Status>>,
     },
-    /// Inputs read from a gateway link at `read_at`.
     Inputs {
         link: LinkId,
         inputs: Vec<PlayerInput>,
-        read_at: std::time::Instant,
     },
     Closed {
         link: LinkId,

@@ -23,7 +23,7 @@ use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use meridian_rpc::link::{self, HEARTBEAT, MAGIC, SILENCE};
 use meridian_rpc::pb::{GatewayBatch, ShardBatch};
@@ -151,11 +151,7 @@ impl Links {
         info!(link = link.0, gateway, lane, "gateway relay link opened");
         let first = hello.inputs;
         let taken = first.is_empty()
-            || self
-                .commands
-                .send(Command::Inputs { link, inputs: first, read_at: Instant::now() })
-                .await
-                .is_ok();
+            || self.commands.send(Command::Inputs { link, inputs: first }).await.is_ok();
         // Whether the writer was stopped in the middle of a write: then nothing more can be
         // framed on the link, not even a refusal.
         let mut mid_write = false;
@@ -339,8 +335,7 @@ async fn read_in<R: AsyncRead + Unpin>(
         // Awaiting here is the backpressure policy: a full world queue stops this read, and
         // TCP flow control slows the gateway. Nothing is dropped.
         let inputs = batch.inputs;
-        let read_at = Instant::now();
-        if commands.send(Command::Inputs { link, inputs, read_at }).await.is_err() {
+        if commands.send(Command::Inputs { link, inputs }).await.is_err() {
             return LinkEnd::DroppedByShard;
         }
     }

@@ -116,7 +116,7 @@ impl Port {
     /// Expects the next command to be inputs of `link`; their seqs.
     async fn inputs(&mut self, link: LinkId) -> Vec<u64> {
         match self.command().await {
-            Command::Inputs { link: from, inputs, .. } if from == link => {
+            Command::Inputs { link: from, inputs } if from == link => {
                 inputs.iter().map(|input| input.seq).collect()
             }
             _ => panic!("expected inputs of link {}", link.0),

@@ -380,8 +380,7 @@ pub fn run(config: &ScaleConfig) -> ScaleReport {
         }
         for (i, batch) in inputs.into_iter().enumerate() {
             if !batch.is_empty() {
-                model.cores[i]
-                    .handle(now, Event::Inputs { link: LINK, inputs: batch, read_at: None });
+                model.cores[i].handle(now, Event::Inputs { link: LINK, inputs: batch });
             }
         }
         for core in model.cores.iter_mut() {

@@ -233,7 +233,7 @@ impl Sim {
                 let Some(node) = self.shards.get_mut(&s) else { return };
                 let Some(&link) = node.link_of.get(&g) else { return };
                 if node.core.is_some() {
-                    self.hand_shard(s, now, Event::Inputs { link, inputs, read_at: None });
+                    self.hand_shard(s, now, Event::Inputs { link, inputs });
                     self.pump_shard(s);
                 }
             }
