@@ -19,7 +19,7 @@ use meridian_rpc::{split_entries, SHARD_BATCH};
 
 use meridian_world::Notification;
 
-use crate::types::LinkId;
+use crate::types::{LinkId, Memo, MemoAt};
 
 /// Starting size of a connection's frame buffer in a round: a few notifications fit
 /// without growing it (growing showed as ~4% of a busy shard's time in realloc).
@@ -56,22 +56,6 @@ struct LastShared {
     note: Option<Notification>,
     /// Its frame; empty if the notification has no frame (a game's that it does not send).
     frame: Vec<u8>,
-}
-
-/// Where a connection's output is in this round's outbox, remembered with its seat: the
-/// viewers of a battle get a hundred notifications a round each, and finding their
-/// delivery by link and session every time was a tenth of a busy shard's time.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Memo(std::cell::Cell<Option<MemoAt>>);
-
-#[derive(Debug, Clone, Copy)]
-struct MemoAt {
-    round: u64,
-    link: LinkId,
-    session: u64,
-    /// Index into `Outbox::links`, and of the delivery in that link's output.
-    link_at: usize,
-    index: usize,
 }
 
 /// Output of one round of the world task. Reused across rounds: the links keep their

@@ -142,6 +142,22 @@ impl GatewayLane {
     }
 }
 
+/// Where a connection's output is in this round's outbox, remembered with its seat: the
+/// viewers of a battle get a hundred notifications a round each, and finding their
+/// delivery by link and session every time was a tenth of a busy shard's time.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Memo(pub(crate) std::cell::Cell<Option<MemoAt>>);
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MemoAt {
+    pub(crate) round: u64,
+    pub(crate) link: LinkId,
+    pub(crate) session: u64,
+    /// Index into the outbox's links, and of the delivery in that link's output.
+    pub(crate) link_at: usize,
+    pub(crate) index: usize,
+}
+
 /// A local player: where its output goes and what its owner must remember.
 pub(crate) struct Seat {
     pub link: LinkId,
@@ -176,7 +192,7 @@ pub(crate) struct Seat {
     /// drops, so that a resume on any gateway gets them back.
     pub budgets: Option<(Budgets, Instant)>,
     /// Where the player's output is in this round's outbox.
-    pub outbox: crate::outbox::Memo,
+    pub outbox: Memo,
 }
 
 /// An action sent to its target's owner: when, and its client_time.
