@@ -135,6 +135,10 @@ pub(super) struct Conn {
     pub(super) name: String,
     pub(super) last_position: Option<(u32, u32)>,
     pub(super) generation: u64,
+    /// The latest ownership generation whose release marker this connection followed (0:
+    /// none, or markers of shards that say no generation): a copy of such a marker from a
+    /// shard that is not the owner is dropped (see `Delivery.released_generation`).
+    pub(super) released_through: u64,
     /// The player's private game state, as its shard last reported it (or the player
     /// store had it at login): it goes with a restore.
     pub(super) state: Vec<u8>,
@@ -220,6 +224,7 @@ impl Conn {
             last_position: None,
             state: Vec::new(),
             generation: 0,
+            released_through: 0,
             restoring: false,
             pending_owner: None,
             handed_from: None,

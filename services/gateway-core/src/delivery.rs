@@ -47,7 +47,7 @@ fn message_at(frames: &[u8], tag: u8) -> Option<usize> {
 impl Core {
     /// A batch of a shard's output for this worker's connections, in link order.
     pub(super) fn apply_deliveries(&mut self, from: ShardId, deliveries: Vec<Delivery>) {
-        for delivery in deliveries {
+        for mut delivery in deliveries {
             if session_worker(delivery.session) != self.ctx.worker {
                 // Not this lane's: the shard routes by the session's lane, so never.
                 continue;
@@ -133,6 +133,21 @@ impl Core {
             // one (the player came straight back) and waits behind the pending owner's
             // output and marker like anyone's (`meridian-sim` seed 2949).
             if conn.pending_owner.is_some() || owner.is_some_and(|owner| owner != from) {
+                if delivery.released_to != 0
+                    && delivery.released_generation != 0
+                    && delivery.released_generation <= conn.released_through
+                {
+                    // A copy of a release this connection followed already (a restore
+                    // passed on by a shard that had let go of the player, its first marker
+                    // read after the restore went): held, it would send the client away
+                    // from the player's next ownership there (`meridian-sim` seed 5823).
+                    debug!(%from, player = ?owner, "a copy of a release marker already followed dropped");
+                    delivery.released_to = 0;
+                    if delivery.frames.is_empty() && delivery.position.is_none() && !delivery.close
+                    {
+                        continue;
+                    }
+                }
                 // A new owner already speaking: wait for the old owner's release. What
                 // waits counts toward the output bound: an old owner that never
                 // releases costs the client its connection, not the gateway its memory.
@@ -238,6 +253,7 @@ impl Ctx {
         let Session::Playing { player, .. } = conn.session else {
             return;
         };
+        conn.released_through = conn.released_through.max(delivery.released_generation);
         let pending = PendingOwner { to, incarnation, generation, since: self.now };
         match self.routing().read(|table| table.link(to).cloned()) {
             Some(link) if link.replaced(incarnation) => {

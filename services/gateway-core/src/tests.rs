@@ -405,6 +405,48 @@ fn the_old_owners_output_after_its_release_waits_while_the_new_owner_is_not_link
     assert_eq!(held, Some(1), "kept, not dropped");
 }
 
+/// The gateway sent a restore to shard 1 before it read shard 1's release marker (shard 1
+/// had just handed the player to shard 2 on the link that replaced a broken one): shard 1
+/// passes the restore on with a second marker for the same release. Read while shard 2
+/// is the owner, that copy was held, and when the player came back to shard 1 it sent
+/// the client away to shard 2 for good: a view frozen at stale cells (found by
+/// `meridian-sim`, seed 5823).
+#[test]
+fn a_copy_of_a_release_marker_already_followed_is_dropped() {
+    let t0 = Instant::now();
+    let (mut core, links, mail) = core_with_links(64, 2);
+    let slot = core.connect(t0).expect("admitted");
+    send(&mut core, slot, C::Login(Login { name: "ro".into(), ..Default::default() }));
+    let session = core.relayed_session(slot);
+    relayed(&mut core, &links[0].1);
+    let at = meridian_protocol::pb::Position { x: 5, y: 6 };
+    let joined = Delivery { session, position: Some(at), generation: 1, ..Default::default() };
+    let marker = |to: u32, generation: u64| Delivery {
+        session,
+        released_to: to,
+        released_incarnation: u64::from(to) * 10,
+        released_generation: generation,
+        ..Default::default()
+    };
+    let from = |shard: u32, deliveries: Vec<Delivery>| Mail::Deliveries {
+        from: ShardId(shard),
+        deliveries,
+    };
+    mail.send(from(1, vec![joined, marker(2, 1)])).unwrap();
+    core.process_mail(t0);
+    mail.send(from(1, vec![marker(2, 1)])).unwrap();
+    core.process_mail(t0);
+    assert_eq!(core.get_mut(slot).map(|c| c.held.len()), Some(0), "the copy is not held");
+    // The player comes back to shard 1: the client's moves go there, and stay there.
+    let back = Delivery { session, position: Some(at), generation: 3, ..Default::default() };
+    mail.send(from(2, vec![marker(1, 2)])).unwrap();
+    mail.send(from(1, vec![back])).unwrap();
+    core.process_mail(t0);
+    send(&mut core, slot, step(1));
+    assert_eq!(relayed(&mut core, &links[1].1), Vec::<u64>::new(), "nothing to shard 2");
+    assert_eq!(relayed(&mut core, &links[0].1), vec![2], "the move goes to its owner, shard 1");
+}
+
 #[test]
 fn output_held_for_a_release_that_never_comes_is_bounded_like_any_output() {
     let (mut core, _links, mail) = core_with_links(64, 2);

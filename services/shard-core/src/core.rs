@@ -598,6 +598,18 @@ impl ShardCore {
             debug!(%player, seq = input.seq, "input of a session that left the world here dropped");
             return;
         }
+        if self.inputs.given_up(&input) {
+            debug!(%player, seq = input.seq, "copy of an input given up on dropped");
+            return;
+        }
+        if link.is_none() && matches!(input.kind, Some(Input::Leave(_))) {
+            // A forwarded Leave wants no answer and nothing waits behind it: it is kept as
+            // given up on at once (see `refuse_unplaced`), so a player that comes on its
+            // session still leaves, in its turn. (A gateway sends a failed resume's Leave
+            // to every shard; a copy forwarded by one the player was handed from would
+            // otherwise wait `FORWARD_FOR` for a player that never comes: seed 15979.)
+            return self.refuse_unplaced(None, input);
+        }
         if let Some((link, input)) = self.inputs.hold(player, link, input, self.now) {
             self.refuse_unplaced(link, input);
         }

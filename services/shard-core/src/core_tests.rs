@@ -297,6 +297,43 @@ fn a_leave_for_a_player_not_here_yet_is_applied_when_it_arrives() {
     );
 }
 
+/// meridian-sim seed 5899: the gateway sent a dropped connection's Leave to every shard; the
+/// one the player was not on gave it up, and a copy forwarded later by the old owner (which
+/// had handed the player here, where it had left the world since on its earlier session)
+/// waited 30 s for a player that was never coming on that session.
+#[test]
+fn a_forwarded_copy_of_an_input_given_up_on_is_not_held_again() {
+    let mut shard = Harness::new();
+    shard.direct(15, 3, a_move(3));
+    shard.direct(15, 4, Input::Leave(Leave { logout: false, budgets: None }));
+    shard.expire_early();
+    assert_eq!(answers(&shard.received()), vec![("unavailable", 3)]);
+    shard.forwarded(15, 3, a_move(3));
+    shard.forwarded(15, 4, Input::Leave(Leave { logout: false, budgets: None }));
+    assert_eq!(shard.actor.sizes().early, 0, "copies of inputs given up on are not held");
+    // The player arrives after all: the move was answered once, the Leave still applies.
+    shard.handoff(15, 2);
+    shard.forwarded(15, 2, a_move(2));
+    assert_eq!(answers(&shard.received()), vec![("ack", 2)]);
+    assert!(!shard.actor.roster.is_seated(PlayerId(15)), "the Leave given up on still applied");
+}
+
+/// A forwarded Leave for a player not here waits in no queue (meridian-sim seeds 5899,
+/// 15979: a failed resume's Leave, which the gateway sends to every shard, forwarded by a
+/// shard the player had been handed from, waited 30 s for a player never coming on that
+/// session), and still ends the player's session should it come on it.
+#[test]
+fn a_forwarded_leave_for_a_player_not_here_is_kept_aside_not_queued() {
+    let mut shard = Harness::new();
+    let leave = || Input::Leave(Leave { logout: false, budgets: None });
+    shard.forwarded(17, 3, leave());
+    assert_eq!(shard.actor.sizes().early, 0, "not held as an input waiting for its player");
+    shard.handoff(17, 2);
+    shard.forwarded(17, 2, a_move(2));
+    assert_eq!(answers(&shard.received()), vec![("ack", 2)]);
+    assert!(!shard.actor.roster.is_seated(PlayerId(17)), "the Leave applied in its turn");
+}
+
 /// Ends the round; the saves it made.
 fn saves(h: &mut Harness) -> Vec<SaveRecord> {
     let mut out = Vec::new();
@@ -550,6 +587,51 @@ fn a_peer_registered_again_is_mirrored_to_again() {
     assert_eq!(upserts_to_peer(&mut h), 0, "the same registration still has its copy");
     h.actor.handle(h.now, Event::View(view(7)));
     assert_eq!(upserts_to_peer(&mut h), 1, "a new registration gets the whole copy again");
+}
+
+/// A handoff for a player restored here meanwhile (its gateway's link to the old owner
+/// broke, and the handoff was held up on its stream) is ignored, and the shards that held
+/// copies for the old owner are told to drop them, not only the old owner: one that was
+/// left out kept a ghost its owner never mirrored (meridian-sim seed 30971).
+#[test]
+fn a_handoff_for_a_player_owned_here_releases_every_old_holder() {
+    use meridian_rpc::pb::peer_message::Kind as Peer;
+    let mut h = Harness::new();
+    h.join(11, 1);
+    h.received();
+    let third = ShardId(3);
+    let handoff = Handoff {
+        name: "p11".into(),
+        position: Some(client_pb::Position { x: 10, y: 10 }),
+        session: SESSION,
+        gateway_id: GATEWAY,
+        next_seq: 2,
+        ghosted_at: vec![third.0, ME.0],
+        ..Default::default()
+    };
+    h.actor.handoff_in(OLD_OWNER, PlayerId(11), 6, handoff);
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    let mut told: Vec<(ShardId, &'static str, u64)> = out
+        .iter()
+        .filter_map(|t| match t {
+            Transmit::Peer { to, messages } => Some((*to, messages)),
+            _ => None,
+        })
+        .flat_map(|(to, messages)| {
+            messages.iter().filter(|m| m.player_id == 11).filter_map(move |m| match m.kind {
+                Some(Peer::Remove(_)) => Some((to, "remove", m.generation)),
+                Some(Peer::HandoffAck(_)) => Some((to, "ack", m.generation)),
+                _ => None,
+            })
+        })
+        .collect();
+    told.sort();
+    assert_eq!(
+        told,
+        vec![(OLD_OWNER, "ack", 6), (OLD_OWNER, "remove", 6), (third, "remove", 6)],
+        "the old owner and the other holder drop their copies, at the handoff's generation"
+    );
 }
 
 /// What every link's sessions received in a round: (link, session, message, close flag) in

@@ -183,7 +183,7 @@ impl ShardCore {
             self.peer_out.push(to, peer(player, next_generation, Peer::Forwarded(input)));
         }
         if !seat.npc {
-            self.outbox.release(seat.link, seat.session, to.0, incarnation);
+            self.outbox.release(seat.link, seat.session, to.0, incarnation, seat.generation);
         }
         let now = self.now;
         self.handoffs.handed_off(
@@ -212,19 +212,31 @@ impl ShardCore {
         mut handoff: Handoff,
     ) {
         if self.world.is_local(player) == Some(true) {
-            // Two copies met (a resume answered by a stale parked copy elsewhere, say):
-            // the one here stays. The sender demoted its copy to a ghost it expects this
-            // shard to mirror; it is told to drop it (keeping it if its players see it,
-            // as for any removal) and its handoff is confirmed, so it does not wait.
+            // Two copies met (a resume answered by a stale parked copy elsewhere, or a
+            // restore here while the handoff was held up on its stream, say): the one here
+            // stays. The sender demoted its copy to a ghost it expects this shard to
+            // mirror, and the shards it mirrored to wait for this shard's word after its
+            // Released: each is told to drop its copy (keeping it if its players see it,
+            // as for any removal; seed 30971) and the handoff is confirmed, so the sender
+            // does not wait.
             warn!(%player, %from, "handoff for a player already owned here; ignored");
             if let (Some(seat), Some(at)) = (self.roster.seat(player), self.world.position(player))
             {
-                if !seat.ghosted_at.contains(&from) {
-                    // At the generation the sender demoted its copy to, or it would be
-                    // dropped there as stale.
-                    let version = (seat.generation.max(generation), seat.subject_seq);
+                // At the generation the sender demoted its copy to, or it would be dropped
+                // there as stale.
+                let version = (seat.generation.max(generation), seat.subject_seq);
+                let holders = handoff.ghosted_at.iter().map(|&s| ShardId(s)).chain([from]);
+                let mut told = Vec::new();
+                for holder in holders {
+                    if holder == self.id
+                        || seat.ghosted_at.contains(&holder)
+                        || told.contains(&holder)
+                    {
+                        continue;
+                    }
+                    told.push(holder);
                     let remove = GhostRemove { left_world: false, position: wire(at) };
-                    self.peer_out.push(from, peer_at(player, version, Peer::Remove(remove)));
+                    self.peer_out.push(holder, peer_at(player, version, Peer::Remove(remove)));
                 }
             }
             self.peer_out.push(from, peer(player, generation, Peer::HandoffAck(HandoffAck {})));

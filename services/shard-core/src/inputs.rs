@@ -78,6 +78,15 @@ impl Inputs {
         inputs.iter().find(|(link, input)| link.is_some() && input.session == session)?.0
     }
 
+    /// Whether `input` is a copy of one given up on here (its player not here then): the
+    /// gateway sends a dropped connection's `Leave` to every shard, and a shard the player
+    /// was handed from forwards its copy later. Such a copy is neither held nor answered:
+    /// the first was answered, and a `Leave` given up on is applied should the player come.
+    pub fn given_up(&self, input: &PlayerInput) -> bool {
+        let key = (PlayerId(input.player_id), input.session);
+        self.refused.get(&key).is_some_and(|(_, refused)| refused.contains(input.seq))
+    }
+
     /// Records the seq of an input given up on, so that its player, should it arrive
     /// after all, steps over it; the input comes back if it is to be answered (a `Leave`
     /// is kept instead, for such a player to leave the world).

@@ -186,11 +186,13 @@ impl Outbox {
     }
 
     /// Tells the gateway the player now belongs to shard `to` (after these frames).
-    /// Marks the player handed to shard `to` (its registration `incarnation`, 0 if unknown).
-    pub fn release(&mut self, link: LinkId, session: u64, to: u32, incarnation: u64) {
+    /// Marks the player handed to shard `to` (its registration `incarnation`, 0 if unknown),
+    /// ending its ownership generation `ends` here.
+    pub fn release(&mut self, link: LinkId, session: u64, to: u32, incarnation: u64, ends: u64) {
         let (out, index) = self.slot(link, session);
         out.deliveries[index].released_to = to;
         out.deliveries[index].released_incarnation = incarnation;
+        out.deliveries[index].released_generation = ends;
     }
 
     /// Asks the gateway to close the connection after its frames.
@@ -454,7 +456,7 @@ mod tests {
                 outbox.track(LINK, 9, 25, 26, 4);
             }
         }
-        outbox.release(LINK, 9, 3, 0);
+        outbox.release(LINK, 9, 3, 0, 1);
         outbox.close(LINK, 9);
         let (link_out, _) = outbox.slot(LINK, 9);
         let whole = std::mem::take(&mut link_out.deliveries[0]);

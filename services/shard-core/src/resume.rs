@@ -190,7 +190,7 @@ impl ShardCore {
                     // here.)
                     let (to, next) = (handed.to, handed.generation + 1);
                     debug!(%player, %to, "restore of a player handed off from here passed on");
-                    self.outbox.release(link, session, to.0, handed.incarnation);
+                    self.outbox.release(link, session, to.0, handed.incarnation, handed.generation);
                     let gateway = self.links.gateway_of(link).unwrap_or(0);
                     let join =
                         Join { gateway_id: gateway, generation: join.generation.max(next), ..join };

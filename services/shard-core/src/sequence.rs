@@ -188,10 +188,14 @@ pub(crate) struct Refused {
 }
 
 impl Refused {
+    /// Whether the input of `seq` was given up on.
+    pub fn contains(&self, seq: u64) -> bool {
+        self.seqs.contains(seq) || self.leave.as_ref().is_some_and(|l| l.seq == seq)
+    }
+
     /// Records an input given up on; whether it is new here (and so to be answered).
     pub fn record(&mut self, input: PlayerInput) -> Option<PlayerInput> {
-        if self.seqs.contains(input.seq) || self.leave.as_ref().is_some_and(|l| l.seq == input.seq)
-        {
+        if self.contains(input.seq) {
             return None;
         }
         if is_leave(&input) {

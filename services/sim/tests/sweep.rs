@@ -77,6 +77,8 @@ const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
     (2442, "a player restored two cells behind the copy its observers saw (a jump)"),
     (2796, "a ghost created by a full state, without the steps a handed-in client missed"),
     (2949, "the old owner's output after its release marker, the new owner not linked yet"),
+    (5823, "a second release marker for a restore passed on, held behind a later ownership"),
+    (30971, "a handoff for a player restored meanwhile, its old holders never told to drop it"),
 ];
 
 #[test]
@@ -116,6 +118,11 @@ const FOUND_WITH_PAUSES: &[(u64, &str)] = &[
     (6176, "a player handed to a later life of a shard than its gateway knew, restored twice"),
     (2125, "an orphaned copy released by its source's next life, which restored the player"),
     (7664, "a player handed to a replaced life and back, its return held, then restored twice"),
+    (5899, "a failed resume's Leave forwarded by the old owner, held 30 s for nobody"),
+    (12960, "a failed resume's Leave forwarded to a shard that started a new life"),
+    (15979, "a failed resume's Leave forwarded to a shard that started a new life"),
+    (23321, "a failed resume's Leave forwarded to a shard that started a new life"),
+    (30186, "a failed resume's Leave forwarded to a shard that started a new life"),
 ];
 
 #[test]
