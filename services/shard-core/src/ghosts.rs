@@ -43,6 +43,18 @@ struct Track {
     source: ShardId,
     /// Since when `source` is known to be dead.
     orphaned: Option<Instant>,
+    /// The shard that released the current generation to `source`, until `source` speaks
+    /// for the player: should it die meanwhile, its `Handoff` may have died with it (the
+    /// `Released` travelled on another stream), and the copy is orphaned as its own.
+    released_by: Option<ShardId>,
+}
+
+impl Track {
+    /// Whether nobody alive may speak for the copy: its source is dead, or it was released
+    /// by a dead shard to one that has not spoken for it yet.
+    fn bereft(&self, live: impl Fn(ShardId) -> bool) -> bool {
+        !live(self.source) || self.released_by.is_some_and(|releaser| !live(releaser))
+    }
 }
 
 #[derive(Default)]
@@ -112,6 +124,7 @@ impl Ghosts {
                 touched: now,
                 source: new_owner,
                 orphaned: None,
+                released_by: None,
             },
         );
     }
@@ -153,6 +166,7 @@ impl Ghosts {
             touched: now,
             source: from,
             orphaned: None,
+            released_by: None,
         });
         track.touched = now;
         if message.generation < track.generation {
@@ -174,6 +188,7 @@ impl Ghosts {
             }
             track.generation = message.generation;
             track.closed = false;
+            track.released_by = None;
         }
         let shown_from = track.source;
         let was_orphaned = track.orphaned.is_some();
@@ -207,8 +222,10 @@ impl Ghosts {
         let released = apply_now(track, world, history, id, message, now, out, &mut self.needed);
         if let Some(new_owner) = released {
             // The next generation's messages come from the new owner: it is the shard whose
-            // death orphans this copy from now on.
+            // death orphans this copy from now on, and so is the releaser's until the new
+            // owner speaks.
             track.source = new_owner;
+            track.released_by = Some(from);
             self.release(world, history, id, now, out, force);
         }
     }
@@ -223,7 +240,7 @@ impl Ghosts {
         now: Instant,
     ) {
         if let Some(track) = self.tracks.get_mut(&id) {
-            if track.present && track.orphaned.is_none() && !live(track.source) {
+            if track.present && track.orphaned.is_none() && track.bereft(&live) {
                 track.orphaned = Some(now);
             }
         }
@@ -275,7 +292,7 @@ impl Ghosts {
             self.release(world, history, id, now, out, true);
         }
         for track in self.tracks.values_mut() {
-            if track.present && !live(track.source) && track.orphaned.is_none() {
+            if track.present && track.bereft(&live) && track.orphaned.is_none() {
                 track.orphaned = Some(now);
             }
         }
@@ -799,7 +816,10 @@ mod tests {
         ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT * 2, &mut out);
         assert_eq!(told(&mut out), [("left", 0)], "nobody took the player over");
 
-        // The same, but the new owner lives: the copy waits for its updates.
+        // The same, but the new owner lives: the copy waits for its updates. The handoff
+        // may have died with its sender, though, and the player been restored on shard 2
+        // without a word of this copy: it waits as long as an orphan does, and goes if
+        // shard 2 never speaks for the player here (it would if players here saw it).
         let mut world = world_with_watcher();
         let mut ghosts = Ghosts::default();
         ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
@@ -807,8 +827,42 @@ mod tests {
         ghosts.sources_gone(&mut world, &mut history, live, start, &mut out);
         ghosts.apply(&mut world, &mut history, ShardId(9), released(0), start, &mut out);
         ghosts.orphan_unless_live(PlayerId(GHOST), live, start);
+        ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT / 2, &mut out);
+        assert_eq!(told(&mut out), [("entered", 12)], "owned by shard 2 now: kept a while");
         ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT * 2, &mut out);
-        assert_eq!(told(&mut out), [("entered", 12)], "owned by shard 2 now, which lives");
+        assert_eq!(told(&mut out), [("left", 0)], "shard 2 never spoke for it");
+    }
+
+    /// The owner released the player to shard 2 and died before its `Handoff` left (the
+    /// `Released` on another stream made it): shard 2 restored the player from the gateway,
+    /// never told of this copy, and does not mirror it here (nobody here sees it). The copy
+    /// is orphaned when its releaser's death is known, as if still its owner's, and goes
+    /// unless shard 2 speaks for the player (found by `meridian-sim`, seed 38174: the
+    /// copy stayed for good).
+    #[test]
+    fn a_copy_released_by_a_shard_that_died_waits_for_the_new_owner_only_so_long() {
+        let (mut world, mut history, mut out) =
+            (world_with_watcher(), History::default(), Vec::new());
+        let mut ghosts = Ghosts::default();
+        let start = Instant::now();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), start, &mut out);
+        told(&mut out);
+        ghosts.sources_gone(&mut world, &mut history, |s| s != ShardId(9), start, &mut out);
+        assert!(ghosts.is_orphaned(PlayerId(GHOST)), "its handoff may have died with shard 9");
+        ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT * 2, &mut out);
+        assert_eq!(told(&mut out), [("left", 0)], "shard 2 never spoke for it");
+
+        // Shard 2 speaks for it in time: the copy is its, and stays.
+        let mut world = world_with_watcher();
+        let mut ghosts = Ghosts::default();
+        ghosts.apply(&mut world, &mut history, ShardId(9), upsert(0, 12), start, &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(9), released(0), start, &mut out);
+        ghosts.sources_gone(&mut world, &mut history, |s| s != ShardId(9), start, &mut out);
+        ghosts.apply(&mut world, &mut history, ShardId(2), moved(1, 13), start, &mut out);
+        assert!(!ghosts.is_orphaned(PlayerId(GHOST)));
+        ghosts.expire(&mut world, &mut history, start + ORPHAN_LIMIT * 2, &mut out);
+        assert_eq!(told(&mut out), [("entered", 12), ("moved", 13)]);
     }
 
     /// The owner of generation 0 died; the player was restored elsewhere (generation 1),
