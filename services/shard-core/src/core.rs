@@ -497,7 +497,7 @@ impl ShardCore {
                 self.entity_message(player, entity_message)
             }
             Some(Peer::Event(event)) if event.to != 0 => self.event_for_player(player, event),
-            Some(Peer::Forwarded(input)) => self.on_input(None, input),
+            Some(Peer::Forwarded(input)) => self.on_forwarded(message.generation, input),
             Some(Peer::Needed(needed)) => {
                 let holder = if needed.holder == 0 { from } else { ShardId(needed.holder) };
                 self.ghost_needed(holder, player, message.generation);
@@ -613,6 +613,27 @@ impl ShardCore {
         if let Some((link, input)) = self.inputs.hold(player, link, input, self.now) {
             self.refuse_unplaced(link, input);
         }
+    }
+
+    /// An input another shard forwarded, for the player's ownership `generation` as that
+    /// shard knows it.
+    fn on_forwarded(&mut self, generation: u64, input: PlayerInput) {
+        let player = PlayerId(input.player_id);
+        let handed_back = !matches!(input.kind, Some(Input::Join(_)))
+            && !self.roster.is_seated(player)
+            && self.handoffs.handed(player).is_some_and(|h| generation > h.generation + 1);
+        if handed_back {
+            // For a later ownership than the one this shard handed over: the player was
+            // handed back here since, and its handoff waits (for its gateway lane's link,
+            // say). Forwarded on by the older handoff's record, it would go round between
+            // the two shards for good (`meridian-sim` seed 67713).
+            debug!(%player, seq = input.seq, generation, "input for a handoff still to be taken held");
+            if let Some((link, input)) = self.inputs.hold(player, None, input, self.now) {
+                self.refuse_unplaced(link, input);
+            }
+            return;
+        }
+        self.on_input(None, input)
     }
 
     /// Applies a local player's input if it is the next in sequence, and any held ones

@@ -634,6 +634,78 @@ fn a_handoff_for_a_player_owned_here_releases_every_old_holder() {
     );
 }
 
+/// A shard split with `OLD_OWNER` at x = 200, both registered (incarnation 1) and linked.
+fn split_with_old_owner(h: &mut Harness) {
+    use meridian_cluster::{ShardRecord, ShardState};
+    let mine = Region { shard: ME, x0: 0, y0: 0, x1: 200, y1: 400 };
+    let theirs = Region { shard: OLD_OWNER, x0: 200, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 2, width: 400, height: 400, regions: vec![mine, theirs] };
+    let record = |id: ShardId| ShardRecord {
+        id,
+        grpc: String::new(),
+        admin: String::new(),
+        state: ShardState::Serving,
+        players: 0,
+        load: Default::default(),
+        incarnation: 1,
+        transport: None,
+    };
+    let shards = [(ME, record(ME)), (OLD_OWNER, record(OLD_OWNER))];
+    let view =
+        ClusterView { partition: Some(partition), shards: shards.into(), ..Default::default() };
+    h.actor.handle(h.now, Event::View(view));
+    h.actor.handle(h.now, Event::PeersUp(vec![OLD_OWNER]));
+}
+
+/// This shard handed a player over and got it back, but the returning handoff waits for
+/// its gateway lane's link: inputs the other shard forwards with it are held here for the
+/// player, not forwarded back to it by the older handoff's record. Forwarded back, each
+/// went round between the two shards for good, at network speed (found by
+/// `meridian-sim`, seed 67713: the sweep hung).
+#[test]
+fn inputs_forwarded_with_a_returning_handoff_that_waits_are_not_sent_back() {
+    use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage};
+    let mut h = Harness::new();
+    split_with_old_owner(&mut h);
+    let spawn = Some(client_pb::Position { x: 199, y: 10 });
+    h.direct(11, 1, Input::Join(Join { name: "edge".into(), spawn, ..Default::default() }));
+    h.direct(11, 2, a_move(1));
+    h.received();
+    // Handed over at generation 0 -> 1; it comes back at generation 2 through another
+    // gateway's lane, whose link is not open here yet, with seq 3 forwarded after it.
+    let lane_link = LinkId(2);
+    let other_gateway = GATEWAY + 1;
+    let handoff = Handoff {
+        name: "edge".into(),
+        position: Some(client_pb::Position { x: 199, y: 10 }),
+        session: SESSION,
+        gateway_id: other_gateway,
+        next_seq: 3,
+        ..Default::default()
+    };
+    let message =
+        |kind| PeerMessage { player_id: 11, generation: 2, subject_seq: 0, kind: Some(kind) };
+    let forwarded = input(11, 3, a_move(3));
+    let messages = vec![message(Peer::Handoff(handoff)), message(Peer::Forwarded(forwarded))];
+    h.actor.handle(h.now, Event::Peer { from: OLD_OWNER, messages });
+    let mut out = Vec::new();
+    h.actor.flush(&mut out);
+    let sent_back = out.iter().any(|t| {
+        matches!(t, Transmit::Peer { messages, .. }
+            if messages.iter().any(|m| matches!(m.kind, Some(Peer::Forwarded(_)))))
+    });
+    assert!(!sent_back, "the input waits here for its player");
+    h.actor.handle(h.now, Event::LinkOpened { link: lane_link, gateway: other_gateway, lane: 0 });
+    let acks: Vec<_> = received_on(&mut h, lane_link)
+        .into_iter()
+        .filter_map(|(_, m, _)| match m {
+            Server::Moved(moved) if moved.client_time != 0 => Some(moved.client_time),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks, vec![3], "applied once the handoff is taken");
+}
+
 /// What every link's sessions received in a round: (link, session, message, close flag) in
 /// order.
 fn received_all(h: &mut Harness) -> Vec<(LinkId, u64, Server, bool)> {

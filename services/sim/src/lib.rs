@@ -264,6 +264,9 @@ const SETTLE: Duration = Duration::from_secs(1);
 const SETTLE_AFTER_FAULTS: Duration = Duration::from_secs(12);
 /// A run that has not quiesced this long after the workload is a violation (a loop).
 const QUIESCE_LIMIT: Duration = Duration::from_secs(60);
+/// Events at one simulated instant beyond which a run is a violation: messages going round
+/// without time passing (with a stream delay of 0, a forwarding loop never lets it pass).
+const EVENTS_AT_ONE_INSTANT: u64 = 100_000;
 /// How many trace lines a failing seed's replay keeps (its last ones); `--trace-lines`.
 pub static TRACE_LINES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(120);
 
@@ -403,9 +406,23 @@ impl Sim {
     fn run(&mut self) -> Result<Outcome, Violation> {
         let end = self.settings.duration;
         let mut settled_since: Option<Duration> = None;
+        let mut events_at_t = 0u64;
         while let Some(Reverse(next)) = self.queue.pop() {
+            if next.at == self.t {
+                events_at_t += 1;
+            } else {
+                events_at_t = 0;
+            }
             self.t = next.at;
             self.outcome.events += 1;
+            if events_at_t > EVENTS_AT_ONE_INSTANT {
+                // Messages going round with no delay (two shards forwarding an input to
+                // each other, say: seed 67713 hung the sweep so).
+                let what =
+                    format!("more than {EVENTS_AT_ONE_INSTANT} events at one instant: a loop");
+                self.fail(what, Vec::new());
+                return Err(self.violation.take().expect("just set"));
+            }
             if self.playing && self.t >= end {
                 self.playing = false;
             }

@@ -80,6 +80,7 @@ const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
     (5823, "a second release marker for a restore passed on, held behind a later ownership"),
     (30971, "a handoff for a player restored meanwhile, its old holders never told to drop it"),
     (38174, "a copy released by a shard that died before its Handoff left, kept for good"),
+    (67713, "an input forwarded back and forth for a returning handoff waiting for its lane"),
 ];
 
 #[test]
