@@ -545,7 +545,6 @@ fn a_running_shard_whose_lease_expired_keeps_its_players_if_the_region_is_still_
 /// sees without it ever having been gone (`meridian-sim` seed 4348).
 #[test]
 fn a_peer_registered_again_is_mirrored_to_again() {
-    use meridian_cluster::{ShardRecord, ShardState};
     use meridian_rpc::pb::peer_message::Kind as Peer;
     let mut h = Harness::new();
     let view = |incarnation: u64| {
@@ -553,17 +552,7 @@ fn a_peer_registered_again_is_mirrored_to_again() {
         let theirs = Region { shard: OLD_OWNER, x0: 200, y0: 0, x1: 400, y1: 400 };
         let regions = vec![mine, theirs];
         let partition = PartitionMap { epoch: 2, width: 400, height: 400, regions };
-        let record = |id: ShardId, incarnation: u64| ShardRecord {
-            id,
-            grpc: String::new(),
-            admin: String::new(),
-            state: ShardState::Serving,
-            players: 0,
-            load: Default::default(),
-            incarnation,
-            transport: None,
-        };
-        let shards = [(ME, record(ME, 1)), (OLD_OWNER, record(OLD_OWNER, incarnation))];
+        let shards = [(ME, registered(ME, 1)), (OLD_OWNER, registered(OLD_OWNER, incarnation))];
         ClusterView { partition: Some(partition), shards: shards.into(), ..Default::default() }
     };
     h.actor.handle(h.now, Event::View(view(3)));
@@ -634,23 +623,26 @@ fn a_handoff_for_a_player_owned_here_releases_every_old_holder() {
     );
 }
 
-/// A shard split with `OLD_OWNER` at x = 200, both registered (incarnation 1) and linked.
-fn split_with_old_owner(h: &mut Harness) {
-    use meridian_cluster::{ShardRecord, ShardState};
-    let mine = Region { shard: ME, x0: 0, y0: 0, x1: 200, y1: 400 };
-    let theirs = Region { shard: OLD_OWNER, x0: 200, y0: 0, x1: 400, y1: 400 };
-    let partition = PartitionMap { epoch: 2, width: 400, height: 400, regions: vec![mine, theirs] };
-    let record = |id: ShardId| ShardRecord {
+/// A serving shard's etcd record.
+fn registered(id: ShardId, incarnation: u64) -> meridian_cluster::ShardRecord {
+    meridian_cluster::ShardRecord {
         id,
         grpc: String::new(),
         admin: String::new(),
-        state: ShardState::Serving,
+        state: meridian_cluster::ShardState::Serving,
         players: 0,
         load: Default::default(),
-        incarnation: 1,
+        incarnation,
         transport: None,
-    };
-    let shards = [(ME, record(ME)), (OLD_OWNER, record(OLD_OWNER))];
+    }
+}
+
+/// A shard split with `OLD_OWNER` at x = 200, both registered (incarnation 1) and linked.
+fn split_with_old_owner(h: &mut Harness) {
+    let mine = Region { shard: ME, x0: 0, y0: 0, x1: 200, y1: 400 };
+    let theirs = Region { shard: OLD_OWNER, x0: 200, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 2, width: 400, height: 400, regions: vec![mine, theirs] };
+    let shards = [(ME, registered(ME, 1)), (OLD_OWNER, registered(OLD_OWNER, 1))];
     let view =
         ClusterView { partition: Some(partition), shards: shards.into(), ..Default::default() };
     h.actor.handle(h.now, Event::View(view));
@@ -1004,7 +996,6 @@ fn a_handoff_waits_for_the_link_of_its_own_lane() {
 /// login stands; and an older login arriving after the claim is refused on arrival.
 #[test]
 fn of_two_logins_racing_to_two_shards_the_later_wins() {
-    use meridian_cluster::{ShardRecord, ShardState};
     use meridian_rpc::pb::{peer_message::Kind as Peer, Claim, PeerMessage};
 
     let claim_from_peer = |h: &mut Harness, player: u64, login_stamp: u64| {
@@ -1024,17 +1015,7 @@ fn of_two_logins_racing_to_two_shards_the_later_wins() {
     let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
     let mut view = ClusterView { partition: Some(partition), ..Default::default() };
     for id in [ME, OLD_OWNER] {
-        let record = ShardRecord {
-            id,
-            grpc: String::new(),
-            admin: String::new(),
-            state: ShardState::Serving,
-            players: 0,
-            load: Default::default(),
-            incarnation: 1,
-            transport: None,
-        };
-        view.shards.insert(id, record);
+        view.shards.insert(id, registered(id, 1));
     }
     view.revision = 2;
     h.actor.handle(h.now, Event::View(view));
