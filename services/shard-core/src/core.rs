@@ -388,6 +388,12 @@ impl ShardCore {
         self.world.ghosts().collect()
     }
 
+    /// Copies shown here whose messages come from `shard`, or that `shard` released to an
+    /// owner that has not spoken for them yet (the simulator's check after a death).
+    pub fn copies_from(&self, shard: ShardId) -> Vec<PlayerId> {
+        self.ghosts.copies_from(shard)
+    }
+
     /// Players with inputs held for them here (their handoff has not arrived).
     pub fn players_waited_for(&self) -> Vec<PlayerId> {
         self.inputs.players_waited_for()

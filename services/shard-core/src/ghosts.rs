@@ -101,6 +101,13 @@ impl Ghosts {
         self.tracks.get(&id).filter(|t| t.present).map(|t| t.source)
     }
 
+    /// Copies shown whose messages come from `shard`, or that it released to an owner that
+    /// has not spoken for them yet.
+    pub fn copies_from(&self, shard: ShardId) -> Vec<PlayerId> {
+        let from = |t: &Track| t.source == shard || t.released_by == Some(shard);
+        self.tracks.iter().filter(|(_, t)| t.present && from(t)).map(|(id, _)| *id).collect()
+    }
+
     /// Whether the copy's owner is known to be dead (and nobody has taken it over yet).
     pub fn is_orphaned(&self, id: PlayerId) -> bool {
         self.tracks.get(&id).is_some_and(|t| t.present && t.orphaned.is_some())

@@ -95,6 +95,7 @@ impl Sim {
     /// sent may or may not arrive, and its lease expires after the TTL.
     fn kill(&mut self, s: u32) {
         self.note_all(|| format!("shard {s} killed"));
+        self.dying.push((s, self.t));
         if let Some(node) = self.shards.get_mut(&s) {
             node.core = None;
             node.links.clear();

@@ -69,6 +69,9 @@ pub struct Outcome {
     pub simulated: Duration,
     /// Killed shards a gateway proved dead by refused connects, revoking their leases.
     pub deaths_detected: u64,
+    /// The longest a killed shard's copies stayed shown anywhere after its death (each
+    /// either taken over by the player's restore elsewhere or removed as an orphan).
+    pub death_settled: Option<Duration>,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -241,6 +244,8 @@ pub(crate) struct Sim {
     /// What each gateway's connects to each shard met: refused connects to a killed shard's
     /// port prove it dead, and the gateway revokes its lease at once (issue 33).
     refusals: BTreeMap<(u32, u32), meridian_cluster::Refusals>,
+    /// Killed shards whose copies some live shard still shows: the shard and when it died.
+    dying: Vec<(u32, Duration)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -262,6 +267,11 @@ const LEASE_TTL: Duration = Duration::from_secs(3);
 /// with destructive faults (those wait for the restore paths' own timers).
 const SETTLE: Duration = Duration::from_secs(1);
 const SETTLE_AFTER_FAULTS: Duration = Duration::from_secs(12);
+/// How long after a shard's death its copies may still be shown elsewhere: its lease runs
+/// out (or a gateway proves it dead sooner), then each copy is taken over by the player's
+/// restore or removed as an orphan (`ORPHAN_LIMIT`, 5 s), checked every 100 ms. Runs with
+/// an etcd stall or a pause are not held to it (the death is known only when etcd is back).
+const DEATH_SETTLES_WITHIN: Duration = Duration::from_millis(3_000 + 5_000 + 500);
 /// A run that has not quiesced this long after the workload is a violation (a loop).
 const QUIESCE_LIMIT: Duration = Duration::from_secs(60);
 /// Events at one simulated instant beyond which a run is a violation: messages going round
@@ -313,6 +323,7 @@ impl Sim {
             violation: None,
             etcd_stalled_until: Duration::ZERO,
             refusals: BTreeMap::new(),
+            dying: Vec::new(),
         };
         for id in 1..=sim.settings.shards {
             sim.start_shard(id);
@@ -489,6 +500,9 @@ impl Sim {
                 }
                 self.pump_gateway(g);
                 self.after(Duration::from_millis(100), Ev::GatewayTick(g));
+                if g == 1 {
+                    self.check_deaths_settle();
+                }
             }
             Ev::Client(i) => self.client_step(i),
             Ev::View { node, version } => self.view_to(node, version),

@@ -7,9 +7,41 @@ use std::collections::BTreeMap;
 use meridian_cluster::ShardId;
 
 use crate::client::ClientState;
-use crate::Sim;
+use crate::{Sim, DEATH_SETTLES_WITHIN};
 
 impl Sim {
+    /// Every 100 ms: a killed shard's copies, shown by the shards that mirrored its players,
+    /// go within [`DEATH_SETTLES_WITHIN`] of its death (issue 30 item 2), each taken over
+    /// by its player's restore or removed as an orphan. Records how long that took.
+    pub(crate) fn check_deaths_settle(&mut self) {
+        if self.dying.is_empty() {
+            return;
+        }
+        let held_to_it = self.settings.faults.etcd_stalls == 0 && self.settings.faults.pauses == 0;
+        for (dead, since) in std::mem::take(&mut self.dying) {
+            let shown: Vec<u64> = self
+                .shards
+                .values()
+                .filter_map(|node| node.core.as_ref())
+                .flat_map(|core| core.copies_from(ShardId(dead)))
+                .map(|id| id.0)
+                .collect();
+            let age = self.t - since;
+            if shown.is_empty() {
+                let longest = self.outcome.death_settled.map_or(age, |d| d.max(age));
+                self.outcome.death_settled = Some(longest);
+                continue;
+            }
+            if held_to_it && age > DEATH_SETTLES_WITHIN {
+                let what = format!(
+                    "copies of players {shown:?} of shard {dead} still shown {age:?} after it was killed"
+                );
+                return self.fail(what, shown);
+            }
+            self.dying.push((dead, since));
+        }
+    }
+
     pub(crate) fn check_quiescent(&mut self) {
         // Without a destructive fault (a kill, a pause, a cut link) every old owner lives to
         // send its `Released`: a hold given up on after 2 s is a lost one (issue 30).
