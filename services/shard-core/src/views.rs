@@ -66,15 +66,18 @@ pub(crate) fn resync(
         let behind = !force
             && match (version, have) {
                 // Dropped here for being out of reach: what this world last had says
-                // nothing about where the player is now. One the client sees will come
-                // back as a ghost; wait for it rather than say Left.
+                // nothing about where the player is now. One the client sees where it can
+                // still see it will come back as a ghost; wait for it rather than say Left.
+                // One told at a cell out of the client's sight now is not coming back.
                 (Some(version), Some(told)) if history.out_of_reach(subject) => {
-                    told.seen || version < told.version
+                    sees(told.at) && (told.seen || version < told.version)
                 }
                 (Some(version), Some(told)) => version < told.version,
-                // Unknown here and in view: its ghost is on its way. Unknown and only
-                // near: it is not near this shard's region either; nothing to wait for.
-                (None, Some(told)) => told.seen,
+                // Unknown here and in view where the client last saw it: its ghost is on
+                // its way. Unknown and only near, or seen where the client is out of sight
+                // of it now: its owner mirrors it nowhere near; nothing to wait for (it
+                // leaves the view; seed 103654 waited the 3 s for a copy never coming).
+                (None, Some(told)) => told.seen && sees(told.at),
                 _ => false,
             };
         if behind {

@@ -89,6 +89,9 @@ const FOUND_BEYOND_THE_SWEEP: &[(u64, &str)] = &[
     (30971, "a handoff for a player restored meanwhile, its old holders never told to drop it"),
     (38174, "a copy released by a shard that died before its Handoff left, kept for good"),
     (67713, "an input forwarded back and forth for a returning handoff waiting for its lane"),
+    (56328, "a neighbour told out of sight waited 3 s at the new owner for a copy never coming"),
+    (85835, "a neighbour told out of sight waited 3 s at the new owner for a copy never coming"),
+    (103654, "a neighbour told out of sight, dropped out of reach here, waited 3 s for a copy"),
 ];
 
 #[test]
