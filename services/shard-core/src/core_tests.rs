@@ -698,6 +698,40 @@ fn inputs_forwarded_with_a_returning_handoff_that_waits_are_not_sent_back() {
     assert_eq!(acks, vec![3], "applied once the handoff is taken");
 }
 
+/// A neighbour the client was told of, seen at (x, 50) at subject_seq `seq`.
+fn told_at(id: u64, x: u32, seq: u64) -> meridian_rpc::pb::ViewEntry {
+    meridian_rpc::pb::ViewEntry {
+        player_id: id,
+        position: Some(client_pb::Position { x, y: 50 }),
+        generation: 0,
+        subject_seq: seq,
+        seen: true,
+        gone: false,
+    }
+}
+
+/// Player 11 handed in at (50, 50) with `view` as what its client was told; the players
+/// told `Left` in that round.
+fn handed_in_told(h: &mut Harness, view: Vec<meridian_rpc::pb::ViewEntry>) -> Vec<u64> {
+    let handoff = Handoff {
+        name: "p11".into(),
+        position: Some(client_pb::Position { x: 50, y: 50 }),
+        session: SESSION,
+        gateway_id: GATEWAY,
+        next_seq: 2,
+        view,
+        ..Default::default()
+    };
+    h.actor.handoff_in(OLD_OWNER, PlayerId(11), 1, handoff);
+    h.received()
+        .into_iter()
+        .filter_map(|m| match m {
+            Server::Left(left) => Some(left.player_id),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A player handed in with a neighbour in its view that this shard knows nothing of, told
 /// at a cell out of the player's sight here: its owner mirrors it nowhere near, so no copy
 /// is on its way. It leaves the view at once; waiting for a copy that never comes kept it
@@ -706,33 +740,8 @@ fn inputs_forwarded_with_a_returning_handoff_that_waits_are_not_sent_back() {
 #[test]
 fn a_neighbour_unknown_here_told_out_of_sight_leaves_the_view_at_once() {
     let mut h = Harness::new();
-    let told = |id: u64, x: u32| meridian_rpc::pb::ViewEntry {
-        player_id: id,
-        position: Some(client_pb::Position { x, y: 50 }),
-        generation: 0,
-        subject_seq: 5,
-        seen: true,
-        gone: false,
-    };
-    let handoff = Handoff {
-        name: "p11".into(),
-        position: Some(client_pb::Position { x: 50, y: 50 }),
-        session: SESSION,
-        gateway_id: GATEWAY,
-        next_seq: 2,
-        // 99 was seen 25 cells away (the player moved since), 98 is in sight still.
-        view: vec![told(99, 25), told(98, 45)],
-        ..Default::default()
-    };
-    h.actor.handoff_in(OLD_OWNER, PlayerId(11), 1, handoff);
-    let left: Vec<u64> = h
-        .received()
-        .into_iter()
-        .filter_map(|m| match m {
-            Server::Left(left) => Some(left.player_id),
-            _ => None,
-        })
-        .collect();
+    // 99 was seen 25 cells away (the player moved since), 98 is in sight still.
+    let left = handed_in_told(&mut h, vec![told_at(99, 25, 5), told_at(98, 45, 5)]);
     assert_eq!(left, vec![99], "the one out of sight goes; the one in sight waits for its copy");
 }
 
@@ -753,25 +762,8 @@ fn a_neighbour_dropped_out_of_reach_here_told_out_of_sight_leaves_the_view_at_on
     };
     let messages = vec![message(4, Peer::Upsert(upsert)), message(5, Peer::Remove(remove))];
     h.actor.handle(h.now, Event::Peer { from: OLD_OWNER, messages });
-    let handoff = Handoff {
-        name: "p11".into(),
-        position: at(50),
-        session: SESSION,
-        gateway_id: GATEWAY,
-        next_seq: 2,
-        view: vec![meridian_rpc::pb::ViewEntry {
-            player_id: 99,
-            position: at(25),
-            generation: 0,
-            subject_seq: 4,
-            seen: true,
-            gone: false,
-        }],
-        ..Default::default()
-    };
-    h.actor.handoff_in(OLD_OWNER, PlayerId(11), 1, handoff);
-    let left = h.received().into_iter().any(|m| matches!(m, Server::Left(l) if l.player_id == 99));
-    assert!(left, "told 25 cells away, dropped here: it leaves the view");
+    let left = handed_in_told(&mut h, vec![told_at(99, 25, 4)]);
+    assert_eq!(left, vec![99], "told 25 cells away, dropped here: it leaves the view");
 }
 
 /// What every link's sessions received in a round: (link, session, message, close flag) in
