@@ -19,8 +19,11 @@
 //! The store is async: PostgreSQL through `tokio-postgres`, SQLite on the blocking pool (its
 //! calls are short, one transaction each, and never on the caller's task).
 
+mod kv;
 mod postgres;
 mod sqlite;
+
+pub use kv::{KvEntry, KvWrite, KV_KEY_MAX, KV_VALUE_MAX};
 
 use std::fmt;
 use std::path::PathBuf;
@@ -78,6 +81,8 @@ pub enum StoreError {
     IdTaken(u64),
     /// The store's address cannot be understood.
     BadAddress(String),
+    /// A key or value of the game's key-value space over its bound (see `kv`).
+    TooBig(String),
 }
 
 impl fmt::Display for StoreError {
@@ -86,6 +91,7 @@ impl fmt::Display for StoreError {
             StoreError::Unavailable(why) => write!(f, "player store unavailable: {why}"),
             StoreError::IdTaken(id) => write!(f, "player id {id} belongs to another account"),
             StoreError::BadAddress(why) => write!(f, "bad player store address: {why}"),
+            StoreError::TooBig(why) => write!(f, "too big for the store: {why}"),
         }
     }
 }

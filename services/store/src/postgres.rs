@@ -7,10 +7,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 use tracing::warn;
 
-use crate::{to_i64, to_u64, Player, Save, SaveReport, Saved, StoreError};
+use crate::{to_i64, to_u64, KvEntry, KvWrite, Player, Save, SaveReport, Saved, StoreError};
 
 /// How long opening a connection, or one call, may take before the store counts as
 /// unavailable.
@@ -31,6 +32,12 @@ const SCHEMA: &str = "
         state      BYTEA NOT NULL DEFAULT '',
         generation BIGINT NOT NULL DEFAULT 0
     );
+    CREATE TABLE IF NOT EXISTS meridian_game_kv (
+        key     BYTEA PRIMARY KEY,
+        value   BYTEA NOT NULL,
+        version BIGINT NOT NULL
+    );
+    CREATE SEQUENCE IF NOT EXISTS meridian_game_kv_version;
 ";
 
 const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
@@ -188,6 +195,77 @@ impl PostgresStore {
         .await
     }
 
+    pub async fn kv_get(&self, key: &[u8]) -> Result<Option<KvEntry>, StoreError> {
+        self.call(async |c: &Connected| {
+            let sql = "SELECT value, version FROM meridian_game_kv WHERE key = $1";
+            let row = c.client.query_opt(sql, &[&key]).await.map_err(unavailable)?;
+            row.as_ref().map(row_to_entry).transpose()
+        })
+        .await
+    }
+
+    /// One statement per write, the check in its `WHERE`: of two writes expecting the same
+    /// version, the second finds the row changed (or, creating, the key taken) and writes
+    /// nothing; it is then told the entry as it is.
+    pub async fn kv_set(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<&[u8]>,
+    ) -> Result<KvWrite, StoreError> {
+        let expected_i64 = expected.map(to_i64).unwrap_or(0);
+        let value_bytes = value.unwrap_or_default();
+        let (sql, params): (&str, Vec<&(dyn ToSql + Sync)>) = match (value, expected) {
+            (Some(_), None) => (
+                "INSERT INTO meridian_game_kv (key, value, version)
+                 VALUES ($1, $2, nextval('meridian_game_kv_version'))
+                 ON CONFLICT (key) DO UPDATE
+                 SET value = EXCLUDED.value, version = EXCLUDED.version
+                 RETURNING version",
+                vec![&key, &value_bytes],
+            ),
+            (Some(_), Some(0)) => (
+                "INSERT INTO meridian_game_kv (key, value, version)
+                 VALUES ($1, $2, nextval('meridian_game_kv_version'))
+                 ON CONFLICT (key) DO NOTHING
+                 RETURNING version",
+                vec![&key, &value_bytes],
+            ),
+            (Some(_), Some(_)) => (
+                "UPDATE meridian_game_kv
+                 SET value = $2, version = nextval('meridian_game_kv_version')
+                 WHERE key = $1 AND version = $3
+                 RETURNING version",
+                vec![&key, &value_bytes, &expected_i64],
+            ),
+            (None, None) => {
+                ("DELETE FROM meridian_game_kv WHERE key = $1 RETURNING 0::bigint", vec![&key])
+            }
+            (None, Some(_)) => (
+                "DELETE FROM meridian_game_kv WHERE key = $1 AND version = $2
+                 RETURNING 0::bigint",
+                vec![&key, &expected_i64],
+            ),
+        };
+        let written = self
+            .call(async |c: &Connected| {
+                let row = c.client.query_opt(sql, &params).await.map_err(unavailable)?;
+                Ok(row.map(|row| to_u64(row.get(0))))
+            })
+            .await?;
+        match (written, value, expected) {
+            (Some(version), ..) => Ok(KvWrite::Done { version }),
+            // Deleting what was not there, unconditionally: done.
+            (None, None, None) => Ok(KvWrite::Done { version: 0 }),
+            // Expecting nothing there, deleting: done if so.
+            (None, None, Some(0)) => match self.kv_get(key).await? {
+                None => Ok(KvWrite::Done { version: 0 }),
+                current => Ok(KvWrite::Conflict { current }),
+            },
+            (None, ..) => Ok(KvWrite::Conflict { current: self.kv_get(key).await? }),
+        }
+    }
+
     pub async fn save(&self, saves: &[Save]) -> Result<SaveReport, StoreError> {
         let ids: Vec<i64> = saves.iter().map(|s| to_i64(s.player_id)).collect();
         let generations: Vec<i64> = saves.iter().map(|s| to_i64(s.generation)).collect();
@@ -230,6 +308,11 @@ fn row_to_player(row: &Row) -> Result<Player, StoreError> {
         name: row.try_get(2).map_err(unavailable)?,
         saved,
     })
+}
+
+fn row_to_entry(row: &Row) -> Result<KvEntry, StoreError> {
+    let value = row.try_get(0).map_err(unavailable)?;
+    Ok(KvEntry { value, version: to_u64(row.try_get(1).map_err(unavailable)?) })
 }
 
 fn unavailable(error: tokio_postgres::Error) -> StoreError {

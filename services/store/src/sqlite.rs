@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 
-use crate::{to_i64, to_u64, Player, Save, SaveReport, Saved, StoreError};
+use crate::{to_i64, to_u64, KvEntry, KvWrite, Player, Save, SaveReport, Saved, StoreError};
 
 const SCHEMA: &str = "
     PRAGMA journal_mode = WAL;
@@ -30,6 +30,16 @@ const SCHEMA: &str = "
         state      BLOB NOT NULL DEFAULT x'',
         generation INTEGER NOT NULL DEFAULT 0
     );
+    CREATE TABLE IF NOT EXISTS meridian_game_kv (
+        key     BLOB PRIMARY KEY NOT NULL,
+        value   BLOB NOT NULL,
+        version INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS meridian_game_kv_clock (
+        one     INTEGER PRIMARY KEY CHECK (one = 1),
+        version INTEGER NOT NULL
+    );
+    INSERT OR IGNORE INTO meridian_game_kv_clock (one, version) VALUES (1, 0);
 ";
 
 const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
@@ -181,6 +191,79 @@ impl SqliteStore {
                 )
                 .map_err(unavailable)?;
             Ok(changed == 1)
+        })
+        .await
+    }
+
+    pub async fn kv_get(&self, key: &[u8]) -> Result<Option<KvEntry>, StoreError> {
+        let key = key.to_vec();
+        self.with(move |connection| {
+            connection
+                .query_row(
+                    "SELECT value, version FROM meridian_game_kv WHERE key = ?1",
+                    params![key],
+                    |row| Ok(KvEntry { value: row.get(0)?, version: to_u64(row.get(1)?) }),
+                )
+                .optional()
+                .map_err(unavailable)
+        })
+        .await
+    }
+
+    /// One immediate transaction: the entry's version checked, the space's counter drawn
+    /// from, the entry written.
+    pub async fn kv_set(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<&[u8]>,
+    ) -> Result<KvWrite, StoreError> {
+        let (key, value) = (key.to_vec(), value.map(<[u8]>::to_vec));
+        self.with(move |connection| {
+            let transaction = connection
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
+            let current = transaction
+                .query_row(
+                    "SELECT value, version FROM meridian_game_kv WHERE key = ?1",
+                    params![key],
+                    |row| Ok(KvEntry { value: row.get(0)?, version: to_u64(row.get(1)?) }),
+                )
+                .optional()
+                .map_err(unavailable)?;
+            let now = current.as_ref().map_or(0, |entry| entry.version);
+            if expected.is_some_and(|expected| expected != now) {
+                return Ok(KvWrite::Conflict { current });
+            }
+            let version = match value {
+                Some(value) => {
+                    let version: i64 = transaction
+                        .query_row(
+                            "UPDATE meridian_game_kv_clock SET version = version + 1 WHERE one = 1
+                             RETURNING version",
+                            [],
+                            |row| row.get(0),
+                        )
+                        .map_err(unavailable)?;
+                    transaction
+                        .execute(
+                            "INSERT INTO meridian_game_kv (key, value, version) VALUES (?1, ?2, ?3)
+                             ON CONFLICT (key) DO UPDATE
+                             SET value = excluded.value, version = excluded.version",
+                            params![key, value, version],
+                        )
+                        .map_err(unavailable)?;
+                    to_u64(version)
+                }
+                None => {
+                    transaction
+                        .execute("DELETE FROM meridian_game_kv WHERE key = ?1", params![key])
+                        .map_err(unavailable)?;
+                    0
+                }
+            };
+            transaction.commit().map_err(unavailable)?;
+            Ok(KvWrite::Done { version })
         })
         .await
     }

@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use meridian_store::{Address, Save, Saved, Store, StoreError, MAX_BATCH};
+use meridian_store::{
+    Address, KvEntry, KvWrite, Save, Saved, Store, StoreError, KV_KEY_MAX, KV_VALUE_MAX, MAX_BATCH,
+};
 use meridian_testkit::TempPostgres;
 
 /// Where a test's store lives; kept alive for as long as the test uses it.
@@ -267,6 +269,83 @@ async fn processes_opening_one_sqlite_file_together_all_open_it() {
     }
 }
 
+/// The game's key-value space: a write expecting a version happens only if the entry is
+/// still at it (0: absent), a version is never reused (not after a delete either), and
+/// keys and values over their bounds are refused.
+async fn game_entries_are_compared_and_set_by_version(backend: Backend) {
+    let store = backend.open().await;
+    let done = |write: KvWrite| match write {
+        KvWrite::Done { version } => version,
+        conflict => panic!("expected a write, got {conflict:?}"),
+    };
+    assert_eq!(store.kv_get(b"guild/7").await.unwrap(), None);
+    let v1 = done(store.kv_set(b"guild/7", Some(0), Some(b"ann")).await.unwrap());
+    assert!(v1 > 0);
+    let entry = |value: &[u8], version| Some(KvEntry { value: value.to_vec(), version });
+    assert_eq!(store.kv_get(b"guild/7").await.unwrap(), entry(b"ann", v1));
+    let taken = store.kv_set(b"guild/7", Some(0), Some(b"bob")).await.unwrap();
+    assert_eq!(taken, KvWrite::Conflict { current: entry(b"ann", v1) }, "created already");
+    let v2 = done(store.kv_set(b"guild/7", Some(v1), Some(b"ann,bob")).await.unwrap());
+    assert!(v2 > v1);
+    let stale = store.kv_set(b"guild/7", Some(v1), Some(b"ann,cy")).await.unwrap();
+    assert_eq!(stale, KvWrite::Conflict { current: entry(b"ann,bob", v2) }, "read before");
+    let absent = store.kv_set(b"guild/7", Some(0), None).await.unwrap();
+    assert_eq!(absent, KvWrite::Conflict { current: entry(b"ann,bob", v2) }, "it is there");
+    let v3 = done(store.kv_set(b"guild/7", None, Some(b"cy")).await.unwrap());
+    assert!(v3 > v2, "an unconditional write wins");
+    assert_eq!(done(store.kv_set(b"guild/7", Some(v3), None).await.unwrap()), 0, "deleted");
+    assert_eq!(store.kv_get(b"guild/7").await.unwrap(), None);
+    assert_eq!(done(store.kv_set(b"guild/7", None, None).await.unwrap()), 0, "nothing to delete");
+    let v4 = done(store.kv_set(b"guild/7", Some(0), Some(b"dee")).await.unwrap());
+    assert!(v4 > v3, "a re-created entry gets a version never used: no ABA");
+    let too_long = vec![b'k'; KV_KEY_MAX + 1];
+    assert!(matches!(store.kv_get(&too_long).await, Err(StoreError::TooBig(_))));
+    assert!(matches!(store.kv_get(b"").await, Err(StoreError::TooBig(_))));
+    let too_big = vec![0u8; KV_VALUE_MAX + 1];
+    let refused = store.kv_set(b"guild/7", None, Some(&too_big)).await;
+    assert!(matches!(refused, Err(StoreError::TooBig(_))), "{refused:?}");
+    let biggest = vec![7u8; KV_VALUE_MAX];
+    let v5 = done(store.kv_set(&[b'k'; KV_KEY_MAX], None, Some(&biggest)).await.unwrap());
+    drop(store);
+    let store = backend.open().await;
+    assert_eq!(store.kv_get(b"guild/7").await.unwrap(), entry(b"dee", v4), "it is durable");
+    assert_eq!(store.kv_get(&[b'k'; KV_KEY_MAX]).await.unwrap(), entry(&biggest, v5));
+}
+
+/// Writers racing on one key (shards updating one counter): each reads, adds one and
+/// writes expecting what it read, reading again on a conflict. No increment is lost.
+async fn racing_compare_and_set_loses_no_update(backend: Backend) {
+    let store = std::sync::Arc::new(backend.open().await);
+    const WRITERS: u64 = 8;
+    const EACH: u64 = 10;
+    let mut tasks = Vec::new();
+    for _ in 0..WRITERS {
+        let store = std::sync::Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let mut conflicts = 0;
+            for _ in 0..EACH {
+                loop {
+                    let current = store.kv_get(b"count").await.unwrap();
+                    let (n, version) = current.map_or((0, 0), |e| {
+                        (u64::from_le_bytes(e.value.try_into().unwrap()), e.version)
+                    });
+                    let next = (n + 1).to_le_bytes();
+                    match store.kv_set(b"count", Some(version), Some(&next)).await.unwrap() {
+                        KvWrite::Done { .. } => break,
+                        KvWrite::Conflict { .. } => conflicts += 1,
+                    }
+                }
+            }
+            conflicts
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let total = store.kv_get(b"count").await.unwrap().expect("written");
+    assert_eq!(u64::from_le_bytes(total.value.try_into().unwrap()), WRITERS * EACH);
+}
+
 macro_rules! suite {
     ($($test:ident),* $(,)?) => {
         mod sqlite {
@@ -292,6 +371,8 @@ suite! {
     an_operator_finds_and_places_players,
     concurrent_lookups_each_get_their_own_player,
     a_taken_id_refuses_only_its_own_login,
+    game_entries_are_compared_and_set_by_version,
+    racing_compare_and_set_loses_no_update,
 }
 
 /// A PostgreSQL store that stops answering reports `Unavailable`, and works again once the
