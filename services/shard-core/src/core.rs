@@ -621,27 +621,6 @@ impl ShardCore {
         }
     }
 
-    /// An input another shard forwarded, for the player's ownership `generation` as that
-    /// shard knows it.
-    fn on_forwarded(&mut self, generation: u64, input: PlayerInput) {
-        let player = PlayerId(input.player_id);
-        let handed_back = !matches!(input.kind, Some(Input::Join(_)))
-            && !self.roster.is_seated(player)
-            && self.handoffs.handed(player).is_some_and(|h| generation > h.generation + 1);
-        if handed_back {
-            // For a later ownership than the one this shard handed over: the player was
-            // handed back here since, and its handoff waits (for its gateway lane's link,
-            // say). Forwarded on by the older handoff's record, it would go round between
-            // the two shards for good (`meridian-sim` seed 67713).
-            debug!(%player, seq = input.seq, generation, "input for a handoff still to be taken held");
-            if let Some((link, input)) = self.inputs.hold(player, None, input, self.now) {
-                self.refuse_unplaced(link, input);
-            }
-            return;
-        }
-        self.on_input(None, input)
-    }
-
     /// Applies a local player's input if it is the next in sequence, and any held ones
     /// whose turn that makes it; holds it otherwise. Past the hold limit the newest input
     /// (this one or a held one) is refused at once, ahead of its turn (its answer may come
@@ -683,7 +662,7 @@ impl ShardCore {
     /// connection's link is known (a forwarded input on its own cannot be), and records
     /// its seq so that the player, should it arrive after all, steps over it. A `Leave` is
     /// kept instead, for such a player to leave the world.
-    fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
+    pub(crate) fn refuse_unplaced(&mut self, link: Option<LinkId>, input: PlayerInput) {
         let (player, session) = (PlayerId(input.player_id), input.session);
         let Some(input) = self.inputs.refuse(input, self.now) else {
             return;

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use meridian_cluster::ShardId;
 use meridian_protocol::pb as client_pb;
 use meridian_rpc::pb::{
-    peer_message::Kind as Peer, GhostNeeded, GhostRemove, Handoff, HandoffAck, Released,
+    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, Handoff,
+    HandoffAck, PlayerInput, Released,
 };
 use meridian_world::{PlayerId, Position};
 use tracing::{debug, warn};
@@ -201,6 +202,27 @@ impl ShardCore {
         );
         self.metrics.handoffs_out.inc();
         self.metrics.players.set(self.world.n_local() as i64);
+    }
+
+    /// An input another shard forwarded, for the player's ownership `generation` as that
+    /// shard knows it.
+    pub(crate) fn on_forwarded(&mut self, generation: u64, input: PlayerInput) {
+        let player = PlayerId(input.player_id);
+        let handed_back = !matches!(input.kind, Some(Input::Join(_)))
+            && !self.roster.is_seated(player)
+            && self.handoffs.handed(player).is_some_and(|h| generation > h.generation + 1);
+        if handed_back {
+            // For a later ownership than the one this shard handed over: the player was
+            // handed back here since, and its handoff waits (for its gateway lane's link,
+            // say). Forwarded on by the older handoff's record, it would go round between
+            // the two shards for good (`meridian-sim` seed 67713).
+            debug!(%player, seq = input.seq, generation, "input for a handoff still to be taken held");
+            if let Some((link, input)) = self.inputs.hold(player, None, input, self.now) {
+                self.refuse_unplaced(link, input);
+            }
+            return;
+        }
+        self.on_input(None, input)
     }
 
     /// Takes over a player from `from`.
