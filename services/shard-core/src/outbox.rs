@@ -185,9 +185,8 @@ impl Outbox {
         out.deliveries[index].resume_refused = true;
     }
 
-    /// Tells the gateway the player now belongs to shard `to` (after these frames).
-    /// Marks the player handed to shard `to` (its registration `incarnation`, 0 if unknown),
-    /// ending its ownership generation `ends` here.
+    /// Tells the gateway the player now belongs to shard `to` (after these frames; its
+    /// registration `incarnation`, 0 if unknown), ending its ownership generation `ends` here.
     pub fn release(&mut self, link: LinkId, session: u64, to: u32, incarnation: u64, ends: u64) {
         let (out, index) = self.slot(link, session);
         out.deliveries[index].released_to = to;
