@@ -16,13 +16,18 @@
 //! prepared statement over arrays; SQLite: one transaction), up to [`MAX_BATCH`] rows at a
 //! time, and says which rows it refused.
 //!
+//! Persistent entities ([`Store::save_entities`]) are fenced too, by generation and by the
+//! shard that wrote them, and a removed one leaves a tombstone (see `entities`).
+//!
 //! The store is async: PostgreSQL through `tokio-postgres`, SQLite on the blocking pool (its
 //! calls are short, one transaction each, and never on the caller's task).
 
+mod entities;
 mod kv;
 mod postgres;
 mod sqlite;
 
+pub use entities::{EntityReport, EntityRow, EntityWrite, ENTITY_NAME_MAX, ENTITY_STATE_MAX};
 pub use kv::{KvEntry, KvWrite, KV_KEY_MAX, KV_VALUE_MAX};
 
 use std::fmt;

@@ -1,7 +1,8 @@
 //! The clustered store: PostgreSQL through `tokio-postgres`. A few connections ([`POOL`])
 //! with their statements prepared once, so calls from concurrent login lookups run side by
-//! side; a failed connection is dropped and opened again on the next call that takes it. A batch of saves is one execution of a prepared statement over arrays (one round
-//! trip, whatever its size).
+//! side; a failed connection is dropped and opened again on the next call that takes it.
+//! A batch of saves, or of entity writes, is one execution of a prepared statement over
+//! arrays (one round trip, whatever its size).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -11,7 +12,10 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 use tracing::warn;
 
-use crate::{to_i64, to_u64, KvEntry, KvWrite, Player, Save, SaveReport, Saved, StoreError};
+use crate::{
+    to_i64, to_u64, EntityReport, EntityRow, EntityWrite, KvEntry, KvWrite, Player, Save,
+    SaveReport, Saved, StoreError,
+};
 
 /// How long opening a connection, or one call, may take before the store counts as
 /// unavailable.
@@ -38,6 +42,19 @@ const SCHEMA: &str = "
         version BIGINT NOT NULL
     );
     CREATE SEQUENCE IF NOT EXISTS meridian_game_kv_version;
+    CREATE TABLE IF NOT EXISTS meridian_entities (
+        id         BIGINT PRIMARY KEY,
+        kind       BIGINT NOT NULL,
+        name       TEXT NOT NULL,
+        x          BIGINT NOT NULL,
+        y          BIGINT NOT NULL,
+        state      BYTEA NOT NULL,
+        private    BYTEA NOT NULL,
+        generation BIGINT NOT NULL,
+        shard      BIGINT NOT NULL,
+        incarnation BIGINT NOT NULL DEFAULT 0,
+        removed    BOOLEAN NOT NULL DEFAULT FALSE
+    );
 ";
 
 const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
@@ -47,6 +64,7 @@ struct Connected {
     player: Statement,
     load: Statement,
     save: Statement,
+    save_entities: Statement,
 }
 
 pub struct PostgresStore {
@@ -111,7 +129,30 @@ impl PostgresStore {
             )
             .await
             .map_err(unavailable)?;
-        Ok(Connected { client, player, load, save })
+        // The fence (see `entities`) is the `WHERE` of the conflict's update: a row another
+        // session is writing is waited for and the `WHERE` checked on what it committed, so
+        // of two claims at one generation the second finds the first's shard and is refused.
+        let save_entities = client
+            .prepare(
+                "INSERT INTO meridian_entities AS e
+                     (id, kind, name, x, y, state, private, generation, shard, removed,
+                      incarnation)
+                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[],
+                     $5::bigint[], $6::bytea[], $7::bytea[], $8::bigint[], $9::bigint[],
+                     $10::bool[], $11::bigint[])
+                 ON CONFLICT (id) DO UPDATE
+                 SET kind = EXCLUDED.kind, name = EXCLUDED.name, x = EXCLUDED.x, y = EXCLUDED.y,
+                     state = EXCLUDED.state, private = EXCLUDED.private,
+                     generation = EXCLUDED.generation, shard = EXCLUDED.shard,
+                     removed = EXCLUDED.removed, incarnation = EXCLUDED.incarnation
+                 WHERE e.generation < EXCLUDED.generation
+                    OR (e.generation = EXCLUDED.generation AND e.shard = EXCLUDED.shard
+                        AND (EXCLUDED.removed OR NOT e.removed))
+                 RETURNING e.id",
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(Connected { client, player, load, save, save_entities })
     }
 
     /// Runs `call` on the connection (opened first if there is none), bounded by
@@ -289,6 +330,56 @@ impl PostgresStore {
             saves.iter().map(|s| s.player_id).filter(|id| !written_ids.contains(id)).collect();
         Ok(SaveReport { written: written.len(), refused })
     }
+
+    /// One statement over arrays (one round trip, one transaction), its rows in id order so
+    /// that two batches naming the same entities lock them in the same order (no deadlock).
+    pub async fn save_entities(&self, writes: &[EntityWrite]) -> Result<EntityReport, StoreError> {
+        let mut rows: Vec<_> = writes.iter().map(EntityWrite::row).collect();
+        rows.sort_by_key(|(row, _)| row.id);
+        let ids: Vec<i64> = rows.iter().map(|(row, _)| to_i64(row.id)).collect();
+        let kinds: Vec<i64> = rows.iter().map(|(row, _)| i64::from(row.kind)).collect();
+        let names: Vec<&str> = rows.iter().map(|(row, _)| row.name.as_str()).collect();
+        let xs: Vec<i64> = rows.iter().map(|(row, _)| i64::from(row.at.0)).collect();
+        let ys: Vec<i64> = rows.iter().map(|(row, _)| i64::from(row.at.1)).collect();
+        let states: Vec<&[u8]> = rows.iter().map(|(row, _)| row.state.as_slice()).collect();
+        let privates: Vec<&[u8]> = rows.iter().map(|(row, _)| row.private.as_slice()).collect();
+        let generations: Vec<i64> = rows.iter().map(|(row, _)| to_i64(row.generation)).collect();
+        let shards: Vec<i64> = rows.iter().map(|(row, _)| i64::from(row.shard)).collect();
+        let removed: Vec<bool> = rows.iter().map(|(_, removed)| *removed).collect();
+        let lives: Vec<i64> = rows.iter().map(|(row, _)| to_i64(row.incarnation)).collect();
+        let params: [&(dyn ToSql + Sync); 11] = [
+            &ids,
+            &kinds,
+            &names,
+            &xs,
+            &ys,
+            &states,
+            &privates,
+            &generations,
+            &shards,
+            &removed,
+            &lives,
+        ];
+        let written: std::collections::HashSet<u64> = self
+            .call(async |c: &Connected| {
+                let rows = c.client.query(&c.save_entities, &params).await.map_err(unavailable)?;
+                Ok(rows.iter().map(|row| to_u64(row.get(0))).collect())
+            })
+            .await?;
+        let (written, refused) =
+            writes.iter().map(EntityWrite::id).partition(|id| written.contains(id));
+        Ok(EntityReport { written, refused })
+    }
+
+    pub async fn entities(&self) -> Result<Vec<EntityRow>, StoreError> {
+        self.call(async |c: &Connected| {
+            let sql = "SELECT id, kind, name, x, y, state, private, generation, shard, incarnation
+                       FROM meridian_entities WHERE NOT removed ORDER BY id";
+            let rows = c.client.query(sql, &[]).await.map_err(unavailable)?;
+            rows.iter().map(row_to_entity).collect()
+        })
+        .await
+    }
 }
 
 fn row_to_player(row: &Row) -> Result<Player, StoreError> {
@@ -313,6 +404,22 @@ fn row_to_player(row: &Row) -> Result<Player, StoreError> {
 fn row_to_entry(row: &Row) -> Result<KvEntry, StoreError> {
     let value = row.try_get(0).map_err(unavailable)?;
     Ok(KvEntry { value, version: to_u64(row.try_get(1).map_err(unavailable)?) })
+}
+
+fn row_to_entity(row: &Row) -> Result<EntityRow, StoreError> {
+    // Kinds, cells and shards are stored as `bigint`, which holds every `u32`.
+    let u32_at = |index| row.try_get(index).map(|value: i64| u32::try_from(value).unwrap_or(0));
+    Ok(EntityRow {
+        id: to_u64(row.try_get(0).map_err(unavailable)?),
+        kind: u32_at(1).map_err(unavailable)?,
+        name: row.try_get(2).map_err(unavailable)?,
+        at: (u32_at(3).map_err(unavailable)?, u32_at(4).map_err(unavailable)?),
+        state: row.try_get(5).map_err(unavailable)?,
+        private: row.try_get(6).map_err(unavailable)?,
+        generation: to_u64(row.try_get(7).map_err(unavailable)?),
+        shard: u32_at(8).map_err(unavailable)?,
+        incarnation: to_u64(row.try_get(9).map_err(unavailable)?),
+    })
 }
 
 fn unavailable(error: tokio_postgres::Error) -> StoreError {

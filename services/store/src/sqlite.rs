@@ -16,7 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 
-use crate::{to_i64, to_u64, KvEntry, KvWrite, Player, Save, SaveReport, Saved, StoreError};
+use crate::{
+    to_i64, to_u64, EntityReport, EntityRow, EntityWrite, KvEntry, KvWrite, Player, Save,
+    SaveReport, Saved, StoreError,
+};
 
 const SCHEMA: &str = "
     PRAGMA journal_mode = WAL;
@@ -40,6 +43,19 @@ const SCHEMA: &str = "
         version INTEGER NOT NULL
     );
     INSERT OR IGNORE INTO meridian_game_kv_clock (one, version) VALUES (1, 0);
+    CREATE TABLE IF NOT EXISTS meridian_entities (
+        id         INTEGER PRIMARY KEY NOT NULL,
+        kind       INTEGER NOT NULL,
+        name       TEXT NOT NULL,
+        x          INTEGER NOT NULL,
+        y          INTEGER NOT NULL,
+        state      BLOB NOT NULL,
+        private    BLOB NOT NULL,
+        generation INTEGER NOT NULL,
+        shard      INTEGER NOT NULL,
+        incarnation INTEGER NOT NULL DEFAULT 0,
+        removed    INTEGER NOT NULL DEFAULT 0
+    );
 ";
 
 const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
@@ -303,6 +319,93 @@ impl SqliteStore {
             }
             transaction.commit().map_err(unavailable)?;
             Ok(report)
+        })
+        .await
+    }
+
+    /// One immediate transaction, an upsert per write with the fence in its `WHERE` (see
+    /// `entities`): a write the fence refuses changes no row.
+    pub async fn save_entities(
+        &self,
+        writes: Vec<EntityWrite>,
+    ) -> Result<EntityReport, StoreError> {
+        self.with(move |connection| {
+            let transaction = connection
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
+            let mut report = EntityReport::default();
+            {
+                let mut upsert = transaction
+                    .prepare_cached(
+                        "INSERT INTO meridian_entities
+                             (id, kind, name, x, y, state, private, generation, shard, removed,
+                              incarnation)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                         ON CONFLICT (id) DO UPDATE
+                         SET kind = excluded.kind, name = excluded.name, x = excluded.x,
+                             y = excluded.y, state = excluded.state, private = excluded.private,
+                             generation = excluded.generation, shard = excluded.shard,
+                             removed = excluded.removed, incarnation = excluded.incarnation
+                         WHERE meridian_entities.generation < excluded.generation
+                            OR (meridian_entities.generation = excluded.generation
+                                AND meridian_entities.shard = excluded.shard
+                                AND (excluded.removed OR NOT meridian_entities.removed))",
+                    )
+                    .map_err(unavailable)?;
+                for write in &writes {
+                    let (row, removed) = write.row();
+                    let changed = upsert
+                        .execute(params![
+                            to_i64(row.id),
+                            row.kind,
+                            row.name,
+                            row.at.0,
+                            row.at.1,
+                            row.state,
+                            row.private,
+                            to_i64(row.generation),
+                            row.shard,
+                            removed,
+                            to_i64(row.incarnation),
+                        ])
+                        .map_err(unavailable)?;
+                    if changed == 1 {
+                        report.written.push(row.id);
+                    } else {
+                        report.refused.push(row.id);
+                    }
+                }
+            }
+            transaction.commit().map_err(unavailable)?;
+            Ok(report)
+        })
+        .await
+    }
+
+    pub async fn entities(&self) -> Result<Vec<EntityRow>, StoreError> {
+        self.with(move |connection| {
+            let mut select = connection
+                .prepare_cached(
+                    "SELECT id, kind, name, x, y, state, private, generation, shard, incarnation
+                     FROM meridian_entities WHERE NOT removed ORDER BY id",
+                )
+                .map_err(unavailable)?;
+            let rows = select
+                .query_map([], |row| {
+                    Ok(EntityRow {
+                        id: to_u64(row.get(0)?),
+                        kind: row.get(1)?,
+                        name: row.get(2)?,
+                        at: (row.get(3)?, row.get(4)?),
+                        state: row.get(5)?,
+                        private: row.get(6)?,
+                        generation: to_u64(row.get(7)?),
+                        shard: row.get(8)?,
+                        incarnation: to_u64(row.get(9)?),
+                    })
+                })
+                .map_err(unavailable)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(unavailable)
         })
         .await
     }

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 use meridian_store::{
-    Address, KvEntry, KvWrite, Save, Saved, Store, StoreError, KV_KEY_MAX, KV_VALUE_MAX, MAX_BATCH,
+    Address, EntityReport, EntityRow, EntityWrite, KvEntry, KvWrite, Save, Saved, Store,
+    StoreError, ENTITY_NAME_MAX, ENTITY_STATE_MAX, KV_KEY_MAX, KV_VALUE_MAX, MAX_BATCH,
 };
 use meridian_testkit::TempPostgres;
 
@@ -346,6 +347,194 @@ async fn racing_compare_and_set_loses_no_update(backend: Backend) {
     assert_eq!(u64::from_le_bytes(total.value.try_into().unwrap()), WRITERS * EACH);
 }
 
+/// An entity as a shard of id `shard` at `generation` writes it; its data says which write
+/// it was.
+fn entity(id: u64, generation: u64, shard: u32) -> EntityRow {
+    EntityRow {
+        id,
+        kind: 3,
+        name: format!("chest {id}"),
+        at: (id as u32 % 400, 9),
+        state: format!("open by {shard} at {generation}").into_bytes(),
+        private: format!("loot of {shard} at {generation}").into_bytes(),
+        generation,
+        shard,
+        incarnation: u64::from(shard) * 1_000 + generation,
+    }
+}
+
+fn upsert(row: &EntityRow) -> EntityWrite {
+    EntityWrite::Upsert(row.clone())
+}
+
+fn report(written: &[u64], refused: &[u64]) -> EntityReport {
+    EntityReport { written: written.to_vec(), refused: refused.to_vec() }
+}
+
+/// What is written is what is read back, every field of it (the largest values of each
+/// included), in id order, across closing and opening the store again.
+async fn entities_survive_reopening(backend: Backend) {
+    let store = backend.open().await;
+    assert_eq!(store.entities().await.unwrap(), vec![], "no entities yet");
+    let edge = EntityRow {
+        id: i64::MAX as u64,
+        kind: u32::MAX,
+        name: "ü".repeat(ENTITY_NAME_MAX / 2),
+        at: (u32::MAX, u32::MAX - 1),
+        state: vec![0xff; ENTITY_STATE_MAX],
+        private: vec![0; ENTITY_STATE_MAX],
+        generation: i64::MAX as u64,
+        shard: u32::MAX,
+        incarnation: i64::MAX as u64,
+    };
+    let empty =
+        EntityRow { name: String::new(), state: vec![], private: vec![], ..entity(1, 0, 0) };
+    let writes = [upsert(&entity(20, 2, 7)), upsert(&edge), upsert(&empty)];
+    let written = store.save_entities(&writes).await.unwrap();
+    assert_eq!(written, report(&[20, edge.id, 1], &[]));
+    let expected = vec![empty.clone(), entity(20, 2, 7), edge.clone()];
+    assert_eq!(store.entities().await.unwrap(), expected, "in id order");
+    drop(store);
+    let store = backend.open().await;
+    assert_eq!(store.entities().await.unwrap(), expected, "they are durable");
+}
+
+/// A write from an older generation is refused; the same generation is accepted from the
+/// shard that wrote the row and refused from any other; a newer generation is accepted
+/// from any shard.
+async fn entity_writes_are_fenced_by_generation_and_shard(backend: Backend) {
+    let store = backend.open().await;
+    let row = entity(1, 5, 10);
+    assert_eq!(store.save_entities(&[upsert(&row)]).await.unwrap(), report(&[1], &[]));
+    let older = store.save_entities(&[upsert(&entity(1, 4, 10))]).await.unwrap();
+    assert_eq!(older, report(&[], &[1]), "an older generation, even from the same shard");
+    let other_shard = store.save_entities(&[upsert(&entity(1, 5, 11))]).await.unwrap();
+    assert_eq!(other_shard, report(&[], &[1]), "the same generation from another shard");
+    assert_eq!(store.entities().await.unwrap(), vec![row], "refused writes changed nothing");
+    let again = EntityRow { at: (2, 3), ..entity(1, 5, 10) };
+    let same = store.save_entities(&[upsert(&again)]).await.unwrap();
+    assert_eq!(same, report(&[1], &[]), "the owner writing again");
+    assert_eq!(store.entities().await.unwrap(), vec![again]);
+    let newer = store.save_entities(&[upsert(&entity(1, 6, 11))]).await.unwrap();
+    assert_eq!(newer, report(&[1], &[]), "a newer generation, from another shard");
+    let late = store.save_entities(&[upsert(&entity(1, 5, 10))]).await.unwrap();
+    assert_eq!(late, report(&[], &[1]), "the old owner is fenced out now");
+    assert_eq!(store.entities().await.unwrap(), vec![entity(1, 6, 11)]);
+}
+
+/// A remove leaves a tombstone: the entity is gone from `entities()`, and an upsert at the
+/// tombstone's generation or older (a late write of an old owner, or of the remover itself)
+/// cannot bring it back. A remove is fenced like an upsert. An upsert at a newer generation
+/// re-creates the entity.
+async fn a_removed_entity_leaves_a_tombstone(backend: Backend) {
+    let store = backend.open().await;
+    store.save_entities(&[upsert(&entity(1, 5, 10)), upsert(&entity(2, 5, 10))]).await.unwrap();
+    let stale = EntityWrite::Remove { id: 1, generation: 5, shard: 11, incarnation: 1 };
+    assert_eq!(store.save_entities(&[stale]).await.unwrap(), report(&[], &[1]), "not its owner");
+    let remove = EntityWrite::Remove { id: 1, generation: 6, shard: 11, incarnation: 1 };
+    assert_eq!(
+        store.save_entities(std::slice::from_ref(&remove)).await.unwrap(),
+        report(&[1], &[])
+    );
+    assert_eq!(store.entities().await.unwrap(), vec![entity(2, 5, 10)], "1 is hidden");
+    for (generation, shard) in [(5, 10), (6, 10), (6, 11)] {
+        let late = store.save_entities(&[upsert(&entity(1, generation, shard))]).await.unwrap();
+        assert_eq!(late, report(&[], &[1]), "generation {generation}, shard {shard}");
+    }
+    assert_eq!(store.save_entities(&[remove]).await.unwrap(), report(&[1], &[]), "idempotent");
+    let never = EntityWrite::Remove { id: 3, generation: 2, shard: 10, incarnation: 1 };
+    assert_eq!(store.save_entities(&[never]).await.unwrap(), report(&[3], &[]));
+    let before_it = store.save_entities(&[upsert(&entity(3, 1, 10))]).await.unwrap();
+    assert_eq!(before_it, report(&[], &[3]), "a remove of an unknown id fences it too");
+    assert_eq!(store.entities().await.unwrap(), vec![entity(2, 5, 10)]);
+    let recreated = store.save_entities(&[upsert(&entity(1, 7, 12))]).await.unwrap();
+    assert_eq!(recreated, report(&[1], &[]), "a newer owner re-creates it");
+    assert_eq!(store.entities().await.unwrap(), vec![entity(1, 7, 12), entity(2, 5, 10)]);
+    drop(store);
+    let store = backend.open().await;
+    let after = store.save_entities(&[upsert(&entity(3, 2, 10))]).await.unwrap();
+    assert_eq!(after, report(&[], &[3]), "the tombstone is durable");
+}
+
+/// A batch naming an entity twice keeps its last write of it; the report names each id
+/// once, at its first place in the batch, written and refused alike.
+async fn an_entity_batch_keeps_each_entitys_last_write(backend: Backend) {
+    let store = backend.open().await;
+    store.save_entities(&[upsert(&entity(9, 5, 1))]).await.unwrap();
+    let batch = [
+        upsert(&entity(4, 1, 1)),
+        upsert(&entity(9, 4, 1)),
+        upsert(&entity(2, 1, 1)),
+        upsert(&entity(4, 2, 1)),
+        EntityWrite::Remove { id: 2, generation: 1, shard: 1, incarnation: 1 },
+        upsert(&entity(4, 3, 2)),
+        upsert(&entity(7, 1, 1)),
+    ];
+    let written = store.save_entities(&batch).await.unwrap();
+    assert_eq!(written, report(&[4, 2, 7], &[9]));
+    let expected = vec![entity(4, 3, 2), entity(7, 1, 1), entity(9, 5, 1)];
+    assert_eq!(store.entities().await.unwrap(), expected, "2 removed, 4 its last write");
+    assert_eq!(store.save_entities(&[]).await.unwrap(), report(&[], &[]));
+}
+
+/// A name, public or private state over its bound fails the whole batch with `TooBig`
+/// before the store is asked: nothing of the batch is written.
+async fn entities_over_their_bounds_are_refused(backend: Backend) {
+    let store = backend.open().await;
+    let long_name = EntityRow { name: "n".repeat(ENTITY_NAME_MAX + 1), ..entity(2, 1, 1) };
+    let big_state = EntityRow { state: vec![1; ENTITY_STATE_MAX + 1], ..entity(2, 1, 1) };
+    let big_private = EntityRow { private: vec![1; ENTITY_STATE_MAX + 1], ..entity(2, 1, 1) };
+    let nul_name = EntityRow { name: "a\0b".into(), ..entity(2, 1, 1) };
+    for bad in [long_name, big_state, big_private, nul_name] {
+        let refused = store.save_entities(&[upsert(&entity(1, 1, 1)), upsert(&bad)]).await;
+        assert!(matches!(refused, Err(StoreError::TooBig(_))), "{bad:?}: {refused:?}");
+    }
+    assert_eq!(store.entities().await.unwrap(), vec![], "not even the good entity");
+}
+
+/// Shards loading one entity at once each claim it, upserting the row they loaded with its
+/// generation + 1 and their own shard id: exactly one claim is written, every time, and the
+/// row is the winner's. Each shard has a store of its own, as separate processes would.
+async fn one_of_racing_claims_wins(backend: Backend) {
+    const SHARDS: u32 = 8;
+    const ROUNDS: u64 = 5;
+    let mut stores = Vec::new();
+    for _ in 0..SHARDS {
+        stores.push(std::sync::Arc::new(backend.open().await));
+    }
+    stores[0].save_entities(&[upsert(&entity(1, 1, 0))]).await.unwrap();
+    for round in 0..ROUNDS {
+        let loaded = stores[0].entities().await.unwrap().pop().expect("the entity");
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(SHARDS as usize));
+        let claims: Vec<_> = (0..SHARDS)
+            .map(|shard| {
+                let (store, start) =
+                    (std::sync::Arc::clone(&stores[shard as usize]), start.clone());
+                let claim = EntityRow {
+                    generation: loaded.generation + 1,
+                    shard: 100 + shard,
+                    ..loaded.clone()
+                };
+                tokio::spawn(async move {
+                    start.wait().await;
+                    (shard, store.save_entities(&[EntityWrite::Upsert(claim)]).await)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for claim in claims {
+            let (shard, result) = claim.await.expect("joins");
+            match result.expect("a report") {
+                won if won == report(&[1], &[]) => winners.push(100 + shard),
+                lost => assert_eq!(lost, report(&[], &[1]), "round {round}, shard {shard}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one claim wins: {winners:?}");
+        let owner = stores[0].entities().await.unwrap().pop().expect("the entity");
+        assert_eq!((owner.generation, owner.shard), (loaded.generation + 1, winners[0]));
+    }
+}
+
 macro_rules! suite {
     ($($test:ident),* $(,)?) => {
         mod sqlite {
@@ -373,6 +562,12 @@ suite! {
     a_taken_id_refuses_only_its_own_login,
     game_entries_are_compared_and_set_by_version,
     racing_compare_and_set_loses_no_update,
+    entities_survive_reopening,
+    entity_writes_are_fenced_by_generation_and_shard,
+    a_removed_entity_leaves_a_tombstone,
+    an_entity_batch_keeps_each_entitys_last_write,
+    entities_over_their_bounds_are_refused,
+    one_of_racing_claims_wins,
 }
 
 /// A PostgreSQL store that stops answering reports `Unavailable`, and works again once the
