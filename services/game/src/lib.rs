@@ -52,6 +52,39 @@ impl std::fmt::Display for EntityId {
 /// The largest public or private state, and the largest action payload, in bytes.
 pub const MAX_STATE_BYTES: usize = 1024;
 
+/// The longest key of the game's key-value space, in bytes (at least 1).
+pub const KV_KEY_MAX: usize = 128;
+/// The largest value of the game's key-value space, in bytes.
+pub const KV_VALUE_MAX: usize = 16 * 1024;
+
+/// A request to the game's key-value space, as [`Context::kv_get`] and [`Context::kv_set`]
+/// hand it out: its answer comes to [`Game::kv_answer`] with the same ticket, in a later
+/// round. Tickets are unique within a shard's life.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct KvTicket(pub u64);
+
+/// An entry of the game's key-value space: its value and version. Every write gives an
+/// entry a new version, never reused (not even after a delete).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvValue {
+    pub value: Vec<u8>,
+    pub version: u64,
+}
+
+/// What the store answered a key-value request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvAnswer {
+    /// A read: the entry, or `None` if the key has none.
+    Found(Option<KvValue>),
+    /// A write happened: the entry's new version (0 after a delete).
+    Written { version: u64 },
+    /// A conditional write did not happen: the entry's version was not the one expected.
+    /// The entry as it is now (`None`: absent); read-modify-write again from it.
+    Conflict(Option<KvValue>),
+    /// The store failed or could not be reached; nothing is known to have been written.
+    Failed(String),
+}
+
 /// A client's `Action`, as the game gets it.
 #[derive(Debug, Clone, Copy)]
 pub struct Action<'a> {
@@ -92,6 +125,8 @@ pub struct Entity {
     pub state: Arc<[u8]>,
     /// Owned by this shard (the game may change it); else a copy of a neighbour's.
     pub owned: bool,
+    /// Saved in the store and restored from it ([`Context::persist`]).
+    pub persistent: bool,
 }
 
 impl Entity {
@@ -123,6 +158,12 @@ pub enum GameError {
     TooMany(usize),
     #[error("players are moved by their clients")]
     IsPlayer(EntityId),
+    #[error("this shard has no store (run it with --store)")]
+    NoStore,
+    #[error("a key is 1 to 128 bytes and a value at most 16 KiB; this one is {0} bytes")]
+    KvTooBig(usize),
+    #[error("too many key-value requests waiting for the store on this shard (limit {0})")]
+    KvBusy(usize),
 }
 
 /// What a shard offers a game: implemented by the shard's core. Games use it through
@@ -156,6 +197,10 @@ pub trait Host {
         state: Vec<u8>,
     ) -> Result<EntityId, GameError>;
     fn despawn(&mut self, id: EntityId) -> Result<(), GameError>;
+    /// Makes an NPC owned here persistent.
+    fn persist(&mut self, id: EntityId) -> Result<(), GameError>;
+    /// Whether this shard has a store (persistent entities, the key-value space).
+    fn has_store(&self) -> bool;
     fn step(&mut self, id: EntityId, direction: Direction) -> Result<Position, GameError>;
     fn set_state(&mut self, id: EntityId, state: Vec<u8>) -> Result<(), GameError>;
     fn private_state(&self, id: EntityId) -> Option<&[u8]>;
@@ -166,6 +211,16 @@ pub trait Host {
     fn event_around(&mut self, source: EntityId, kind: u32, payload: &[u8]);
     /// A message for `to`, handled by its owner's [`Game::message`].
     fn send(&mut self, to: EntityId, from: EntityId, kind: u32, payload: &[u8]);
+    /// Asks the store for the entry at `key`.
+    fn kv_get(&mut self, key: &[u8]) -> Result<KvTicket, GameError>;
+    /// Asks the store to write `value` at `key` (`None`: delete), if the entry's version is
+    /// `expected` (0: absent), or unconditionally with `expected: None`.
+    fn kv_set(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: Option<u64>,
+    ) -> Result<KvTicket, GameError>;
 }
 
 /// What a hook can read and change. Changes take effect at once (a spawned NPC can be
@@ -252,9 +307,42 @@ impl<'a> Context<'a> {
         self.host.spawn(kind, name, at, state)
     }
 
-    /// Removes an NPC owned here; those that see it get `Left`.
+    /// Removes an NPC owned here; those that see it get `Left`. A persistent one is
+    /// removed from the store too.
     pub fn despawn(&mut self, id: EntityId) -> Result<(), GameError> {
         self.host.despawn(id)
+    }
+
+    /// Makes an NPC owned here **persistent**: from now on its kind, name, cell, public and
+    /// private state are saved in the store (at once, then every save interval if they
+    /// changed, and when the shard stops), fenced by its owner's generation; it is handed
+    /// off with its cell like any NPC, and after its shard dies, drains or the whole
+    /// cluster restarts on the same store, the shard owning its cell brings it back from
+    /// the store where it was last saved, private state included ([`Game::arrived`] is
+    /// called there). A persistent entity stays until it is despawned. `NoStore` on a shard
+    /// without a store. Players are persistent already (saved with their account).
+    pub fn persist(&mut self, id: EntityId) -> Result<(), GameError> {
+        self.host.persist(id)
+    }
+
+    /// [`Context::spawn`] and [`Context::persist`] in one: an NPC that outlives its shard.
+    /// Without a store nothing is spawned (`NoStore`).
+    pub fn spawn_persistent(
+        &mut self,
+        kind: u32,
+        name: &str,
+        at: Position,
+        state: Vec<u8>,
+    ) -> Result<EntityId, GameError> {
+        if !self.host.has_store() {
+            return Err(GameError::NoStore);
+        }
+        let id = self.host.spawn(kind, name, at, state)?;
+        if let Err(error) = self.host.persist(id) {
+            let _ = self.host.despawn(id);
+            return Err(error);
+        }
+        Ok(id)
     }
 
     /// Steps an NPC owned here one cell (under the move rate limit). Stepping out of the
@@ -301,6 +389,31 @@ impl<'a> Context<'a> {
     pub fn send(&mut self, to: EntityId, from: EntityId, kind: u32, payload: &[u8]) {
         self.host.send(to, from, kind, payload)
     }
+
+    /// Reads the entry at `key` of the game's key-value space, shared by every shard and
+    /// kept in the store. The answer comes to [`Game::kv_answer`] in a later round. Refused
+    /// at once without a store, with a key over [`KV_KEY_MAX`] bytes (or empty), or when the
+    /// shard has too many requests waiting for the store (1,024; counted in
+    /// `meridian_shard_kv_requests_total{outcome="busy"}`).
+    pub fn kv_get(&mut self, key: &[u8]) -> Result<KvTicket, GameError> {
+        self.host.kv_get(key)
+    }
+
+    /// Writes `value` at `key` (`None`: deletes it). With `expected: Some(version)` the
+    /// write is a compare-and-set: it happens only if the entry's version is still
+    /// `version` (0: the key must be absent), else the answer is [`KvAnswer::Conflict`] with
+    /// the entry as it is now. Of two shards writing one key expecting the same version,
+    /// exactly one succeeds. With `expected: None` the write wins over whatever is there.
+    /// A shard's requests are carried out in the order it made them. Refused at once as
+    /// [`Context::kv_get`] is, and for a value over [`KV_VALUE_MAX`] bytes.
+    pub fn kv_set(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: Option<u64>,
+    ) -> Result<KvTicket, GameError> {
+        self.host.kv_set(key, value, expected)
+    }
 }
 
 /// A studio's game rules. Every hook has a default that does nothing (an action is
@@ -345,6 +458,12 @@ pub trait Game: Send {
     /// restored here after its shard died.
     fn arrived(&mut self, ctx: &mut Context<'_>, entity: EntityId) {
         let _ = (ctx, entity);
+    }
+
+    /// The store's answer to [`Context::kv_get`] or [`Context::kv_set`] (the request's
+    /// ticket and key).
+    fn kv_answer(&mut self, ctx: &mut Context<'_>, ticket: KvTicket, key: &[u8], answer: KvAnswer) {
+        let _ = (ctx, ticket, key, answer);
     }
 }
 

@@ -54,6 +54,7 @@ use crate::outbox::{Outbox, PeerRounds};
 use crate::overload::Overload;
 use crate::pause::Pause;
 use crate::peers_seen::PeersSeen;
+use crate::persistent_slot::Persistent;
 use crate::reports;
 use crate::roster::{fresh_nonce, Roster};
 use crate::saves::Saves;
@@ -98,6 +99,7 @@ pub struct ShardCore {
     pub(crate) inputs: Inputs,
     /// What goes to the player store, and the logouts waiting for it (see `saves.rs`).
     pub(crate) saves: Saves,
+    pub(crate) persistent: Persistent,
     /// Operators' orders seen (carried out if the player was here), of those still in etcd.
     orders_seen: FxHashSet<u64>,
     pub(crate) ghosts: Ghosts,
@@ -140,7 +142,12 @@ impl ShardCore {
         game: Box<dyn meridian_game::Game>,
     ) -> ShardCore {
         ShardCore {
-            game: GameSlot::new(game, config.max_npcs, config.seed ^ u64::from(config.id.0)),
+            game: GameSlot::new(
+                game,
+                config.max_npcs,
+                config.seed ^ u64::from(config.id.0),
+                config.save_interval.is_some(),
+            ),
             overload: Overload::default(),
             claims: Claims::default(),
             id: config.id,
@@ -154,6 +161,7 @@ impl ShardCore {
             handoffs: Handoffs::default(),
             inputs: Inputs::default(),
             saves: Saves::new(config.save_interval, now),
+            persistent: Persistent::new(config.save_interval, now),
             pause: Pause::new(config.lease_ttl),
             orders_seen: FxHashSet::default(),
             ghosts: Ghosts::default(),
@@ -333,10 +341,15 @@ impl ShardCore {
                 for player in self.roster.seated_players() {
                     self.save(player);
                 }
+                self.save_all_entities();
             }
             Event::Tick => self.housekeeping(),
             Event::GameTick => self.game_tick(),
             Event::Ids(ids) => self.ids_arrived(ids),
+            Event::KvAnswers(replies) => self.kv_answers(replies),
+            Event::EntitiesFound(records) => self.entities_found(records),
+            Event::EntitiesClaimed(records) => self.entities_claimed(records),
+            Event::EntitiesRefused(ids) => self.entities_refused(ids),
         }
     }
 
@@ -464,6 +477,7 @@ impl ShardCore {
         );
         self.route_envelopes();
         self.restore_orphaned_npcs();
+        self.entities_after_partition();
         let players: Vec<PlayerId> = self.roster.seated();
         for player in &players {
             self.mirror(*player);
@@ -517,6 +531,7 @@ impl ShardCore {
             // A ghost update. A player owned here never takes updates from elsewhere: such a
             // message is from a previous owner and already superseded.
             Some(_) if self.world.is_local(player) != Some(true) => {
+                self.note_persistent_ghost(&message);
                 self.ghosts.apply(
                     &mut self.world,
                     &mut self.history,
@@ -897,21 +912,6 @@ impl ShardCore {
         }
         out.extend(self.links.take_closing().into_iter().map(|link| Transmit::CloseLink { link }));
         self.flush_game(out);
-    }
-
-    /// Queues a save of a local player where it stands now (with a player store).
-    pub(crate) fn save(&mut self, player: PlayerId) {
-        if let (Some(seat), Some(at)) = (self.roster.seat(player), self.world.position(player)) {
-            self.saves.save(player, seat, at);
-        }
-    }
-
-    /// Every save interval: saves the local players whose cell changed since their last
-    /// save (or who were never saved).
-    fn save_changed(&mut self) {
-        for player in self.saves.changed(self.roster.seats(), &self.world, self.now) {
-            self.save(player);
-        }
     }
 
     /// The lease expired (a hang, or cut off from etcd past the TTL, or etcd stalled). If

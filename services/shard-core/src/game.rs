@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::ShardId;
-use meridian_game::{Action, Context, Entity, EntityId, Game, GameError, Host, Reply};
+use meridian_game::{
+    Action, Context, Entity, EntityId, Game, GameError, Host, KvAnswer, KvTicket, Reply,
+};
 use meridian_protocol::pb::{Action as ClientAction, ErrorCode, ServerMessage};
 use meridian_protocol::{server, validate_name, MAX_GAME_BYTES};
 use meridian_rpc::pb::{
@@ -26,6 +28,7 @@ use tracing::{debug, warn};
 
 use crate::core::ShardCore;
 use crate::game_slot::GameMail;
+use crate::kv::{KvOp, KvReply};
 use crate::messages::peer_at;
 use crate::types::{Awaiting, LinkId, Seat, Transmit, PENDING_LIMIT};
 
@@ -140,6 +143,39 @@ impl ShardCore {
     pub(crate) fn flush_game(&mut self, out: &mut Vec<Transmit>) {
         if self.game.take_ids_wanted() {
             out.push(Transmit::WantIds);
+        }
+        if let Some(requests) = self.game.kv.take() {
+            out.push(Transmit::Kv(requests));
+        }
+        self.flush_entities(out);
+        self.metrics.kv_in_flight.set(self.game.kv.in_flight() as i64);
+    }
+
+    /// A key-value request of the game, queued for the shell (or refused, counted).
+    fn kv_ask(&mut self, key: &[u8], op: KvOp) -> Result<KvTicket, GameError> {
+        let asked = self.game.kv.ask(key, op);
+        match &asked {
+            Err(GameError::KvBusy(_)) => self.metrics.kv_requests.inc("busy"),
+            Err(GameError::KvTooBig(_)) => self.metrics.kv_requests.inc("too_big"),
+            Err(_) => self.metrics.kv_requests.inc("no_store"),
+            Ok(_) => {}
+        }
+        asked
+    }
+
+    /// The store's answers to the game's key-value requests: each to its hook, in order.
+    pub(crate) fn kv_answers(&mut self, replies: Vec<KvReply>) {
+        for reply in replies {
+            self.game.kv.answered();
+            let outcome = match &reply.answer {
+                KvAnswer::Found(_) => "found",
+                KvAnswer::Written { .. } => "written",
+                KvAnswer::Conflict(_) => "conflict",
+                KvAnswer::Failed(_) => "failed",
+            };
+            self.metrics.kv_requests.inc(outcome);
+            let KvReply { ticket, key, answer } = reply;
+            self.run_game(|game, ctx| game.kv_answer(ctx, ticket, &key, answer));
         }
     }
 
@@ -406,14 +442,15 @@ impl ShardCore {
     }
 
     /// An NPC handed in (or restored): seated with its state, mirrored, and the game told.
+    /// A persistent one (`persistent`) is saved at once under its new generation.
     pub(crate) fn npc_in(
         &mut self,
         npc: PlayerId,
         look: Look,
         at: Position,
-        generation: u64,
-        subject_seq: u64,
+        (generation, subject_seq): (u64, u64),
         private: Vec<u8>,
+        persistent: bool,
     ) -> Result<(), WorldError> {
         self.ghosts.forget(npc);
         let ready = if self.world.is_local(npc) == Some(false) {
@@ -425,10 +462,12 @@ impl ShardCore {
             self.world.spawn_npc(npc, look, at, now, &mut self.envelopes)
         };
         ready?;
-        self.roster.insert_seat(npc, Seat::npc(generation, subject_seq, private));
+        let seat = Seat { persistent, ..Seat::npc(generation, subject_seq, private) };
+        self.roster.insert_seat(npc, seat);
         self.history.record(npc, (generation, subject_seq), at);
         self.route_envelopes();
         self.mirror(npc);
+        self.save_entity(npc);
         self.game.mail(GameMail::Arrived(npc));
         Ok(())
     }
@@ -445,6 +484,8 @@ impl ShardCore {
             .ghosts()
             .filter(|(id, _)| self.world.game_kind(*id).is_some_and(|kind| kind != 0))
             .filter(|(id, _)| self.ghosts.is_orphaned(*id))
+            // A persistent NPC comes back from the store, private state and all.
+            .filter(|(id, _)| !self.persistent.is_persistent_ghost(*id))
             .collect();
         for (npc, at) in orphans {
             let Some(owner) = self.geometry.owner_of(at) else { continue };
@@ -453,8 +494,8 @@ impl ShardCore {
             let subject_seq = self.history.version(npc).map(|v| v.1).unwrap_or(0);
             if owner == self.id {
                 debug!(%npc, ?at, "NPC whose owner died restored here from its ghost");
-                if let Err(error) = self.npc_in(npc, look, at, generation, subject_seq, Vec::new())
-                {
+                let version = (generation, subject_seq);
+                if let Err(error) = self.npc_in(npc, look, at, version, Vec::new(), false) {
                     warn!(%npc, %error, "cannot restore an NPC");
                 } else {
                     self.metrics.npcs_restored.inc();
@@ -502,6 +543,8 @@ impl Host for ShardCore {
             kind: look.kind,
             state: look.state,
             owned: self.world.is_local(player) == Some(true),
+            persistent: self.roster.seat(player).is_some_and(|seat| seat.persistent)
+                || self.persistent.is_persistent_ghost(player),
         })
     }
 
@@ -576,6 +619,7 @@ impl Host for ShardCore {
             Some(_) => return Err(GameError::IsPlayer(entity)),
             None => return Err(GameError::NotOwned(entity)),
         }
+        self.entity_removed(npc);
         self.remove(npc, false);
         self.metrics.npcs_despawned.inc();
         Ok(())
@@ -655,6 +699,27 @@ impl Host for ShardCore {
     fn send(&mut self, to: EntityId, from: EntityId, kind: u32, payload: &[u8]) {
         let message = EntityMessage { from: from.0, kind, payload: payload.to_vec() };
         self.route_message(id(to), message);
+    }
+
+    fn persist(&mut self, entity: EntityId) -> Result<(), GameError> {
+        ShardCore::persist(self, entity)
+    }
+
+    fn has_store(&self) -> bool {
+        self.persistent.enabled()
+    }
+
+    fn kv_get(&mut self, key: &[u8]) -> Result<KvTicket, GameError> {
+        self.kv_ask(key, KvOp::Get)
+    }
+
+    fn kv_set(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: Option<u64>,
+    ) -> Result<KvTicket, GameError> {
+        self.kv_ask(key, KvOp::Set { value: value.map(<[u8]>::to_vec), expected })
     }
 }
 

@@ -13,6 +13,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use meridian_game::Game;
+
+use crate::kv::KvRequests;
 use meridian_protocol::pb::ServerMessage;
 use meridian_protocol::server;
 use meridian_world::{Notification, PlayerId};
@@ -45,10 +47,13 @@ pub(crate) struct GameSlot {
     /// Orphaned NPCs (their owner died) that could not be restored yet: the shard owning
     /// their cell was not reachable. Tried again every tick while set.
     orphans_waiting: bool,
+    /// The game's key-value requests for the store.
+    pub kv: KvRequests,
 }
 
 impl GameSlot {
-    pub fn new(game: Box<dyn Game>, max_npcs: usize, seed: u64) -> GameSlot {
+    /// `store`: the shard has a store (for the game's key-value space).
+    pub fn new(game: Box<dyn Game>, max_npcs: usize, seed: u64, store: bool) -> GameSlot {
         GameSlot {
             game: Some(game),
             mail: VecDeque::new(),
@@ -59,6 +64,7 @@ impl GameSlot {
             max_npcs,
             rng: SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
             orphans_waiting: false,
+            kv: KvRequests::new(store),
         }
     }
 
@@ -184,7 +190,7 @@ mod tests {
     use super::*;
 
     fn slot() -> GameSlot {
-        GameSlot::new(Box::new(meridian_game::NoGame), 10, 1)
+        GameSlot::new(Box::new(meridian_game::NoGame), 10, 1, false)
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, PartitionMap, Region, ShardId};
-use meridian_game::{Action, Context, EntityId, Game, Host, Position, Reply};
+use meridian_game::{
+    Action, Context, EntityId, Game, Host, KvAnswer, KvTicket, KvValue, Position, Reply,
+};
 use meridian_protocol::pb::{self as client_pb, server_message::Kind as Server, ErrorCode};
 use meridian_protocol::{next_frame, TokenKey};
 use meridian_rpc::pb::{
@@ -15,7 +17,8 @@ use meridian_rpc::pb::{
 use prost::Message;
 
 use crate::core::ShardCore;
-use crate::types::{CoreConfig, Event, LinkId, Transmit};
+use crate::kv::{KvOp, KvReply, KvRequest};
+use crate::types::{CoreConfig, EntityRecord, EntitySave, Event, LinkId, Transmit};
 use crate::ShardMetrics;
 
 const ME: ShardId = ShardId(1);
@@ -25,16 +28,46 @@ const SESSION: u64 = 0x100;
 const PLAYER: u64 = 1;
 const GHOST_WOLF: u64 = 5_000;
 
-/// Answers every action with its own payload; `kind` 9 is refused, `kind` 13 panics.
+/// Answers every action with its own payload; `kind` 9 is refused, `kind` 13 panics;
+/// `kind` 20 writes its payload at the key "k" of the key-value space if its version is
+/// still 0 (answered with the ticket, or the refusal), and tells the actor the store's
+/// answer as a game event of kind 77; `kind` 21 plants a persistent entity of kind 2 on the
+/// actor's cell (answered with its id), `kind` 22 despawns its target.
 struct Echo;
 
 impl Game for Echo {
-    fn action(&mut self, _: &mut Context<'_>, _: EntityId, action: Action<'_>) -> Reply {
+    fn action(&mut self, ctx: &mut Context<'_>, actor: EntityId, action: Action<'_>) -> Reply {
         match action.kind {
             9 => Reply::rejected("not that one"),
             13 => panic!("a bug in the game"),
+            20 => match ctx.kv_set(b"k", Some(action.payload), Some(0)) {
+                Ok(ticket) => Reply::Done(ticket.0.to_string().into_bytes()),
+                Err(error) => Reply::rejected(error.to_string()),
+            },
+            21 => {
+                let at = ctx.position(actor).expect("the actor");
+                match ctx.spawn_persistent(2, "flag", at, action.payload.to_vec()) {
+                    Ok(id) => Reply::Done(id.0.to_string().into_bytes()),
+                    Err(error) => Reply::rejected(error.to_string()),
+                }
+            }
+            22 => match ctx.despawn(action.target.expect("a target")) {
+                Ok(()) => Reply::done(),
+                Err(error) => Reply::rejected(error.to_string()),
+            },
             _ => Reply::Done(action.payload.to_vec()),
         }
+    }
+
+    /// Tells the player of an arrival, with the arrival's private state (kind 78).
+    fn arrived(&mut self, ctx: &mut Context<'_>, entity: EntityId) {
+        let private = ctx.private_state(entity).unwrap_or_default().to_vec();
+        ctx.event_to(EntityId(PLAYER), Some(entity), 78, &private);
+    }
+
+    fn kv_answer(&mut self, ctx: &mut Context<'_>, ticket: KvTicket, key: &[u8], answer: KvAnswer) {
+        let told = format!("{} {} {answer:?}", ticket.0, String::from_utf8_lossy(key));
+        ctx.event_to(EntityId(PLAYER), None, 77, told.as_bytes());
     }
 }
 
@@ -42,12 +75,23 @@ struct Harness {
     core: ShardCore,
     now: Instant,
     seq: u64,
+    /// The key-value requests flushed so far.
+    kv: Vec<KvRequest>,
+    /// What went to the store for persistent entities: writes, loads asked, claims.
+    saved: Vec<EntitySave>,
+    loads: usize,
+    claims: Vec<EntityRecord>,
 }
 
 impl Harness {
     /// A shard owning the whole map, running `Echo`, with a player at (10, 10) and a ghost
     /// of a neighbour's wolf next to it.
     fn new() -> Harness {
+        Harness::with_store(false)
+    }
+
+    /// As [`Harness::new`], with a store if `store` (saves every second).
+    fn with_store(store: bool) -> Harness {
         let config = CoreConfig {
             id: ME,
             incarnation: 1,
@@ -55,7 +99,7 @@ impl Harness {
             seed: 1,
             resume_window: Duration::from_secs(30),
             resume_keys: TokenKey::new(vec![7; 32]).expect("a 32-byte key").into(),
-            save_interval: None,
+            save_interval: store.then_some(Duration::from_secs(1)),
             lease_ttl: Duration::from_secs(3600),
             max_npcs: 10,
         };
@@ -68,7 +112,15 @@ impl Harness {
         core.handle(now, Event::View(view));
         core.handle(now, Event::LinkOpened { link: LINK, gateway: 1, lane: 0 });
         core.handle(now, Event::Ids(9_000..9_100));
-        let mut h = Harness { core, now, seq: 0 };
+        let mut h = Harness {
+            core,
+            now,
+            seq: 0,
+            kv: Vec::new(),
+            saved: Vec::new(),
+            loads: 0,
+            claims: Vec::new(),
+        };
         let join = Join {
             name: "ann".into(),
             spawn: Some(client_pb::Position { x: 10, y: 10 }),
@@ -124,6 +176,10 @@ impl Harness {
                     }
                 }
                 Transmit::Peer { to: NEIGHBOUR, messages } => sent.extend(messages),
+                Transmit::Kv(requests) => self.kv.extend(requests),
+                Transmit::SaveEntities(saves) => self.saved.extend(saves),
+                Transmit::LoadEntities => self.loads += 1,
+                Transmit::ClaimEntities(claims) => self.claims.extend(claims),
                 _ => {}
             }
         }
@@ -149,6 +205,12 @@ fn answers(told: &[Server]) -> Vec<String> {
                 Some(format!("{code} {}", e.client_time))
             }
             Server::Pong(p) => Some(format!("pong {}", p.client_time)),
+            Server::Event(e) if e.kind == 77 => {
+                Some(format!("kv {}", String::from_utf8_lossy(&e.payload)))
+            }
+            Server::Event(e) if e.kind == 78 => {
+                Some(format!("arrived {} {}", e.source, String::from_utf8_lossy(&e.payload)))
+            }
             _ => None,
         })
         .collect()
@@ -344,3 +406,43 @@ fn a_drain_waits_for_npcs_only_while_another_shard_can_take_them() {
     let (waiting, ..) = h.core.drain_status(h.now);
     assert_eq!(waiting, 2, "another shard lives: the wolf is to be handed off too");
 }
+
+#[test]
+fn a_key_value_request_goes_to_the_shell_and_its_answer_to_the_game_in_a_later_round() {
+    let mut h = Harness::with_store(true);
+    h.action(20, 0, 1);
+    h.action(20, 0, 2);
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["done 1 1", "done 2 2"], "answered at once with the tickets");
+    let set = |ticket, value: &[u8]| KvRequest {
+        ticket: KvTicket(ticket),
+        key: b"k".to_vec(),
+        op: KvOp::Set { value: Some(value.to_vec()), expected: Some(0) },
+    };
+    assert_eq!(h.kv, [set(1, b"p1"), set(2, b"p2")], "in the order made");
+    let reply = |ticket, answer| KvReply { ticket: KvTicket(ticket), key: b"k".to_vec(), answer };
+    let won = KvValue { value: b"p1".to_vec(), version: 4 };
+    let replies =
+        vec![reply(1, KvAnswer::Written { version: 4 }), reply(2, KvAnswer::Conflict(Some(won)))];
+    h.core.handle(h.now, Event::KvAnswers(replies));
+    let (told, _) = h.flush();
+    assert_eq!(
+        answers(&told),
+        [
+            "kv 1 k Written { version: 4 }",
+            "kv 2 k Conflict(Some(KvValue { value: [112, 49], version: 4 }))"
+        ]
+    );
+}
+
+#[test]
+fn without_a_store_a_key_value_request_is_refused_at_once() {
+    let mut h = Harness::new();
+    h.action(20, 0, 1);
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["REJECTED 1"]);
+    assert!(h.kv.is_empty());
+}
+
+#[path = "persistent_tests.rs"]
+mod persistent;

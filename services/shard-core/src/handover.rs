@@ -20,8 +20,8 @@ use std::sync::Arc;
 use meridian_cluster::ShardId;
 use meridian_protocol::pb as client_pb;
 use meridian_rpc::pb::{
-    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, Handoff,
-    HandoffAck, PlayerInput, Released,
+    peer_message::Kind as Peer, player_input::Kind as Input, GhostNeeded, GhostRemove, GhostUpsert,
+    Handoff, HandoffAck, PlayerInput, Released,
 };
 use meridian_world::{PlayerId, Position};
 use tracing::{debug, warn};
@@ -52,12 +52,16 @@ impl ShardCore {
             return;
         };
         let version = (seat.generation, seat.subject_seq);
+        let persistent = seat.persistent;
         let before = std::mem::replace(&mut seat.ghosted_at, self.holders.clone());
         for holder in &self.holders {
             let kind = if before.contains(holder) {
                 Peer::Moved(client_pb::Position { x: at.x, y: at.y })
             } else {
-                Peer::Upsert(upsert_of(&look, at, &self.history, player))
+                Peer::Upsert(GhostUpsert {
+                    persistent,
+                    ..upsert_of(&look, at, &self.history, player)
+                })
             };
             self.peer_out.push(*holder, peer_at(player, version, kind));
         }
@@ -104,7 +108,11 @@ impl ShardCore {
                 seat.ghosted_at.sort_unstable();
             }
             let version = (seat.generation, seat.subject_seq);
-            let upsert = Peer::Upsert(upsert_of(&look, at, &self.history, player));
+            let upsert = GhostUpsert {
+                persistent: seat.persistent,
+                ..upsert_of(&look, at, &self.history, player)
+            };
+            let upsert = Peer::Upsert(upsert);
             self.peer_out.push(holder, peer_at(player, version, upsert));
             return;
         }
@@ -178,6 +186,7 @@ impl ShardCore {
             resume_previous: seat.resume_previous.unwrap_or(0),
             login_stamp: seat.login.0,
             login_session: seat.login.1,
+            persistent: seat.persistent,
         };
         self.peer_out.push(to, peer(player, next_generation, Peer::Handoff(handoff)));
         for input in held {
@@ -389,8 +398,8 @@ impl ShardCore {
         };
         debug!(%npc, %from, generation, ?at, "NPC handoff in");
         let _ = self.handoffs.returned(npc);
-        let private = handoff.private_state;
-        if let Err(error) = self.npc_in(npc, look, at, generation, handoff.subject_seq, private) {
+        let (private, version) = (handoff.private_state, (generation, handoff.subject_seq));
+        if let Err(error) = self.npc_in(npc, look, at, version, private, handoff.persistent) {
             warn!(%npc, %error, "cannot take over an NPC");
             return;
         }

@@ -17,12 +17,15 @@ mod handoffs;
 mod handover;
 mod history;
 mod inputs;
+pub mod kv;
 mod messages;
 mod metrics;
 mod outbox;
 mod overload;
 mod pause;
 mod peers_seen;
+mod persistent;
+mod persistent_slot;
 mod players;
 mod reports;
 mod resume;
@@ -41,5 +44,5 @@ pub mod testing {
 }
 
 pub use geometry::distance;
-pub use metrics::{ShardMetrics, RELAY_REFUSALS};
-pub use types::{CoreConfig, Event, LinkId, SaveRecord, Transmit};
+pub use metrics::{ShardMetrics, KV_OUTCOMES, RELAY_REFUSALS};
+pub use types::{CoreConfig, EntityRecord, EntitySave, Event, LinkId, SaveRecord, Transmit};

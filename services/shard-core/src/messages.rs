@@ -25,6 +25,7 @@ pub(crate) fn upsert_of(
         kind: look.kind,
         state: look.state.to_vec(),
         recent: recent_steps(history, player),
+        persistent: false,
     }
 }
 

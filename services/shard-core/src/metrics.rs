@@ -11,6 +11,10 @@ use meridian_protocol::error_codes;
 pub const RELAY_REFUSALS: [&str; 6] =
     ["wrong magic", "no hello", "frame too long", "undecodable", "certificate", "shard"];
 
+/// The `outcome` labels of `meridian_shard_kv_requests_total`.
+pub const KV_OUTCOMES: [&str; 7] =
+    ["found", "written", "conflict", "failed", "busy", "too_big", "no_store"];
+
 pub struct ShardMetrics {
     pub players: Arc<Gauge>,
     /// Player saves by outcome: written, refused (a newer owner saved already), failed.
@@ -75,6 +79,20 @@ pub struct ShardMetrics {
     pub state_changes: Arc<Counter>,
     pub game_events: Arc<Counter>,
     pub game_panics: Arc<Counter>,
+    /// The game's key-value requests by outcome (see `kv.rs`).
+    pub kv_requests: CounterFamily,
+    /// Key-value requests made and not yet answered.
+    pub kv_in_flight: Arc<Gauge>,
+    /// How long the store took to carry out one key-value request (the shell's).
+    pub kv_seconds: Arc<Histogram>,
+    /// Persistent entities brought back from the store (their owner was gone).
+    pub entities_restored: Arc<Counter>,
+    /// Persistent entities dropped here because a newer owner saved them.
+    pub entities_fenced_out: Arc<Counter>,
+    /// Writes of persistent entities by outcome: written, refused, failed (the shell's).
+    pub entity_saves: CounterFamily,
+    /// Writes of persistent entities waiting for the store (the shell's).
+    pub entity_saves_pending: Arc<Gauge>,
 }
 
 impl ShardMetrics {
@@ -298,6 +316,49 @@ impl ShardMetrics {
             game_events: registry.counter(
                 "meridian_shard_game_events_total",
                 "Game events sent (to one player, or to everyone in sight of an entity).",
+                l,
+            ),
+            kv_requests: registry.counter_family(
+                "meridian_shard_kv_requests_total",
+                "The game's key-value requests: found, written, conflict (a compare-and-set \
+                 lost), failed (the store failed), refused at once: busy (1,024 waiting), \
+                 too_big, no_store.",
+                l,
+                "outcome",
+                KV_OUTCOMES,
+            ),
+            kv_in_flight: registry.gauge(
+                "meridian_shard_kv_in_flight",
+                "The game's key-value requests waiting for the store (at most 1,024).",
+                l,
+            ),
+            kv_seconds: registry.histogram(
+                "meridian_shard_kv_seconds",
+                "How long the store took to carry out one of the game's key-value requests.",
+                l,
+                &[0.0005, 0.002, 0.01, 0.05, 0.2, 1.0, 5.0],
+            ),
+            entities_restored: registry.counter(
+                "meridian_shard_entities_restored_total",
+                "Persistent entities brought back from the store here (their owner was gone).",
+                l,
+            ),
+            entities_fenced_out: registry.counter(
+                "meridian_shard_entities_fenced_out_total",
+                "Persistent entities dropped here: the store had a save of a newer owner.",
+                l,
+            ),
+            entity_saves: registry.counter_family(
+                "meridian_shard_entity_saves_total",
+                "Writes of persistent entities: written, refused (a newer owner saved it), \
+                 failed (the write failed; tried again).",
+                l,
+                "result",
+                ["written", "refused", "failed"],
+            ),
+            entity_saves_pending: registry.gauge(
+                "meridian_shard_entity_saves_pending",
+                "Writes of persistent entities waiting for the store (the newest per entity).",
                 l,
             ),
         }

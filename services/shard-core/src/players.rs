@@ -334,6 +334,22 @@ impl ShardCore {
         Ok(after)
     }
 
+    /// Queues a save of a local player where it stands now (with a player store).
+    pub(crate) fn save(&mut self, player: PlayerId) {
+        if let (Some(seat), Some(at)) = (self.roster.seat(player), self.world.position(player)) {
+            self.saves.save(player, seat, at);
+        }
+    }
+
+    /// Every save interval: saves the local players whose cell changed since their last
+    /// save (or who were never saved).
+    pub(crate) fn save_changed(&mut self) {
+        for player in self.saves.changed(self.roster.seats(), &self.world, self.now) {
+            self.save(player);
+        }
+        self.save_changed_entities();
+    }
+
     /// The player leaves the world: observers here and on neighbours get Left. With `park`,
     /// its name, cell and generation are kept for the resume window.
     pub(crate) fn remove(&mut self, player: PlayerId, park: bool) {

@@ -58,6 +58,52 @@ pub struct SaveRecord {
     pub state: Vec<u8>,
 }
 
+/// A persistent entity as the store keeps it (issue 34): everything needed to bring it
+/// back, and the ownership it was saved under: its generation and the owning shard's id
+/// and life (incarnation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntityRecord {
+    pub id: u64,
+    pub kind: u32,
+    pub name: String,
+    pub at: (u32, u32),
+    /// Its public state and its private (game) state.
+    pub state: Vec<u8>,
+    pub private: Vec<u8>,
+    pub generation: u64,
+    pub shard: u32,
+    pub incarnation: u64,
+}
+
+/// A write of a persistent entity to the store, fenced by its generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntitySave {
+    Upsert(EntityRecord),
+    /// Despawned by its owner: gone for good.
+    Remove {
+        id: u64,
+        generation: u64,
+        shard: u32,
+        incarnation: u64,
+    },
+}
+
+impl EntitySave {
+    pub fn id(&self) -> u64 {
+        match self {
+            EntitySave::Upsert(record) => record.id,
+            EntitySave::Remove { id, .. } => *id,
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        match self {
+            EntitySave::Upsert(record) => record.generation,
+            EntitySave::Remove { generation, .. } => *generation,
+        }
+    }
+}
+
 /// Something that happened to the shard, handed to the core (`ShardCore::handle`) with
 /// the time it happened.
 pub enum Event {
@@ -102,6 +148,15 @@ pub enum Event {
     /// A block of cluster-unique entity ids for the NPCs this shard spawns (asked for with
     /// [`Transmit::WantIds`]).
     Ids(std::ops::Range<u64>),
+    /// The store's answers to the game's key-value requests ([`Transmit::Kv`]).
+    KvAnswers(Vec<crate::kv::KvReply>),
+    /// The persistent entities the store holds ([`Transmit::LoadEntities`]).
+    EntitiesFound(Vec<EntityRecord>),
+    /// The claims of [`Transmit::ClaimEntities`] the store took (the rest were refused: a
+    /// newer owner had saved them).
+    EntitiesClaimed(Vec<EntityRecord>),
+    /// Saves of persistent entities the store refused: a newer owner has them.
+    EntitiesRefused(Vec<u64>),
 }
 
 /// Output of the core for the shell to send.
@@ -120,6 +175,19 @@ pub enum Transmit {
     /// The core is running low on entity ids for NPCs: claim a block and hand it in with
     /// [`Event::Ids`]. Not repeated until that block arrives.
     WantIds,
+    /// The game's key-value requests, to carry out in this order and answer with
+    /// [`Event::KvAnswers`] (only with `CoreConfig::save_interval`: a shard with a store).
+    Kv(Vec<crate::kv::KvRequest>),
+    /// Persistent entities to save, fenced by generation (a newer write of one entity
+    /// replaces an older one still waiting); refusals come back as
+    /// [`Event::EntitiesRefused`].
+    SaveEntities(Vec<EntitySave>),
+    /// Read every persistent entity in the store and hand them in with
+    /// [`Event::EntitiesFound`] (retried until the store answers).
+    LoadEntities,
+    /// Write these records (each a newer generation under this shard) and hand in those
+    /// the store took with [`Event::EntitiesClaimed`] (retried until the store answers).
+    ClaimEntities(Vec<EntityRecord>),
 }
 
 pub(crate) struct Link {
@@ -172,6 +240,8 @@ pub(crate) struct Seat {
     pub subject_seq: u64,
     /// An NPC: moved by the game, no connection ([`NO_LINK`]), no inputs.
     pub npc: bool,
+    /// A persistent NPC: saved in the store, restored from it (issue 34, `persistent.rs`).
+    pub persistent: bool,
     /// The game's private state of the entity.
     pub private: Vec<u8>,
     /// An action on an entity another shard owns, sent there and not yet answered: the
@@ -217,6 +287,7 @@ impl Seat {
             ghosted_at: Vec::new(),
             subject_seq: 0,
             npc: false,
+            persistent: false,
             private: Vec::new(),
             awaiting: None,
             blocked: Default::default(),

@@ -44,6 +44,10 @@ pub struct WorldActor {
     saves: crate::saver::Saves,
     game_tick: Option<std::time::Duration>,
     ids: EntityIds,
+    /// Where the game's key-value requests go (to the store's task, if there is a store).
+    kv: crate::kv::KvRequests,
+    /// Where persistent entities are saved, loaded and claimed (with a store).
+    entities: Option<crate::entities::Entities>,
 }
 
 /// The game's part of the shell: the game, its tick, and where entity ids come from.
@@ -51,6 +55,8 @@ pub struct GameShell {
     pub game: Box<dyn meridian_game::Game>,
     pub tick: Option<std::time::Duration>,
     pub ids: EntityIds,
+    pub kv: crate::kv::KvRequests,
+    pub entities: Option<crate::entities::Entities>,
 }
 
 /// Blocks of cluster-unique entity ids (the players' counter in etcd), claimed in the
@@ -119,6 +125,8 @@ impl WorldActor {
             saves,
             game_tick: game.tick,
             ids: game.ids,
+            kv: game.kv,
+            entities: game.entities,
         };
         (sender, actor)
     }
@@ -224,6 +232,14 @@ impl WorldActor {
                 self.core.handle(now, Event::LeaseConfirmed { asked })
             }
             Command::Saved { players } => self.core.handle(now, Event::Saved { players }),
+            Command::KvAnswers { replies } => self.core.handle(now, Event::KvAnswers(replies)),
+            Command::EntitiesFound { records } => {
+                self.core.handle(now, Event::EntitiesFound(records))
+            }
+            Command::EntitiesClaimed { records } => {
+                self.core.handle(now, Event::EntitiesClaimed(records))
+            }
+            Command::EntitiesRefused { ids } => self.core.handle(now, Event::EntitiesRefused(ids)),
             Command::SaveAll { reply } => {
                 self.core.handle(now, Event::SaveAll);
                 self.flush();
@@ -258,6 +274,28 @@ impl WorldActor {
                     Transmit::Peer { to, messages } => peers.push((to, messages)),
                     Transmit::Save(saves) => self.saves.push(saves),
                     Transmit::WantIds => self.ids.want.notify_one(),
+                    // Never full: the core keeps at most as many requests out as it holds.
+                    Transmit::Kv(requests) => {
+                        if self.kv.try_send(requests).is_err() {
+                            warn!("the store's key-value task is gone; requests dropped");
+                        }
+                    }
+                    // Only a shard with a store makes these.
+                    Transmit::SaveEntities(saves) => {
+                        if let Some(entities) = &self.entities {
+                            entities.push(saves);
+                        }
+                    }
+                    Transmit::LoadEntities => {
+                        if let Some(entities) = &self.entities {
+                            entities.load();
+                        }
+                    }
+                    Transmit::ClaimEntities(claims) => {
+                        if let Some(entities) = &self.entities {
+                            entities.claim(claims);
+                        }
+                    }
                     // Dropping the sender ends the stream.
                     Transmit::CloseLink { link } => {
                         self.links.remove(&link);

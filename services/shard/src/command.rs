@@ -62,6 +62,22 @@ pub enum Command {
     Saved {
         players: Vec<u64>,
     },
+    /// The store's answers to the game's key-value requests.
+    KvAnswers {
+        replies: Vec<meridian_shard_core::kv::KvReply>,
+    },
+    /// The persistent entities in the store.
+    EntitiesFound {
+        records: Vec<meridian_shard_core::EntityRecord>,
+    },
+    /// The claims the store took.
+    EntitiesClaimed {
+        records: Vec<meridian_shard_core::EntityRecord>,
+    },
+    /// Persistent entity saves the store refused (a newer owner has them).
+    EntitiesRefused {
+        ids: Vec<u64>,
+    },
     /// The shard is about to exit: save every local player now. Answered once the saves
     /// are queued for the writer.
     SaveAll {

@@ -14,6 +14,8 @@
 
 mod actor;
 mod command;
+mod entities;
+mod kv;
 mod link;
 mod metrics;
 mod peer;
@@ -267,11 +269,18 @@ pub async fn run(
         config.tls.clone(),
     ));
     let saves = saver::Saves::new(Arc::clone(&metrics));
-    if let Some(address) = &config.store {
-        let store = meridian_store::Store::open(address).await?;
-        info!(shard = %config.id, store = store.kind(), "players are saved in the player store");
-        tokio::spawn(saves.clone().write(store));
-    }
+    let store = match &config.store {
+        Some(address) => {
+            let store = Arc::new(meridian_store::Store::open(address).await?);
+            info!(shard = %config.id, store = store.kind(), "players are saved in the player store");
+            tokio::spawn(saves.clone().write(Arc::clone(&store)));
+            Some(store)
+        }
+        None => None,
+    };
+    let (kv_requests, kv_queue) = kv::queue();
+    let entities =
+        store.as_ref().map(|s| entities::Entities::start(Arc::clone(s), Arc::clone(&metrics)));
     let game = (config.game.factory)(config.id.0);
     let game_tick = (!config.game.is_none()).then_some(config.game.tick);
     if let Some(tick) = game_tick {
@@ -284,9 +293,21 @@ pub async fn run(
         peer_senders,
         Arc::clone(&metrics),
         saves.clone(),
-        actor::GameShell { game, tick: game_tick, ids },
+        actor::GameShell {
+            game,
+            tick: game_tick,
+            ids,
+            kv: kv_requests,
+            entities: entities.clone(),
+        },
     );
     saves.report_to(commands.clone());
+    if let Some(entities) = &entities {
+        entities.report_to(commands.clone());
+    }
+    if let Some(store) = store {
+        tokio::spawn(kv::serve(store, kv_queue, commands.clone(), Arc::clone(&metrics)));
+    }
     tokio::spawn(actor.run());
 
     let lease = registration.lease_source();
@@ -391,6 +412,17 @@ pub async fn run(
                 "the player store did not take the last saves in {FINAL_SAVES_WITHIN:?}; \
                  those players lose what they did since their previous save"
             ),
+        }
+        if let Some(entities) = &entities {
+            match entities.settle(FINAL_SAVES_WITHIN).await {
+                0 => info!(shard = %me, "every persistent entity's save is in the store"),
+                left => warn!(
+                    shard = %me,
+                    saves = left,
+                    "the store did not take the last persistent entity saves in \
+                     {FINAL_SAVES_WITHIN:?}; those entities come back as last saved"
+                ),
+            }
         }
     }
     let _ = client.clone().delete(keys.drain(me), None).await;

@@ -88,7 +88,7 @@ impl Saves {
     }
 
     /// The writer: runs until the process ends.
-    pub async fn write(self, store: meridian_store::Store) {
+    pub async fn write(self, store: Arc<meridian_store::Store>) {
         loop {
             let batch: Vec<SaveRecord> = {
                 let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());

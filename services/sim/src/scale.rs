@@ -614,7 +614,13 @@ impl Model {
                     pending.push((from, to, messages));
                 }
                 // The scale model pauses no shard; it has no player store.
-                Transmit::CloseLink { .. } | Transmit::Save(_) | Transmit::WantIds => {}
+                Transmit::CloseLink { .. }
+                | Transmit::Save(_)
+                | Transmit::WantIds
+                | Transmit::Kv(_)
+                | Transmit::SaveEntities(_)
+                | Transmit::LoadEntities
+                | Transmit::ClaimEntities(_) => {}
             }
         }
     }

@@ -174,7 +174,13 @@ impl Sim {
                         closed.push(g);
                     }
                 }
-                Transmit::Save(_) | Transmit::WantIds => {}
+                // No game runs here, so no key-value request is made.
+                Transmit::Save(_)
+                | Transmit::WantIds
+                | Transmit::Kv(_)
+                | Transmit::SaveEntities(_)
+                | Transmit::LoadEntities
+                | Transmit::ClaimEntities(_) => {}
             }
         }
         self.out = out;

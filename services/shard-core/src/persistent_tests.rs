@@ -1,0 +1,151 @@
+//! Persistent entities in the core (issue 34): what goes to the store when, what a load
+//! brings back, and what a refused save drops. Driven by the game harness of `game_tests`.
+
+use super::*;
+use meridian_world::PlayerId;
+
+/// The neighbour's life in the views these tests give.
+const NEIGHBOUR_LIFE: u64 = 1;
+
+/// A view in which the neighbour runs (in its life [`NEIGHBOUR_LIFE`]) and this shard owns
+/// the whole map, at partition `epoch`.
+fn view_with_neighbour(epoch: u64) -> ClusterView {
+    let record = meridian_cluster::ShardRecord {
+        id: NEIGHBOUR,
+        grpc: "127.0.0.1:1".into(),
+        admin: "127.0.0.1:2".into(),
+        state: meridian_cluster::ShardState::Serving,
+        players: 0,
+        load: Default::default(),
+        incarnation: NEIGHBOUR_LIFE,
+        transport: None,
+    };
+    let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch, width: 400, height: 400, regions: vec![whole] };
+    let mut view = ClusterView { partition: Some(partition), ..Default::default() };
+    view.shards.insert(NEIGHBOUR, record);
+    view
+}
+
+/// A record as the store would hand it in: entity `id` at (x, 50), last saved by `shard`
+/// in its life `incarnation` at generation 3.
+fn record(id: u64, x: u32, shard: ShardId, incarnation: u64) -> EntityRecord {
+    EntityRecord {
+        id,
+        kind: 2,
+        name: "flag".into(),
+        at: (x, 50),
+        state: b"ours".to_vec(),
+        private: format!("loot {id}").into_bytes(),
+        generation: 3,
+        shard: shard.0,
+        incarnation,
+    }
+}
+
+#[test]
+fn a_persistent_entity_is_saved_when_planted_and_its_removal_when_despawned() {
+    let mut h = Harness::with_store(true);
+    h.flush();
+    h.saved.clear();
+    h.action(21, 0, 1);
+    let (told, _) = h.flush();
+    let [answer] = &answers(&told)[..] else { panic!("one answer: {told:?}") };
+    let id: u64 = answer.strip_prefix("done 1 ").expect("planted").parse().expect("its id");
+    let planted = EntityRecord {
+        id,
+        kind: 2,
+        name: "flag".into(),
+        at: (10, 10),
+        state: b"p1".to_vec(),
+        private: Vec::new(),
+        generation: 0,
+        shard: ME.0,
+        incarnation: 1,
+    };
+    assert_eq!(h.saved, [EntitySave::Upsert(planted)], "saved in the round it was planted");
+    h.saved.clear();
+    h.wait(Duration::from_secs(2));
+    h.flush();
+    assert_eq!(h.saved, [], "unchanged: not saved again");
+    h.action(22, id, 2);
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["done 2 "]);
+    let removed = EntitySave::Remove { id, generation: 0, shard: ME.0, incarnation: 1 };
+    assert_eq!(h.saved, [removed]);
+}
+
+#[test]
+fn without_a_store_nothing_persistent_is_planted() {
+    let mut h = Harness::new();
+    h.action(21, 0, 1);
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["REJECTED 1"]);
+    assert!(h.saved.is_empty() && h.loads == 0);
+    assert_eq!(h.core.world.n_npcs(), 0, "nothing spawned");
+}
+
+#[test]
+fn entities_whose_owner_is_gone_are_claimed_from_the_store_and_come_back_with_their_state() {
+    let mut h = Harness::with_store(true);
+    h.flush();
+    assert_eq!(h.loads, 1, "the first partition reads the store");
+    h.core.handle(h.now, Event::View(view_with_neighbour(2)));
+    h.flush();
+    assert_eq!(h.loads, 1, "one load out at a time");
+    h.core.handle(h.now, Event::EntitiesFound(Vec::new()));
+    h.flush();
+    assert_eq!(h.loads, 2, "then the one the new partition wanted");
+    let dead = record(100, 50, ShardId(7), 5);
+    let my_last_life = record(101, 60, ME, 0);
+    let running = record(102, 70, NEIGHBOUR, NEIGHBOUR_LIFE);
+    let found = vec![dead.clone(), my_last_life.clone(), running];
+    h.core.handle(h.now, Event::EntitiesFound(found.clone()));
+    h.flush();
+    let claim =
+        |r: &EntityRecord| EntityRecord { generation: 4, shard: ME.0, incarnation: 1, ..r.clone() };
+    assert_eq!(h.claims, [claim(&dead), claim(&my_last_life)], "the running owner keeps its own");
+    h.core.handle(h.now, Event::EntitiesFound(found));
+    h.flush();
+    assert_eq!(h.claims.len(), 2, "a claim out is not made twice");
+    h.saved.clear();
+    h.core.handle(h.now, Event::EntitiesClaimed(vec![claim(&dead)]));
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["arrived 100 loot 100"], "the game is told, private state and all");
+    assert_eq!(h.core.world.position(PlayerId(100)), Some(Position::new(50, 50)));
+    assert_eq!(h.saved, [EntitySave::Upsert(claim(&dead))], "saved under the claim at once");
+    assert!(h.core.world.position(PlayerId(101)).is_none(), "a claim the store refused");
+    h.core.handle(h.now, Event::EntitiesRefused(vec![100]));
+    h.flush();
+    assert!(h.core.world.position(PlayerId(100)).is_none(), "a newer owner saved it: dropped");
+    assert_eq!(h.core.metrics.entities_fenced_out.get(), 1);
+}
+
+#[test]
+fn a_persistent_entity_handed_in_is_saved_at_once_under_its_new_generation() {
+    let mut h = Harness::with_store(true);
+    h.flush();
+    h.saved.clear();
+    let handoff = meridian_rpc::pb::Handoff {
+        name: "flag".into(),
+        position: Some(client_pb::Position { x: 30, y: 30 }),
+        kind: 2,
+        state: b"ours".to_vec(),
+        private_state: b"loot".to_vec(),
+        persistent: true,
+        ..Default::default()
+    };
+    let message = PeerMessage {
+        player_id: 200,
+        generation: 6,
+        subject_seq: 0,
+        kind: Some(Peer::Handoff(handoff)),
+    };
+    h.core.handle(h.now, Event::Peer { from: NEIGHBOUR, messages: vec![message] });
+    h.flush();
+    let EntitySave::Upsert(saved) = &h.saved[..].first().expect("saved").clone() else {
+        panic!("an upsert: {:?}", h.saved)
+    };
+    assert_eq!((saved.id, saved.generation, saved.shard), (200, 6, ME.0));
+    assert_eq!(saved.private, b"loot");
+}
