@@ -9,13 +9,23 @@
 //! of a player owned by a neighbour is a game message sent there, and an attack on a wolf
 //! across a border is carried out by the wolf's shard.
 //!
+//! Players also plant **flags** ([`flags`]): a flag is a persistent NPC that outlives its
+//! shard (it needs a shard with a store), and how many each player has standing is kept
+//! in the game's key-value space ([`flag_count`]).
+//!
 //! The wire format a client needs (`docs/protocol.md`, section 12, has it worked through):
-//! - NPC kind [`WOLF`] (1); players are kind 0.
-//! - Public state of wolves and players: UTF-8 JSON `{"hp":H,"max":M}`.
+//! - NPC kinds [`WOLF`] (1) and [`FLAG`] (2, named `flag`); players are kind 0.
+//! - Public state of wolves and players: UTF-8 JSON `{"hp":H,"max":M}`; of a flag: its
+//!   text, UTF-8, at most 64 bytes (possibly empty).
 //! - Actions: [`ATTACK`] (1, `target` = an adjacent wolf; answered `{"hp":H}` or
 //!   `killed`), [`SUMMON`] (2, payload `dx,dy`, default `1,0`: a wolf appears at that
 //!   offset from the player, if the cell is on the player's shard, within the summon
-//!   budget below).
+//!   budget below), [`PLANT`] (3, payload the flag's text: a flag on the player's cell,
+//!   answered with its id in decimal; refused if a flag stands there, the text is over
+//!   [`FLAG_TEXT_MAX`] bytes or not UTF-8, the player has [`FLAGS_PER_PLAYER`] (5)
+//!   standing, its count is still loading (try again), or the shard has no store),
+//!   [`UPROOT`] (4, `target` = one of the player's own flags at most one cell away; it is
+//!   removed, for good; answered with an empty payload).
 //! - Events: [`BITE`] (1, from the wolf, payload the damage), [`DIED`] (2, to everyone
 //!   who saw the entity die; to the player itself when it dies), [`RESPAWNED`] (3).
 //!
@@ -39,21 +49,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meridian_game::{
-    Action, Context, Direction, EntityId, Game, GameFactory, Position, Rate, Reply, SpawnBudget,
-    SpawnLimits,
+    Action, Context, Direction, EntityId, Game, GameFactory, KvAnswer, KvTicket, Position, Rate,
+    Reply, SpawnBudget, SpawnLimits,
 };
 
+pub mod flag_count;
+pub mod flags;
+
+pub use flag_count::{FlagCount, FlagCounts};
+pub use flags::{FlagRefusal, Flags, FLAGS_PER_PLAYER, FLAG_TEXT_MAX};
+
 pub const WOLF: u32 = 1;
+pub const FLAG: u32 = 2;
 
 pub const ATTACK: u32 = 1;
 pub const SUMMON: u32 = 2;
+pub const PLANT: u32 = 3;
+pub const UPROOT: u32 = 4;
 
 pub const BITE: u32 = 1;
 pub const DIED: u32 = 2;
 pub const RESPAWNED: u32 = 3;
 
 /// Game messages between entities (a wolf's bite to a player owned anywhere; the news of
-/// a kill to the killer's shard).
+/// a kill to the killer's shard; `flags::MSG_FLAG_UPROOTED` (3), the news of an uproot to
+/// the uprooter's shard).
 const MSG_BITE: u32 = 1;
 const MSG_KILLED: u32 = 2;
 
@@ -68,13 +88,16 @@ pub const BITE_EVERY: Duration = Duration::from_millis(1000);
 pub const WANDER_EVERY: Duration = Duration::from_millis(1500);
 
 /// The game: one per shard. It keeps nothing of its own about entities (their state
-/// travels with them); only how many wolves its shard should have, and the summon budget.
+/// travels with them); only how many wolves its shard should have, the summon budget, and
+/// its cache of the players' flag counts (the store has them).
 #[derive(Debug, Clone)]
 pub struct Wolves {
     /// The wolves each shard keeps: it spawns one per tick while it has fewer.
     pub per_shard: usize,
     /// The budget of SUMMON on this shard (see the crate's documentation).
     pub summons: SpawnBudget,
+    /// PLANT and UPROOT, and the flag counts this shard caches.
+    flags: Flags,
 }
 
 /// The population a shard keeps unless told otherwise.
@@ -101,7 +124,12 @@ impl Default for Wolves {
 impl Wolves {
     /// A shard's game that keeps `per_shard` wolves, with the default summon budget.
     pub fn new(per_shard: usize) -> Wolves {
-        Wolves { per_shard, summons: SpawnBudget::new(DEFAULT_SUMMON_LIMITS) }
+        Wolves { per_shard, summons: SpawnBudget::new(DEFAULT_SUMMON_LIMITS), flags: Flags::new() }
+    }
+
+    /// PLANT, UPROOT and the flag counts cached on this shard.
+    pub fn flags(&self) -> &Flags {
+        &self.flags
     }
 
     /// The factory a shard makes its game with: every shard keeps `per_shard` wolves.
@@ -167,7 +195,7 @@ fn kills(bytes: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-fn chebyshev(a: Position, b: Position) -> u32 {
+pub(crate) fn chebyshev(a: Position, b: Position) -> u32 {
     a.x.abs_diff(b.x).max(a.y.abs_diff(b.y))
 }
 
@@ -269,11 +297,18 @@ impl Wolves {
         Reply::Done(format!("{{\"hp\":{hp}}}").into_bytes())
     }
 
+    /// The wolves owned here (not the other NPCs: flags).
+    fn wolves(ctx: &Context<'_>) -> Vec<EntityId> {
+        let mut wolves = ctx.npcs();
+        wolves.retain(|npc| ctx.entity(*npc).is_some_and(|e| e.kind == WOLF));
+        wolves
+    }
+
     /// Summoned wolves owned here: `actor`'s, and everyone's.
     fn summoned(ctx: &Context<'_>, actor: EntityId) -> (usize, usize) {
         let mut mine = 0;
         let mut all = 0;
-        for wolf in ctx.npcs() {
+        for wolf in Self::wolves(ctx) {
             let summoner = Memory::read(ctx.private_state(wolf).unwrap_or_default()).summoner;
             if summoner != 0 {
                 all += 1;
@@ -320,7 +355,7 @@ impl Wolves {
 impl Game for Wolves {
     fn tick(&mut self, ctx: &mut Context<'_>) {
         self.summons.forget_refilled(ctx.now());
-        let wolves = ctx.npcs();
+        let wolves = Self::wolves(ctx);
         if wolves.len() < self.per_shard {
             if let Some(at) = ctx.random_cell() {
                 let _ = Self::spawn_wolf(ctx, at);
@@ -329,6 +364,7 @@ impl Game for Wolves {
         for wolf in wolves {
             self.hunt(ctx, wolf);
         }
+        self.flags.tick(ctx);
     }
 
     fn player_joined(&mut self, ctx: &mut Context<'_>, player: EntityId) {
@@ -336,14 +372,28 @@ impl Game for Wolves {
         if !has_health {
             let _ = ctx.set_state(player, health_state(PLAYER_HP, PLAYER_HP));
         }
+        self.flags.count_wanted(ctx, player);
+    }
+
+    fn arrived(&mut self, ctx: &mut Context<'_>, entity: EntityId) {
+        if ctx.entity(entity).is_some_and(|e| e.is_player()) {
+            self.flags.count_wanted(ctx, entity);
+        }
     }
 
     fn action(&mut self, ctx: &mut Context<'_>, actor: EntityId, action: Action<'_>) -> Reply {
         match action.kind {
             ATTACK => Self::attack(ctx, actor, action.target),
             SUMMON => self.summon(ctx, actor, action.payload),
+            PLANT => self.flags.plant(ctx, actor, action.payload),
+            UPROOT => self.flags.uproot(ctx, actor, action.target),
             other => Reply::rejected(format!("unknown action {other}")),
         }
+    }
+
+    fn kv_answer(&mut self, ctx: &mut Context<'_>, ticket: KvTicket, key: &[u8], answer: KvAnswer) {
+        let _ = key;
+        self.flags.kv_answer(ctx, ticket, &answer);
     }
 
     fn message(
@@ -374,6 +424,7 @@ impl Game for Wolves {
                 let _ =
                     ctx.set_private_state(to, format!("{{\"kills\":{}}}", before + 1).into_bytes());
             }
+            flags::MSG_FLAG_UPROOTED => self.flags.uprooted_elsewhere(ctx, to),
             _ => {}
         }
     }

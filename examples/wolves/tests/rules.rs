@@ -14,20 +14,53 @@
 //! wait 300ms                    # time passes in 100 ms steps, a tick and a game tick each
 //! ```
 //!
-//! NPCs are named `wolf1`, `wolf2`, ... in the order they first appear. Messages read:
+//! NPCs are named `wolf1`, `wolf2`, ... in the order they first appear (flags, kind 2,
+//! `flag1`, `flag2`, ... if a client is first told of them by `Entered`). Messages read:
 //! `login X,Y`, `entered WHO X,Y [kind=K] [state=S]`, `moved WHO X,Y [t=N]`, `left WHO`,
 //! `state WHO S`, `event SOURCE KIND PAYLOAD`, `done t=N PAYLOAD`, `error CODE t=N DETAIL`.
+//!
+//! **A store.** A scenario that opens with `store` runs on a shard with a store
+//! (`CoreConfig::save_interval` set), played by a model of it kept here: the game's
+//! key-value space (entries with versions from one counter, compare-and-set as the real
+//! store does) and the persistent entities' rows (fenced by generation and shard, removes
+//! leaving tombstones). What the shard asks of it in one step (`Transmit::Kv`,
+//! `SaveEntities`, `LoadEntities`, `ClaimEntities`, `Save`) is carried out, in order, at
+//! the start of the next step, each 100 ms of a `wait` included, and the answers handed
+//! back (`Event::KvAnswers`, `EntitiesFound`, `EntitiesClaimed`, `EntitiesRefused`,
+//! `Saved`). Without `store` the shard has none, as before. Commands about the store:
+//!
+//! ```text
+//! store                         # an opening line: this scenario's shard has a store
+//! kv flags/1 = 3                # the store's entry at flags/1 is the text 3
+//! kv flags/2 absent             # the store has no entry at flags/2
+//! kv-set flags/1 2              # the entry becomes 2 (as if another shard wrote it)
+//! kv-fail 1                     # the next key-value request fails (KvAnswer::Failed)
+//! entities 4                    # the store holds 4 persistent entities (not removed)
+//! restart                       # the shard dies and a new life of it starts on the store:
+//!                               # its players are gone (log them in again with `player`)
+//! ```
+//!
+//! `kv` and `entities` check the store once what was asked before the command is carried
+//! out; they tell no player anything.
+//!
+//! **The population.** The game keeps no wolves of its own unless the scenario opens with
+//! `population N` (before or after `store`): then the shard keeps N wolves, spawned at
+//! random cells, one a game tick. `npcs KIND N` checks the shard owns N NPCs of that kind.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meridian_cluster::{ClusterView, PartitionMap, Region, ShardId};
+use meridian_game::{KvAnswer, KvValue};
 use meridian_protocol::pb::{self as client_pb, server_message::Kind as S, ErrorCode};
 use meridian_protocol::{next_frame, TokenKey};
 use meridian_rpc::pb::{player_input::Kind as Input, Join, PlayerInput};
 use meridian_shard_core::core::ShardCore;
-use meridian_shard_core::{CoreConfig, Event, LinkId, ShardMetrics, Transmit};
+use meridian_shard_core::kv::{KvOp, KvReply, KvRequest};
+use meridian_shard_core::{
+    CoreConfig, EntityRecord, EntitySave, Event, LinkId, SaveRecord, ShardMetrics, Transmit,
+};
 use meridian_wolves::Wolves;
 use prost::Message;
 
@@ -41,39 +74,221 @@ struct Player {
     seq: u64,
 }
 
+/// The store of a scenario that has one (see the file's documentation).
+#[derive(Default)]
+struct StoreModel {
+    /// The key-value space: key -> (value, version); versions come from one counter.
+    kv: BTreeMap<Vec<u8>, (Vec<u8>, u64)>,
+    version: u64,
+    rows: BTreeMap<u64, Row>,
+    /// Key-value requests still to fail (`kv-fail`).
+    failing: usize,
+    /// What the shard asked, to carry out at the next step.
+    asked: Vec<Transmit>,
+}
+
+/// A persistent entity's row: its last write's fence, and the entity (`None`: removed).
+struct Row {
+    generation: u64,
+    shard: u32,
+    record: Option<EntityRecord>,
+}
+
+impl StoreModel {
+    /// Whether a write of (`generation`, `shard`) is applied over the row of `id`.
+    fn fence(&self, id: u64, generation: u64, shard: u32, upsert: bool) -> bool {
+        match self.rows.get(&id) {
+            None => true,
+            Some(row) if row.record.is_none() && upsert => generation > row.generation,
+            Some(row) => {
+                row.generation < generation || (row.generation == generation && row.shard == shard)
+            }
+        }
+    }
+
+    fn upsert(&mut self, record: EntityRecord) -> bool {
+        if !self.fence(record.id, record.generation, record.shard, true) {
+            return false;
+        }
+        let (id, generation, shard) = (record.id, record.generation, record.shard);
+        self.rows.insert(id, Row { generation, shard, record: Some(record) });
+        true
+    }
+
+    fn kv_request(&mut self, request: KvRequest) -> KvReply {
+        if self.failing > 0 {
+            self.failing -= 1;
+            let answer = KvAnswer::Failed("the model store fails, as told".into());
+            return KvReply { ticket: request.ticket, key: request.key, answer };
+        }
+        let current = self
+            .kv
+            .get(&request.key)
+            .map(|(value, version)| KvValue { value: value.clone(), version: *version });
+        let answer = match request.op {
+            KvOp::Get => KvAnswer::Found(current),
+            KvOp::Set { value, expected } => {
+                let version = current.as_ref().map_or(0, |c| c.version);
+                if expected.is_some_and(|expected| expected != version) {
+                    KvAnswer::Conflict(current)
+                } else if let Some(value) = value {
+                    self.version += 1;
+                    self.kv.insert(request.key.clone(), (value, self.version));
+                    KvAnswer::Written { version: self.version }
+                } else {
+                    self.kv.remove(&request.key);
+                    KvAnswer::Written { version: 0 }
+                }
+            }
+        };
+        KvReply { ticket: request.ticket, key: request.key, answer }
+    }
+
+    /// Carries out what was asked, in order: the answers for the shard.
+    fn carry_out(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        for asked in std::mem::take(&mut self.asked) {
+            match asked {
+                Transmit::Kv(requests) => {
+                    let replies = requests.into_iter().map(|r| self.kv_request(r)).collect();
+                    events.push(Event::KvAnswers(replies));
+                }
+                Transmit::SaveEntities(saves) => {
+                    let mut refused = Vec::new();
+                    for save in saves {
+                        let id = save.id();
+                        let applied = match save {
+                            EntitySave::Upsert(record) => self.upsert(record),
+                            EntitySave::Remove { id, generation, shard, .. } => {
+                                let applied = self.fence(id, generation, shard, false);
+                                if applied {
+                                    let row = Row { generation, shard, record: None };
+                                    self.rows.insert(id, row);
+                                }
+                                applied
+                            }
+                        };
+                        if !applied {
+                            refused.push(id);
+                        }
+                    }
+                    if !refused.is_empty() {
+                        events.push(Event::EntitiesRefused(refused));
+                    }
+                }
+                Transmit::LoadEntities => {
+                    let records = self.rows.values().filter_map(|row| row.record.clone());
+                    events.push(Event::EntitiesFound(records.collect()));
+                }
+                Transmit::ClaimEntities(claims) => {
+                    let taken = claims.into_iter().filter(|c| self.upsert(c.clone())).collect();
+                    events.push(Event::EntitiesClaimed(taken));
+                }
+                Transmit::Save(players) => {
+                    let players = players.iter().map(|p: &SaveRecord| p.player).collect();
+                    events.push(Event::Saved { players });
+                }
+                _ => {}
+            }
+        }
+        events
+    }
+
+    /// Persistent entities the store holds (not removed).
+    fn n_entities(&self) -> usize {
+        self.rows.values().filter(|row| row.record.is_some()).count()
+    }
+}
+
 struct Scenario {
     core: ShardCore,
     now: Instant,
     players: BTreeMap<String, Player>,
     npcs: BTreeMap<u64, String>,
     client_time: u64,
+    logins: u64,
+    /// This life of the shard (`restart` starts the next).
+    incarnation: u64,
+    setup: Setup,
+    store: Option<StoreModel>,
+    /// Output flushed before the end of a step (with a store), for [`Scenario::received`].
+    flushed: Vec<Transmit>,
+}
+
+/// How a scenario's shard is made (its opening lines).
+#[derive(Clone, Copy, Default)]
+struct Setup {
+    with_store: bool,
+    /// The wolves the game keeps on the shard.
+    population: usize,
+}
+
+/// A shard core, life `incarnation`, with the game, a store or not, and its first ids.
+fn new_core(incarnation: u64, Setup { with_store, population }: Setup, now: Instant) -> ShardCore {
+    let config = CoreConfig {
+        incarnation,
+        id: ME,
+        world: Default::default(),
+        seed: 7,
+        resume_window: Duration::from_secs(30),
+        resume_keys: TokenKey::new(vec![7; 32]).expect("a 32-byte key").into(),
+        save_interval: with_store.then_some(Duration::from_secs(60)),
+        lease_ttl: Duration::from_secs(3600),
+        max_npcs: 100,
+    };
+    let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
+    let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
+    let view = ClusterView { partition: Some(partition), ..Default::default() };
+    let metrics = Arc::new(ShardMetrics::new(&Default::default(), ME));
+    // Unless told otherwise, no population of its own: the scenarios summon every wolf.
+    let game = Box::new(Wolves::new(population));
+    let mut core = ShardCore::with_game(&config, metrics, now, game);
+    core.handle(now, Event::View(view));
+    core.handle(now, Event::LinkOpened { link: LINK, gateway: 1, lane: 0 });
+    // Each life its own ids (a real shard claims blocks in etcd).
+    let first = FIRST_NPC_ID + (incarnation - 1) * 1000;
+    core.handle(now, Event::Ids(first..first + 1000));
+    core
 }
 
 impl Scenario {
-    fn new() -> Scenario {
-        let config = CoreConfig {
-            incarnation: 1,
-            id: ME,
-            world: Default::default(),
-            seed: 7,
-            resume_window: Duration::from_secs(30),
-            resume_keys: TokenKey::new(vec![7; 32]).expect("a 32-byte key").into(),
-            save_interval: None,
-            lease_ttl: Duration::from_secs(3600),
-            max_npcs: 100,
-        };
-        let whole = Region { shard: ME, x0: 0, y0: 0, x1: 400, y1: 400 };
-        let partition = PartitionMap { epoch: 1, width: 400, height: 400, regions: vec![whole] };
-        let view = ClusterView { partition: Some(partition), ..Default::default() };
-        let metrics = Arc::new(ShardMetrics::new(&Default::default(), ME));
+    fn new(setup: Setup) -> Scenario {
         let now = Instant::now();
-        // No population of its own: the scenarios summon every wolf.
-        let game = Box::new(Wolves::new(0));
-        let mut core = ShardCore::with_game(&config, metrics, now, game);
-        core.handle(now, Event::View(view));
-        core.handle(now, Event::LinkOpened { link: LINK, gateway: 1, lane: 0 });
-        core.handle(now, Event::Ids(FIRST_NPC_ID..FIRST_NPC_ID + 1000));
-        Scenario { core, now, players: BTreeMap::new(), npcs: BTreeMap::new(), client_time: 0 }
+        Scenario {
+            core: new_core(1, setup, now),
+            setup,
+            now,
+            players: BTreeMap::new(),
+            npcs: BTreeMap::new(),
+            client_time: 0,
+            logins: 0,
+            incarnation: 1,
+            store: setup.with_store.then(StoreModel::default),
+            flushed: Vec::new(),
+        }
+    }
+
+    /// With a store: what the shard asked it so far is carried out and answered, and what
+    /// the shard asks next is taken (its output for clients kept for the step's end).
+    fn store_round(&mut self) {
+        let Some(store) = &mut self.store else { return };
+        for event in store.carry_out() {
+            self.core.handle(self.now, event);
+        }
+        let mut out = Vec::new();
+        self.core.flush(&mut out);
+        self.take_output(out);
+    }
+
+    /// Output for clients kept for [`Scenario::received`]; the rest is the store's to do.
+    fn take_output(&mut self, out: Vec<Transmit>) {
+        for transmit in out {
+            match (&mut self.store, transmit) {
+                (_, gateway @ Transmit::Gateway { .. }) => self.flushed.push(gateway),
+                (Some(store), other) => store.asked.push(other),
+                (None, _) => {}
+            }
+        }
     }
 
     fn input(&mut self, name: &str, kind: Input) {
@@ -89,14 +304,23 @@ impl Scenario {
     }
 
     fn label(&mut self, id: u64) -> String {
+        self.label_as(id, meridian_wolves::WOLF)
+    }
+
+    /// The label of `id`, named after `kind` if it has none yet.
+    fn label_as(&mut self, id: u64, kind: u32) -> String {
         if let Some((name, _)) = self.players.iter().find(|(_, p)| p.id == id) {
             return name.clone();
         }
         if id == 0 {
             return "world".into();
         }
-        let n = self.npcs.len() + 1;
-        self.npcs.entry(id).or_insert_with(|| format!("wolf{n}")).clone()
+        if let Some(label) = self.npcs.get(&id) {
+            return label.clone();
+        }
+        let prefix = if kind == meridian_wolves::FLAG { "flag" } else { "wolf" };
+        let n = self.npcs.values().filter(|label| label.starts_with(prefix)).count() + 1;
+        self.npcs.entry(id).or_insert_with(|| format!("{prefix}{n}")).clone()
     }
 
     fn id_of(&self, label: &str) -> u64 {
@@ -120,7 +344,7 @@ impl Scenario {
             }
             S::Entered(e) => {
                 let (x, y) = xy(e.position);
-                let mut line = format!("entered {} {x},{y}", self.label(e.player_id));
+                let mut line = format!("entered {} {x},{y}", self.label_as(e.player_id, e.kind));
                 if e.kind != 0 {
                     line += &format!(" kind={}", e.kind);
                 }
@@ -171,8 +395,9 @@ impl Scenario {
     fn received(&mut self) -> BTreeMap<String, Vec<String>> {
         let mut out = Vec::new();
         self.core.flush(&mut out);
+        self.take_output(out);
         let mut got: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for transmit in out {
+        for transmit in std::mem::take(&mut self.flushed) {
             let Transmit::Gateway { batch, .. } = transmit else { continue };
             for delivery in batch.deliveries {
                 let Some(name) = self
@@ -196,13 +421,20 @@ impl Scenario {
         got
     }
 
-    fn run_command(&mut self, line: &str) {
+    /// Runs one command; what a check found wrong, if anything.
+    fn run_command(&mut self, line: &str) -> Option<String> {
+        self.store_round();
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["player", name, at] => {
                 let (x, y) = cell(at);
-                let n = self.players.len() as u64 + 1;
-                let player = Player { id: n, session: 0x100 + n, seq: 0 };
+                // A player logging in again (after a `restart`) keeps its id.
+                let id = match self.players.get(*name) {
+                    Some(player) => player.id,
+                    None => self.players.len() as u64 + 1,
+                };
+                self.logins += 1;
+                let player = Player { id, session: 0x100 + self.logins, seq: 0 };
                 self.players.insert(name.to_string(), player);
                 let join = Join {
                     name: name.to_string(),
@@ -249,10 +481,56 @@ impl Scenario {
                     waited += step;
                     self.core.handle(self.now, Event::Tick);
                     self.core.handle(self.now, Event::GameTick);
+                    self.store_round();
                 }
+            }
+            ["kv", key, rest @ ..] => {
+                let store = self.store.as_ref().expect("`kv` needs a scenario with `store`");
+                let found = store.kv.get(key.as_bytes()).map(|(v, _)| Self::text(v));
+                let expected = match rest {
+                    ["=", value] => Some(value.to_string()),
+                    ["absent"] => None,
+                    _ => panic!("cannot read {line:?}: kv KEY = VALUE, or kv KEY absent"),
+                };
+                if found != expected {
+                    return Some(format!("the store has {found:?} at {key}"));
+                }
+            }
+            ["kv-set", key, value] => {
+                let store = self.store.as_mut().expect("`kv-set` needs a scenario with `store`");
+                store.version += 1;
+                store
+                    .kv
+                    .insert(key.as_bytes().to_vec(), (value.as_bytes().to_vec(), store.version));
+            }
+            ["kv-fail", n] => {
+                let store = self.store.as_mut().expect("`kv-fail` needs a scenario with `store`");
+                store.failing = n.parse().expect("a number of requests");
+            }
+            ["npcs", kind, n] => {
+                let needle = format!("\"kind\":{kind},");
+                let owned = self.core.report(self.now).matches(&needle).count();
+                if owned.to_string() != *n {
+                    return Some(format!("the shard owns {owned} NPCs of kind {kind}"));
+                }
+            }
+            ["entities", n] => {
+                let store = self.store.as_ref().expect("`entities` needs a scenario with `store`");
+                let n: usize = n.parse().expect("a number of entities");
+                if store.n_entities() != n {
+                    return Some(format!("the store holds {} entities", store.n_entities()));
+                }
+            }
+            ["restart"] => {
+                assert!(self.store.is_some(), "`restart` needs a scenario with `store`");
+                // What the dead life flushed for clients is lost with its connections.
+                self.flushed.clear();
+                self.incarnation += 1;
+                self.core = new_core(self.incarnation, self.setup, self.now);
             }
             _ => panic!("cannot read {line:?}"),
         }
+        None
     }
 }
 
@@ -272,7 +550,6 @@ fn parse_duration(text: &str) -> Duration {
 /// Plays one scenario; every difference between what was expected and what came.
 fn play(path: &std::path::Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).expect("a scenario file");
-    let mut scenario = Scenario::new();
     let mut problems = Vec::new();
     let mut steps: Vec<(usize, String, BTreeMap<String, Vec<String>>)> = Vec::new();
     for (n, raw) in text.lines().enumerate() {
@@ -288,8 +565,20 @@ fn play(path: &std::path::Path) -> Vec<String> {
             steps.push((n + 1, line.to_string(), BTreeMap::new()));
         }
     }
+    let mut setup = Setup::default();
+    while let Some((_, opening, _)) = steps.first() {
+        match opening.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["store"] => setup.with_store = true,
+            ["population", n] => setup.population = n.parse().expect("a number of wolves"),
+            _ => break,
+        }
+        steps.remove(0);
+    }
+    let mut scenario = Scenario::new(setup);
     for (line_number, command, expected) in steps {
-        scenario.run_command(&command);
+        if let Some(wrong) = scenario.run_command(&command) {
+            problems.push(format!("{}:{line_number} `{command}`: {wrong}", path.display()));
+        }
         let got = scenario.received();
         if std::env::var_os("RULES_PRINT").is_some() {
             // What happened, written as a scenario (to review, then keep as expected).
