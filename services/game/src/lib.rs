@@ -390,6 +390,12 @@ impl<'a> Context<'a> {
         self.host.send(to, from, kind, payload)
     }
 
+    /// Whether this shard has a store: without one nothing is persistent
+    /// ([`Context::persist`]) and the key-value space refuses every request (`NoStore`).
+    pub fn has_store(&self) -> bool {
+        self.host.has_store()
+    }
+
     /// Reads the entry at `key` of the game's key-value space, shared by every shard and
     /// kept in the store. The answer comes to [`Game::kv_answer`] in a later round. Refused
     /// at once without a store, with a key over [`KV_KEY_MAX`] bytes (or empty), or when the

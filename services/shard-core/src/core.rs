@@ -441,6 +441,7 @@ impl ShardCore {
             self.rebalance();
             self.restores_behind_view();
         }
+        self.entities_after_view();
     }
 
     /// A peer registered again after its lease expired: it was taken for dead and dropped
@@ -477,7 +478,6 @@ impl ShardCore {
         );
         self.route_envelopes();
         self.restore_orphaned_npcs();
-        self.entities_after_partition();
         let players: Vec<PlayerId> = self.roster.seated();
         for player in &players {
             self.mirror(*player);

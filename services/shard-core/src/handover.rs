@@ -160,6 +160,10 @@ impl ShardCore {
         let incarnation = self.peers.incarnation_of(to);
         debug!(%player, %to, next_generation, ?at, epoch = self.geometry.epoch, "hand off");
         self.ghosts.demoted(player, next_generation, to, self.now);
+        if seat.persistent {
+            // Its copy here must not be promoted should `to` die: the store brings it back.
+            self.persistent.ghosts.insert(player);
+        }
         for other in self.geometry.peers() {
             if other != to {
                 let released = Peer::Released(Released { new_owner: to.0 });

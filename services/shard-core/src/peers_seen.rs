@@ -21,6 +21,9 @@ pub(crate) struct PeersSeen {
     incarnation: u64,
     /// Peers whose stream from here is open.
     up: FxHashSet<ShardId>,
+    /// A registered peer left (or registered again: its old life left) since the last
+    /// [`PeersSeen::take_departed`].
+    departed: bool,
 }
 
 impl PeersSeen {
@@ -32,14 +35,17 @@ impl PeersSeen {
             incarnations: FxHashMap::default(),
             incarnation: incarnation.max(1),
             up: FxHashSet::default(),
+            departed: false,
         }
     }
 
     /// A new cluster view: the peers it shows registered again since the last one (they
     /// were taken for dead and dropped what they held), in the view's order.
     pub fn view(&mut self, view: &ClusterView) -> Vec<ShardId> {
-        self.live = view.shards.keys().copied().collect();
-        let replaced = view
+        let live: FxHashSet<ShardId> = view.shards.keys().copied().collect();
+        self.departed |= self.live.iter().any(|s| *s != self.me && !live.contains(s));
+        self.live = live;
+        let replaced: Vec<ShardId> = view
             .shards
             .iter()
             .filter(|(id, record)| {
@@ -49,7 +55,13 @@ impl PeersSeen {
             .map(|(id, _)| *id)
             .collect();
         self.incarnations = view.shards.iter().map(|(id, r)| (*id, r.incarnation)).collect();
+        self.departed |= !replaced.is_empty();
         replaced
+    }
+
+    /// Whether a peer left (or was replaced) since the last call.
+    pub fn take_departed(&mut self) -> bool {
+        std::mem::take(&mut self.departed)
     }
 
     /// Every registered shard but this one, in id order.

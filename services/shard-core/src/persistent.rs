@@ -10,21 +10,21 @@
 //! same owner's (`meridian_store::entities`). A save the store refuses means a newer
 //! owner has the entity: the copy here is dropped without a word to the store.
 //!
-//! **Restoring.** On every new partition the shard asks the store for its persistent
-//! entities (`Transmit::LoadEntities`), and claims those standing in its region that it
-//! does not own and whose last owner (shard and incarnation) is not a live shard of the
-//! cluster: that owner died, drained away without handing them on, or the whole cluster
-//! restarted. A claim is a write of the record under a newer generation (one past the
-//! record's and past any copy's here) and this shard's id; the store takes exactly one of
-//! racing claims, and only a claim it took brings the entity back here
-//! (`Event::EntitiesClaimed`), private state included. Copies of a dead owner's persistent
-//! NPCs are never promoted the way other orphaned NPCs are (`restore_orphaned_npcs`): the
-//! store has their private state, a copy does not.
-//!
-//! What this does not cover: an entity handed to a shard that dies before its first save
-//! there reaches the store (a few milliseconds) is restored from its record only if that
-//! record's owner is gone too; otherwise it waits for that owner to lose it.
+//! **Restoring.** On every new partition, and whenever a shard leaves the view (or comes
+//! back in a new life), the shard asks the store for its persistent entities
+//! (`Transmit::LoadEntities`) and claims each that it does not own and did not despawn:
+//! one standing in its region whose last owner (shard and incarnation) is not a running
+//! shard of the cluster (it died, drained away without handing it on, or the whole
+//! cluster restarted), and one it saved last itself and handed to a shard that no longer
+//! runs (that shard died before its own first save landed). A claim is a write of the
+//! record under this shard at the generation the entity's next owner had or would have,
+//! so a claim and the save of an owner that did take it over tie and the store keeps the
+//! first; only a claim it took brings the entity back here (`Event::EntitiesClaimed`),
+//! private state included. Copies of persistent NPCs are never promoted the way other
+//! orphaned NPCs are (`restore_orphaned_npcs`): the store has their private state, a copy
+//! does not. `meridian-sim --entities` checks all of it against a model of the store.
 
+use meridian_cluster::ShardId;
 use meridian_game::{EntityId, GameError};
 use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage};
 use meridian_world::{Look, PlayerId, Position};
@@ -88,6 +88,7 @@ impl ShardCore {
         let Some(seat) = self.roster.seat(npc).filter(|seat| seat.persistent) else { return };
         let generation = seat.generation;
         self.persistent.saved.remove(&npc);
+        self.persistent.removed.insert(npc);
         self.persistent.round.push(EntitySave::Remove {
             id: npc.0,
             generation,
@@ -136,39 +137,57 @@ impl ShardCore {
         }
     }
 
-    /// A new partition: read the store for entities this shard may have to bring back.
-    pub(crate) fn entities_after_partition(&mut self) {
+    /// After a view: on a new partition, or when a shard left the cluster (died, drained
+    /// away, or registered again in a new life, none of which need change the partition),
+    /// read the store for entities this shard may have to bring back.
+    pub(crate) fn entities_after_view(&mut self) {
+        let departed = self.peers.take_departed();
+        if self.persistent.epoch_loaded == self.geometry.epoch && !departed {
+            return;
+        }
+        self.persistent.epoch_loaded = self.geometry.epoch;
         let world = &self.world;
         self.persistent.ghosts.retain(|npc| world.is_local(*npc) == Some(false));
         self.persistent.want_load();
     }
 
-    /// The store's persistent entities: those in this shard's region, not owned here,
-    /// whose last owner is not running any more, are claimed.
+    /// The store's persistent entities: those to bring back are claimed. One is to come
+    /// back here if it stands in this shard's region, is not owned here, and the shard
+    /// that saved it last no longer runs; or if this shard saved it last and handed it to a
+    /// shard that no longer runs (which died before its own save reached the store: its
+    /// cell's new owner would take the record for this shard's, still running).
     pub(crate) fn entities_found(&mut self, records: Vec<EntityRecord>) {
         self.persistent.loading = false;
         let mut claims = Vec::new();
         for mut record in records {
             let npc = PlayerId(record.id);
-            let at = Position { x: record.at.0, y: record.at.1 };
-            if !self.geometry.owns(at)
-                || self.world.is_local(npc) == Some(true)
+            if self.world.is_local(npc) == Some(true)
                 || self.persistent.claiming.contains(&npc)
+                || self.persistent.removed.contains(&npc)
             {
                 continue;
             }
-            let owner = meridian_cluster::ShardId(record.shard);
-            let owner_runs = if owner == self.id {
-                record.incarnation == self.incarnation()
+            let at = Position { x: record.at.0, y: record.at.1 };
+            let owner = ShardId(record.shard);
+            // A claim is at the generation the entity's next owner had or would have: the
+            // one after the record's, or, for one handed off from here, the one it was handed
+            // over at. So a claim and the save of an owner that did take it over tie, and
+            // the store keeps whichever came first (the other is refused and its copy goes).
+            let generation = if owner == self.id && record.incarnation == self.incarnation() {
+                // Saved here last and not here now: handed off. Its new owner's first
+                // save may not have reached the store yet; it is lost only if that owner
+                // (or whoever it was passed on to since) no longer runs.
+                match self.handoffs.handed(npc) {
+                    Some(handed) if self.runs(handed.to, handed.incarnation) => continue,
+                    Some(handed) => handed.generation + 1,
+                    None => record.generation + 1,
+                }
+            } else if self.geometry.owns(at) && !self.runs(owner, record.incarnation) {
+                record.generation + 1
             } else {
-                self.peers.live_or_me(owner)
-                    && self.peers.incarnation_of(owner) == record.incarnation
-            };
-            if owner_runs {
                 continue;
-            }
-            let copy = self.ghosts.generation(npc).unwrap_or(0);
-            record.generation = record.generation.max(copy) + 1;
+            };
+            record.generation = generation;
             record.shard = self.id.0;
             record.incarnation = self.incarnation();
             self.persistent.claiming.insert(npc);
@@ -178,6 +197,14 @@ impl ShardCore {
             info!(shard = %self.id, entities = claims.len(), "claiming persistent entities whose owner is gone");
         }
         self.persistent.claims.extend(claims);
+    }
+
+    /// Whether `shard` in its life `incarnation` is running (this one, or registered);
+    /// an incarnation of 0 is not known, and taken for the current one.
+    fn runs(&self, shard: ShardId, incarnation: u64) -> bool {
+        let life =
+            if shard == self.id { self.incarnation() } else { self.peers.incarnation_of(shard) };
+        self.peers.live_or_me(shard) && (incarnation == 0 || life == incarnation)
     }
 
     /// Claims the store took: the entities come back here (or are handed on, if the
@@ -195,7 +222,9 @@ impl ShardCore {
                 kind: record.kind,
                 state: std::sync::Arc::from(record.state),
             };
-            let (generation, private) = (record.generation, record.private);
+            // Past any copy here, so the copies elsewhere take its news as newer.
+            let copy = self.ghosts.generation(npc).map_or(0, |g| g + 1);
+            let (generation, private) = (record.generation.max(copy), record.private);
             if let Err(error) = self.npc_in(npc, look, at, (generation, 0), private, true) {
                 warn!(%npc, %error, "cannot restore a persistent entity");
                 continue;
@@ -248,5 +277,18 @@ impl ShardCore {
             seat.ghosted_at.clear();
         }
         self.mirror(npc);
+    }
+}
+
+impl ShardCore {
+    /// The NPCs owned here, where they stand, and whether each is persistent (for the
+    /// simulator's checks).
+    pub fn owned_npcs(&self) -> Vec<(PlayerId, Position, bool)> {
+        self.world
+            .npcs()
+            .map(|(npc, at, _)| {
+                (npc, at, self.roster.seat(npc).is_some_and(|seat| seat.persistent))
+            })
+            .collect()
     }
 }

@@ -18,6 +18,8 @@ pub(crate) struct Persistent {
     /// What each persistent entity owned here was last saved as (a fingerprint).
     pub saved: FxHashMap<PlayerId, u64>,
     pub round: Vec<EntitySave>,
+    /// The partition epoch of the last load asked for.
+    pub epoch_loaded: u64,
     /// A load from the store is to be asked for, and one is out.
     pub load_wanted: bool,
     pub loading: bool,
@@ -26,6 +28,9 @@ pub(crate) struct Persistent {
     pub claims: Vec<EntityRecord>,
     /// Copies here of other shards' persistent NPCs.
     pub ghosts: FxHashSet<PlayerId>,
+    /// Persistent NPCs despawned here in this life: never claimed back (a load may read a
+    /// record before the removal reaches the store). One id per despawn, for the life.
+    pub removed: FxHashSet<PlayerId>,
 }
 
 impl Persistent {
@@ -35,11 +40,13 @@ impl Persistent {
             last_round: now,
             saved: FxHashMap::default(),
             round: Vec::new(),
+            epoch_loaded: 0,
             load_wanted: false,
             loading: false,
             claiming: FxHashSet::default(),
             claims: Vec::new(),
             ghosts: FxHashSet::default(),
+            removed: FxHashSet::default(),
         }
     }
 

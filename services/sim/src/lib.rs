@@ -30,11 +30,13 @@
 mod client;
 mod faults;
 mod gateways;
+mod keeper;
 mod model;
 mod quiesce;
 pub mod scale;
 mod settings;
 mod shards;
+mod store;
 mod views;
 
 use std::cmp::Reverse;
@@ -72,6 +74,9 @@ pub struct Outcome {
     /// The longest a killed shard's copies stayed shown anywhere after its death (each
     /// either taken over by the player's restore elsewhere or removed as an orphan).
     pub death_settled: Option<Duration>,
+    /// Persistent entities the store held at the end (with `Settings::entities`), and
+    /// those the shards brought back from it.
+    pub entities: usize,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -160,6 +165,10 @@ enum Ev {
     Fault,
     /// The coordinator's balancer runs (with `Settings::balance`).
     Balance,
+    /// The store carries out a request (see `store.rs`).
+    Store(u64),
+    /// A shard's game ticks (with `Settings::entities`).
+    GameTick(u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -246,6 +255,9 @@ pub(crate) struct Sim {
     refusals: BTreeMap<(u32, u32), meridian_cluster::Refusals>,
     /// Killed shards whose copies some live shard still shows: the shard and when it died.
     dying: Vec<(u32, Duration)>,
+    /// The store (with `Settings::entities`), and whether the shards' games still play.
+    store: store::StoreModel,
+    games_playing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -324,6 +336,8 @@ impl Sim {
             etcd_stalled_until: Duration::ZERO,
             refusals: BTreeMap::new(),
             dying: Vec::new(),
+            store: store::StoreModel::default(),
+            games_playing: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
         };
         for id in 1..=sim.settings.shards {
             sim.start_shard(id);
@@ -436,6 +450,7 @@ impl Sim {
             }
             if self.playing && self.t >= end {
                 self.playing = false;
+                self.games_playing.store(false, std::sync::atomic::Ordering::Relaxed);
             }
             self.step(next.ev);
             if let Some(violation) = self.violation.take() {
@@ -446,7 +461,8 @@ impl Sim {
             }
             // Quiescence: nothing in flight on any stream, nothing a client waits for.
             let quiet = self.streams.values().all(|s| s.queue.is_empty())
-                && self.clients.iter().all(|c| !c.busy());
+                && self.clients.iter().all(|c| !c.busy())
+                && self.store.idle();
             if !quiet {
                 settled_since = None;
             } else if settled_since.is_none() {
@@ -552,6 +568,16 @@ impl Sim {
                     self.publish();
                 }
                 self.after(BALANCE_PERIOD, Ev::Balance);
+            }
+            Ev::Store(number) => self.store_step(number),
+            Ev::GameTick(s) => {
+                if !self.shard_alive(s) {
+                    return;
+                }
+                let now = self.now();
+                self.hand_shard(s, now, Event::GameTick);
+                self.pump_shard(s);
+                self.after(Duration::from_millis(100), Ev::GameTick(s));
             }
             Ev::Fault => {
                 if !self.faults_left.is_empty() {

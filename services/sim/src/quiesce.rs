@@ -61,9 +61,10 @@ impl Sim {
         let mut broken = None;
         'shards: for (&s, node) in &self.shards {
             let Some(core) = &node.core else { continue };
-            for (id, at) in core.local_players() {
+            let npcs = core.owned_npcs().into_iter().map(|(id, at, _)| (id, at));
+            for (id, at) in core.local_players().chain(npcs) {
                 if let Some((other, _)) = owner.insert(id.0, (s, (at.x, at.y))) {
-                    let what = format!("player {} is local on shards {other} and {s}", id.0);
+                    let what = format!("entity {} is local on shards {other} and {s}", id.0);
                     broken = Some((what, vec![id.0]));
                     break 'shards;
                 }
@@ -78,6 +79,12 @@ impl Sim {
         }
         if let Some((what, players)) = broken {
             return self.fail(what, players);
+        }
+        if self.settings.entities {
+            self.check_entities();
+            if self.violation.is_some() {
+                return;
+            }
         }
         // Every ghost is mirrored by its owner, where the owner has it.
         for (&s, node) in &self.shards {

@@ -28,6 +28,10 @@ pub struct Settings {
     /// Run the coordinator's balancer (`meridian_cluster::rebalance`) every 2 s on the load
     /// profiles the shard cores report, as a real cluster does.
     pub balance: bool,
+    /// Every shard runs a game that plants persistent entities and walks them around
+    /// (across borders), with a model of the store (issue 34): at quiescence every entity
+    /// the store holds is owned by exactly one shard, which saved it last.
+    pub entities: bool,
 }
 
 /// Faults injected during the workload.
@@ -114,6 +118,7 @@ impl Settings {
             view_lag: Duration::from_millis(rng.random_range(0..=200)),
             faults,
             balance: false,
+            entities: false,
         }
     }
 
@@ -132,6 +137,7 @@ impl Settings {
             view_lag: Duration::from_millis(100),
             faults: Faults { border_moves: 4, ..Faults::default() },
             balance: false,
+            entities: false,
         }
     }
 
@@ -145,6 +151,7 @@ impl Settings {
             duration: Duration::from_secs(10),
             faults: Faults::default(),
             balance: true,
+            entities: false,
             ..Settings::corners(clients)
         }
     }
@@ -161,6 +168,7 @@ impl Settings {
             view_lag: Duration::from_millis(rng.random_range(0..=300)),
             faults: Faults::default(),
             balance: true,
+            entities: false,
             ..Settings::corners(clients)
         }
     }

@@ -12,6 +12,7 @@ use meridian_shard_core::{CoreConfig, Event, ShardMetrics, Transmit};
 use rand::Rng;
 
 use crate::model;
+use crate::store::Request;
 use crate::{Ev, Key, Node, Payload, ShardNode, Sim, LEASE_TTL};
 
 impl Sim {
@@ -28,12 +29,21 @@ impl Sim {
             seed: self.seed,
             resume_window: Duration::from_secs(30),
             resume_keys: meridian_gateway_core::fuzzing::resume_key().into(),
-            save_interval: None,
+            // With persistent entities there is a store, and players are saved in it too.
+            save_interval: self.settings.entities.then_some(Duration::from_secs(1)),
             lease_ttl: LEASE_TTL,
             max_npcs: meridian_shard_core::types::DEFAULT_MAX_NPCS,
         };
         let metrics = Arc::new(ShardMetrics::new(&Default::default(), ShardId(id)));
-        let core = ShardCore::new(&config, metrics, self.now());
+        let core = if self.settings.entities {
+            let playing = Arc::clone(&self.games_playing);
+            let game = Box::new(crate::keeper::Keeper { playing, planted: 0, steps: 0 });
+            let first = Duration::from_millis(self.rng.random_range(0..100));
+            self.after(first, Ev::GameTick(id));
+            ShardCore::with_game(&config, metrics, self.now(), game)
+        } else {
+            ShardCore::new(&config, metrics, self.now())
+        };
         self.shards.insert(
             id,
             ShardNode {
@@ -174,13 +184,30 @@ impl Sim {
                         closed.push(g);
                     }
                 }
-                // No game runs here, so no key-value request is made.
-                Transmit::Save(_)
-                | Transmit::WantIds
-                | Transmit::Kv(_)
-                | Transmit::SaveEntities(_)
-                | Transmit::LoadEntities
-                | Transmit::ClaimEntities(_) => {}
+                // The store's (with `Settings::entities`; without, no shard makes these).
+                Transmit::Save(saves) => {
+                    let players = saves.iter().map(|save| save.player).collect();
+                    self.store_ask(s, Request::Players(players));
+                }
+                Transmit::WantIds => self.store_ask(s, Request::Ids),
+                Transmit::Kv(requests) => self.store_ask(s, Request::Kv(requests)),
+                Transmit::SaveEntities(saves) => {
+                    if self.focus.is_some() {
+                        let ids: Vec<u64> = saves.iter().map(|save| save.id()).collect();
+                        let line = format!("shard {s} saves {saves:?}");
+                        self.note(&ids, || line);
+                    }
+                    self.store_ask(s, Request::Save(saves))
+                }
+                Transmit::LoadEntities => self.store_ask(s, Request::Load),
+                Transmit::ClaimEntities(claims) => {
+                    if self.focus.is_some() {
+                        let ids: Vec<u64> = claims.iter().map(|c| c.id).collect();
+                        let line = format!("shard {s} claims {claims:?}");
+                        self.note(&ids, || line);
+                    }
+                    self.store_ask(s, Request::Claim(claims))
+                }
             }
         }
         self.out = out;

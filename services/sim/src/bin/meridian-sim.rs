@@ -42,6 +42,11 @@ struct Args {
     /// lease): the settings seeds had before pauses joined the swarm.
     #[arg(long)]
     no_pauses: bool,
+    /// Run each seed with persistent entities and a model of the store (issue 34): every
+    /// shard's game plants stones and walks them across borders; at quiescence each is
+    /// owned once and saved by its owner.
+    #[arg(long)]
+    entities: bool,
     /// How many of the last trace lines a violation prints.
     #[arg(long, default_value_t = 120)]
     trace_lines: usize,
@@ -116,6 +121,7 @@ fn main() -> ExitCode {
         if args.no_pauses {
             settings.faults.pauses = 0;
         }
+        settings.entities = args.entities;
         if args.verbose || args.seed.is_some() {
             println!("seed {seed}: {settings:?}");
         }
