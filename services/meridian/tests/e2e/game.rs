@@ -47,7 +47,7 @@ fn answers(message: &ServerMessage, client_time: u64) -> bool {
 }
 
 /// Reads what comes for `period`; the messages.
-fn listen(bot: &mut Bot, period: Duration) -> anyhow::Result<Vec<ServerMessage>> {
+pub(crate) fn listen(bot: &mut Bot, period: Duration) -> anyhow::Result<Vec<ServerMessage>> {
     let until = Instant::now() + period;
     let mut got = Vec::new();
     while let Some(message) = bot.recv_timeout(until)? {

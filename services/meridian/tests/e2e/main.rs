@@ -10,6 +10,7 @@ mod cluster_up;
 mod errors;
 mod etcd_secure;
 mod failover;
+mod flags;
 mod game;
 mod joining;
 mod mismatch;

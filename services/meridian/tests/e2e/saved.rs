@@ -14,7 +14,7 @@ use meridian_testkit::{Bot, Cluster, ClusterOptions, GameAddr, Io, TempPostgres}
 use crate::meridian_bin;
 
 /// A token of `meridian token` for `account`.
-fn token(account: &str) -> anyhow::Result<String> {
+pub(crate) fn token(account: &str) -> anyhow::Result<String> {
     let output =
         std::process::Command::new(meridian_bin()).args(["token", "--sub", account]).output()?;
     ensure!(output.status.success(), "meridian token: {}", String::from_utf8_lossy(&output.stderr));
@@ -97,10 +97,10 @@ fn restart_keeps_every_player(options: impl Fn() -> ClusterOptions) {
     assert!(wrong.is_empty(), "after the restart:\n{}", wrong.join("\n"));
 }
 
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new(what: &str) -> TempDir {
+    pub(crate) fn new(what: &str) -> TempDir {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -110,7 +110,7 @@ impl TempDir {
         TempDir(dir)
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
