@@ -26,8 +26,9 @@
 //! leaving tombstones). What the shard asks of it in one step (`Transmit::Kv`,
 //! `SaveEntities`, `LoadEntities`, `ClaimEntities`, `Save`) is carried out, in order, at
 //! the start of the next step, each 100 ms of a `wait` included, and the answers handed
-//! back (`Event::KvAnswers`, `EntitiesFound`, `EntitiesClaimed`, `EntitiesRefused`,
-//! `Saved`). Without `store` the shard has none, as before. Commands about the store:
+//! back (`Event::KvAnswers`, `EntitiesFound`, `EntitiesClaimed`, `EntitiesSaved`,
+//! `Saved`), but for writes of persistent entities: those are confirmed within their step
+//! (an action that saved one, PLANT or UPROOT, is answered once the store has it). Without `store` the shard has none, as before. Commands about the store:
 //!
 //! ```text
 //! store                         # an opening line: this scenario's shard has a store
@@ -153,7 +154,7 @@ impl StoreModel {
                     let replies = requests.into_iter().map(|r| self.kv_request(r)).collect();
                     events.push(Event::KvAnswers(replies));
                 }
-                Transmit::SaveEntities(saves) => {
+                Transmit::SaveEntities { round, saves } => {
                     let mut refused = Vec::new();
                     for save in saves {
                         let id = save.id();
@@ -172,9 +173,7 @@ impl StoreModel {
                             refused.push(id);
                         }
                     }
-                    if !refused.is_empty() {
-                        events.push(Event::EntitiesRefused(refused));
-                    }
+                    events.push(Event::EntitiesSaved { through: round, refused });
                 }
                 Transmit::LoadEntities => {
                     let records = self.rows.values().filter_map(|row| row.record.clone());
@@ -281,14 +280,29 @@ impl Scenario {
     }
 
     /// Output for clients kept for [`Scenario::received`]; the rest is the store's to do.
+    /// Writes of persistent entities are confirmed within their step (the shard answers an
+    /// action that saved one only once the store has it, so the action's `done` comes in
+    /// the step it was made); everything else waits for the next step.
     fn take_output(&mut self, out: Vec<Transmit>) {
+        let mut confirm = Vec::new();
         for transmit in out {
             match (&mut self.store, transmit) {
                 (_, gateway @ Transmit::Gateway { .. }) => self.flushed.push(gateway),
+                (Some(_), saves @ Transmit::SaveEntities { .. }) => confirm.push(saves),
                 (Some(store), other) => store.asked.push(other),
                 (None, _) => {}
             }
         }
+        let Some(store) = self.store.as_mut().filter(|_| !confirm.is_empty()) else { return };
+        let later = std::mem::replace(&mut store.asked, confirm);
+        let events = store.carry_out();
+        store.asked = later;
+        for event in events {
+            self.core.handle(self.now, event);
+        }
+        let mut out = Vec::new();
+        self.core.flush(&mut out);
+        self.take_output(out);
     }
 
     fn input(&mut self, name: &str, kind: Input) {

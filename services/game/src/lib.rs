@@ -442,7 +442,11 @@ pub trait Game: Send {
     }
 
     /// A player's action, on this shard (where the player is, or where its target is).
-    /// The actor may be a copy of a neighbour's player.
+    /// The actor may be a copy of a neighbour's player. An action answered `Done` whose
+    /// hook saved a persistent entity (spawned, persisted or despawned one) is answered
+    /// only once the store has it: nothing acknowledged is lost with a shard killed right
+    /// after; the player's later inputs wait behind it, and a store that does not confirm
+    /// within 2 s gets it answered `UNAVAILABLE`.
     fn action(&mut self, ctx: &mut Context<'_>, actor: EntityId, action: Action<'_>) -> Reply {
         let _ = (ctx, actor, action);
         Reply::rejected("this world has no actions")

@@ -349,7 +349,7 @@ impl ShardCore {
             Event::KvAnswers(replies) => self.kv_answers(replies),
             Event::EntitiesFound(records) => self.entities_found(records),
             Event::EntitiesClaimed(records) => self.entities_claimed(records),
-            Event::EntitiesRefused(ids) => self.entities_refused(ids),
+            Event::EntitiesSaved { through, refused } => self.entities_saved(through, refused),
         }
     }
 

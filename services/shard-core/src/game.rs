@@ -30,6 +30,7 @@ use crate::core::ShardCore;
 use crate::game_slot::GameMail;
 use crate::kv::{KvOp, KvReply};
 use crate::messages::peer_at;
+use crate::persistent_slot::AnswerTo;
 use crate::types::{Awaiting, LinkId, Seat, Transmit, PENDING_LIMIT};
 
 /// How long an action sent to its target's owner waits for the answer before it is
@@ -244,7 +245,17 @@ impl ShardCore {
                 }
             }
             _ => {
-                let reply = self.run_action(player, &action);
+                let mark = self.writes_so_far();
+                let reply = match self.run_action(player, &action) {
+                    Reply::Done(payload) => {
+                        let to = AnswerTo::Here { player };
+                        match self.done_when_saved(mark, to, action.client_time, payload) {
+                            Ok(()) => return,
+                            Err(payload) => Reply::Done(payload),
+                        }
+                    }
+                    rejected => rejected,
+                };
                 self.answer_action(link, session, action.client_time, reply);
             }
         }
@@ -299,7 +310,17 @@ impl ShardCore {
             self.peer_out.push(origin, peer_at(actor, (0, 0), Peer::Answer(answer)));
             return;
         }
-        let reply = self.run_action(actor, &action);
+        let mark = self.writes_so_far();
+        let reply = match self.run_action(actor, &action) {
+            Reply::Done(payload) => {
+                let to = AnswerTo::Origin { shard: origin, actor };
+                match self.done_when_saved(mark, to, action.client_time, payload) {
+                    Ok(()) => return,
+                    Err(payload) => Reply::Done(payload),
+                }
+            }
+            rejected => rejected,
+        };
         let answer = match reply {
             Reply::Done(payload) => ActionAnswer {
                 client_time: action.client_time,

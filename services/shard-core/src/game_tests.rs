@@ -79,6 +79,8 @@ struct Harness {
     kv: Vec<KvRequest>,
     /// What went to the store for persistent entities: writes, loads asked, claims.
     saved: Vec<EntitySave>,
+    /// The numbers of the rounds of writes flushed so far.
+    rounds: Vec<u64>,
     loads: usize,
     claims: Vec<EntityRecord>,
 }
@@ -118,6 +120,7 @@ impl Harness {
             seq: 0,
             kv: Vec::new(),
             saved: Vec::new(),
+            rounds: Vec::new(),
             loads: 0,
             claims: Vec::new(),
         };
@@ -177,7 +180,10 @@ impl Harness {
                 }
                 Transmit::Peer { to: NEIGHBOUR, messages } => sent.extend(messages),
                 Transmit::Kv(requests) => self.kv.extend(requests),
-                Transmit::SaveEntities(saves) => self.saved.extend(saves),
+                Transmit::SaveEntities { round, saves } => {
+                    self.rounds.push(round);
+                    self.saved.extend(saves)
+                }
                 Transmit::LoadEntities => self.loads += 1,
                 Transmit::ClaimEntities(claims) => self.claims.extend(claims),
                 _ => {}

@@ -26,12 +26,14 @@
 
 use meridian_cluster::ShardId;
 use meridian_game::{EntityId, GameError};
-use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage};
+use meridian_rpc::pb::{peer_message::Kind as Peer, ActionAnswer, PeerMessage};
 use meridian_world::{Look, PlayerId, Position};
 use tracing::{debug, info, warn};
 
 use crate::core::ShardCore;
-use crate::types::{EntityRecord, EntitySave, Transmit};
+use crate::messages::peer_at;
+use crate::persistent_slot::{AnswerTo, Durable};
+use crate::types::{Awaiting, EntityRecord, EntitySave, Transmit};
 
 /// A fingerprint of what a save of the entity would write.
 fn fingerprint(at: Position, generation: u64, look: &Look, private: &[u8]) -> u64 {
@@ -100,6 +102,7 @@ impl ShardCore {
     /// Every save interval: the persistent NPCs owned here that changed since their last
     /// save. Those no longer owned here are forgotten.
     pub(crate) fn save_changed_entities(&mut self) {
+        self.expire_durable();
         if !self.persistent.round_due(self.now) {
             return;
         }
@@ -238,9 +241,77 @@ impl ShardCore {
         self.run_game_mail();
     }
 
+    /// The store has the writes of every round up to `through`, but for `refused`: the
+    /// answers that waited for them go, and the refused entities' copies here.
+    pub(crate) fn entities_saved(&mut self, through: u64, refused: Vec<u64>) {
+        self.entities_refused(refused);
+        let (due, waiting): (Vec<Durable>, Vec<Durable>) =
+            std::mem::take(&mut self.persistent.durable)
+                .into_iter()
+                .partition(|d| d.round <= through);
+        self.persistent.durable = waiting;
+        for answer in due {
+            self.answer_durable(answer);
+        }
+    }
+
+    /// An action that saved persistent entities is answered `ActionDone` once the store
+    /// has them (nothing acknowledged is lost with a shard killed meanwhile); until then
+    /// the player's later inputs wait, as behind an action on another shard's entity, and
+    /// an answer that waits longer than `ACTION_ANSWER_WITHIN` is given up on (the player
+    /// gets `UNAVAILABLE`; the save may still land). `mark` is how many writes this round
+    /// had before the action ran; whether it saved anything is the difference.
+    pub(crate) fn done_when_saved(
+        &mut self,
+        mark: usize,
+        to: AnswerTo,
+        client_time: u64,
+        payload: Vec<u8>,
+    ) -> Result<(), Vec<u8>> {
+        if self.persistent.round.len() <= mark {
+            return Err(payload);
+        }
+        if let AnswerTo::Here { player, .. } = &to {
+            let Some(seat) = self.roster.seat_mut(*player) else { return Err(payload) };
+            seat.awaiting = Some(Awaiting { since: self.now, client_time });
+        }
+        let round = self.persistent.next_round;
+        self.persistent.durable.push(Durable { round, to, client_time, payload, since: self.now });
+        Ok(())
+    }
+
+    /// How many writes this round holds so far (see [`ShardCore::done_when_saved`]).
+    pub(crate) fn writes_so_far(&self) -> usize {
+        self.persistent.round.len()
+    }
+
+    fn answer_durable(&mut self, answer: Durable) {
+        let reply = ActionAnswer {
+            client_time: answer.client_time,
+            done: true,
+            payload: answer.payload,
+            rejected: String::new(),
+        };
+        match answer.to {
+            AnswerTo::Here { player, .. } => self.action_answer(player, reply),
+            AnswerTo::Origin { shard, actor } => {
+                self.peer_out.push(shard, peer_at(actor, (0, 0), Peer::Answer(reply)))
+            }
+        }
+    }
+
+    /// Answers waiting longer than the origin waits for them are dropped (the player was
+    /// answered `UNAVAILABLE` meanwhile).
+    fn expire_durable(&mut self) {
+        let now = self.now;
+        self.persistent.durable.retain(|d| {
+            now.saturating_duration_since(d.since) <= crate::game::ACTION_ANSWER_WITHIN
+        });
+    }
+
     /// Saves the store refused: a newer owner has these entities, so the copies owned
     /// here go (their removal is not saved).
-    pub(crate) fn entities_refused(&mut self, ids: Vec<u64>) {
+    fn entities_refused(&mut self, ids: Vec<u64>) {
         for id in ids {
             let npc = PlayerId(id);
             self.persistent.claiming.remove(&npc);
@@ -258,7 +329,9 @@ impl ShardCore {
     pub(crate) fn flush_entities(&mut self, out: &mut Vec<Transmit>) {
         let persistent = &mut self.persistent;
         if !persistent.round.is_empty() {
-            out.push(Transmit::SaveEntities(std::mem::take(&mut persistent.round)));
+            let (round, saves) = (persistent.next_round, std::mem::take(&mut persistent.round));
+            persistent.next_round += 1;
+            out.push(Transmit::SaveEntities { round, saves });
         }
         if !persistent.claims.is_empty() {
             out.push(Transmit::ClaimEntities(std::mem::take(&mut persistent.claims)));

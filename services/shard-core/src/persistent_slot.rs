@@ -10,6 +10,21 @@ use meridian_world::PlayerId;
 
 use crate::types::{EntityRecord, EntitySave};
 
+/// An action's `ActionDone` held until the store has the writes of `round`: to a player
+/// owned here, or to the shard of the player whose action ran here.
+pub(crate) struct Durable {
+    pub round: u64,
+    pub to: AnswerTo,
+    pub client_time: u64,
+    pub payload: Vec<u8>,
+    pub since: Instant,
+}
+
+pub(crate) enum AnswerTo {
+    Here { player: PlayerId },
+    Origin { shard: meridian_cluster::ShardId, actor: PlayerId },
+}
+
 /// The core's record of what it saved and what it asked the store.
 pub(crate) struct Persistent {
     /// How often changed entities are saved; `None`: there is no store.
@@ -28,6 +43,10 @@ pub(crate) struct Persistent {
     pub claims: Vec<EntityRecord>,
     /// Copies here of other shards' persistent NPCs.
     pub ghosts: FxHashSet<PlayerId>,
+    /// The number of the next round of writes (`Transmit::SaveEntities`), from 1.
+    pub next_round: u64,
+    /// Action answers that wait for the store to have what their action saved.
+    pub durable: Vec<Durable>,
     /// Persistent NPCs despawned here in this life: never claimed back (a load may read a
     /// record before the removal reaches the store). One id per despawn, for the life.
     pub removed: FxHashSet<PlayerId>,
@@ -47,6 +66,8 @@ impl Persistent {
             claims: Vec::new(),
             ghosts: FxHashSet::default(),
             removed: FxHashSet::default(),
+            next_round: 1,
+            durable: Vec::new(),
         }
     }
 

@@ -50,9 +50,10 @@ fn a_persistent_entity_is_saved_when_planted_and_its_removal_when_despawned() {
     h.saved.clear();
     h.action(21, 0, 1);
     let (told, _) = h.flush();
-    let [answer] = &answers(&told)[..] else { panic!("one answer: {told:?}") };
-    let id: u64 = answer.strip_prefix("done 1 ").expect("planted").parse().expect("its id");
-    let planted = EntityRecord {
+    assert_eq!(answers(&told), Vec::<String>::new(), "not answered before the store has it");
+    let [EntitySave::Upsert(planted)] = &h.saved[..] else { panic!("one save: {:?}", h.saved) };
+    let id = planted.id;
+    let expected = EntityRecord {
         id,
         kind: 2,
         name: "flag".into(),
@@ -63,16 +64,57 @@ fn a_persistent_entity_is_saved_when_planted_and_its_removal_when_despawned() {
         shard: ME.0,
         incarnation: 1,
     };
-    assert_eq!(h.saved, [EntitySave::Upsert(planted)], "saved in the round it was planted");
+    assert_eq!(planted, &expected, "saved in the round it was planted");
+    let round = *h.rounds.last().expect("a round");
+    h.core.handle(h.now, Event::EntitiesSaved { through: round, refused: Vec::new() });
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), [format!("done 1 {id}")], "answered once it is in the store");
     h.saved.clear();
     h.wait(Duration::from_secs(2));
     h.flush();
     assert_eq!(h.saved, [], "unchanged: not saved again");
     h.action(22, id, 2);
     let (told, _) = h.flush();
-    assert_eq!(answers(&told), ["done 2 "]);
+    assert!(answers(&told).is_empty(), "an uproot waits for its removal to be stored too");
     let removed = EntitySave::Remove { id, generation: 0, shard: ME.0, incarnation: 1 };
     assert_eq!(h.saved, [removed]);
+    let round = *h.rounds.last().expect("a round");
+    h.core.handle(h.now, Event::EntitiesSaved { through: round, refused: Vec::new() });
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["done 2 "]);
+}
+
+/// Nothing acknowledged is lost: an action that planted a persistent entity is answered
+/// only once the store has it; the player's later inputs wait behind it, in order, and a
+/// store that does not confirm in time gets the action answered UNAVAILABLE.
+#[test]
+fn an_action_that_saved_is_answered_after_the_store_has_it_and_later_inputs_wait() {
+    let mut h = Harness::with_store(true);
+    h.flush();
+    h.action(21, 0, 1);
+    h.action(3, 0, 2);
+    let (told, _) = h.flush();
+    assert!(answers(&told).is_empty(), "the plant waits, the echo behind it: {told:?}");
+    let first = *h.rounds.last().expect("a round");
+    h.core.handle(h.now, Event::EntitiesSaved { through: first - 1, refused: Vec::new() });
+    let (told, _) = h.flush();
+    assert!(answers(&told).is_empty(), "an earlier round is not this one");
+    h.core.handle(h.now, Event::EntitiesSaved { through: first, refused: Vec::new() });
+    let (told, _) = h.flush();
+    let told = answers(&told);
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert!(told[0].starts_with("done 1 ") && told[1] == "done 2 p2", "in order: {told:?}");
+    // The store never confirms: UNAVAILABLE after 2 s, and the player goes on.
+    h.action(21, 0, 3);
+    h.flush();
+    h.wait(Duration::from_millis(2_100));
+    h.action(3, 0, 4);
+    let (told, _) = h.flush();
+    assert_eq!(answers(&told), ["UNAVAILABLE 3", "done 4 p4"]);
+    let round = *h.rounds.last().expect("a round");
+    h.core.handle(h.now, Event::EntitiesSaved { through: round, refused: Vec::new() });
+    let (told, _) = h.flush();
+    assert!(answers(&told).is_empty(), "a late confirmation answers nothing twice");
 }
 
 #[test]
@@ -115,7 +157,7 @@ fn entities_whose_owner_is_gone_are_claimed_from_the_store_and_come_back_with_th
     assert_eq!(h.core.world.position(PlayerId(100)), Some(Position::new(50, 50)));
     assert_eq!(h.saved, [EntitySave::Upsert(claim(&dead))], "saved under the claim at once");
     assert!(h.core.world.position(PlayerId(101)).is_none(), "a claim the store refused");
-    h.core.handle(h.now, Event::EntitiesRefused(vec![100]));
+    h.core.handle(h.now, Event::EntitiesSaved { through: 0, refused: vec![100] });
     h.flush();
     assert!(h.core.world.position(PlayerId(100)).is_none(), "a newer owner saved it: dropped");
     assert_eq!(h.core.metrics.entities_fenced_out.get(), 1);

@@ -155,8 +155,9 @@ pub enum Event {
     /// The claims of [`Transmit::ClaimEntities`] the store took (the rest were refused: a
     /// newer owner had saved them).
     EntitiesClaimed(Vec<EntityRecord>),
-    /// Saves of persistent entities the store refused: a newer owner has them.
-    EntitiesRefused(Vec<u64>),
+    /// The store has every write of persistent entities of the rounds up to `through`
+    /// ([`Transmit::SaveEntities`]'s `round`), but for `refused`: a newer owner has those.
+    EntitiesSaved { through: u64, refused: Vec<u64> },
 }
 
 /// Output of the core for the shell to send.
@@ -179,9 +180,10 @@ pub enum Transmit {
     /// [`Event::KvAnswers`] (only with `CoreConfig::save_interval`: a shard with a store).
     Kv(Vec<crate::kv::KvRequest>),
     /// Persistent entities to save, fenced by generation (a newer write of one entity
-    /// replaces an older one still waiting); refusals come back as
-    /// [`Event::EntitiesRefused`].
-    SaveEntities(Vec<EntitySave>),
+    /// replaces an older one still waiting), in rounds numbered from 1: once the store has
+    /// the writes of this round and every earlier one, the shell says so with
+    /// [`Event::EntitiesSaved`] (with what the store refused).
+    SaveEntities { round: u64, saves: Vec<EntitySave> },
     /// Read every persistent entity in the store and hand them in with
     /// [`Event::EntitiesFound`] (retried until the store answers).
     LoadEntities,

@@ -239,7 +239,9 @@ impl WorldActor {
             Command::EntitiesClaimed { records } => {
                 self.core.handle(now, Event::EntitiesClaimed(records))
             }
-            Command::EntitiesRefused { ids } => self.core.handle(now, Event::EntitiesRefused(ids)),
+            Command::EntitiesSaved { through, refused } => {
+                self.core.handle(now, Event::EntitiesSaved { through, refused })
+            }
             Command::SaveAll { reply } => {
                 self.core.handle(now, Event::SaveAll);
                 self.flush();
@@ -281,9 +283,9 @@ impl WorldActor {
                         }
                     }
                     // Only a shard with a store makes these.
-                    Transmit::SaveEntities(saves) => {
+                    Transmit::SaveEntities { round, saves } => {
                         if let Some(entities) = &self.entities {
-                            entities.push(saves);
+                            entities.push(round, saves);
                         }
                     }
                     Transmit::LoadEntities => {

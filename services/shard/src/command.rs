@@ -74,9 +74,11 @@ pub enum Command {
     EntitiesClaimed {
         records: Vec<meridian_shard_core::EntityRecord>,
     },
-    /// Persistent entity saves the store refused (a newer owner has them).
-    EntitiesRefused {
-        ids: Vec<u64>,
+    /// The store has every persistent entity write of the rounds up to `through`, but
+    /// for `refused` (a newer owner has those).
+    EntitiesSaved {
+        through: u64,
+        refused: Vec<u64>,
     },
     /// The shard is about to exit: save every local player now. Answered once the saves
     /// are queued for the writer.

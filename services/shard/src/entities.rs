@@ -1,8 +1,9 @@
 //! Persistent entities in the store, off the world task (issue 34): the core's writes
 //! (`Transmit::SaveEntities`) wait in a map (the newest write of each entity, so what waits
 //! is bounded by the entities this shard has owned, never by time) for one writer task that
-//! writes the whole map as one batch and tells the core which writes the store refused (a
-//! newer owner has those entities: `Command::EntitiesRefused`); a failed batch is put back,
+//! writes the whole map as one batch and tells the core through which round the store has
+//! everything, and which writes it refused (a newer owner has those entities:
+//! `Command::EntitiesSaved`); a failed batch is put back,
 //! under any newer write queued meanwhile, and tried again a second later. Loads
 //! (`Transmit::LoadEntities`) and claims (`Transmit::ClaimEntities`) each run on a task of
 //! their own, tried again every second until the store answers. A store that is down or
@@ -23,11 +24,18 @@ use crate::ShardMetrics;
 /// How long after a failed store call the next try comes.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// Writes waiting for the writer: the newest per entity, and the last round they include.
+#[derive(Default)]
+struct Waiting {
+    saves: FxHashMap<u64, EntitySave>,
+    through: u64,
+}
+
 /// The world task's side of the writer, and where loads and claims start.
 #[derive(Clone)]
 pub struct Entities {
     store: Arc<Store>,
-    waiting: Arc<Mutex<FxHashMap<u64, EntitySave>>>,
+    waiting: Arc<Mutex<Waiting>>,
     /// Writes taken by the writer and not yet written (or put back): set and cleared
     /// under the `waiting` lock.
     writing: Arc<Mutex<usize>>,
@@ -57,12 +65,13 @@ impl Entities {
     }
 
     /// Queues a round's writes (one lock per round).
-    pub fn push(&self, saves: Vec<EntitySave>) {
+    pub fn push(&self, round: u64, saves: Vec<EntitySave>) {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         for save in saves {
-            keep_newest(&mut waiting, save);
+            keep_newest(&mut waiting.saves, save);
         }
-        self.metrics.entity_saves_pending.set(waiting.len() as i64);
+        waiting.through = waiting.through.max(round);
+        self.metrics.entity_saves_pending.set(waiting.saves.len() as i64);
         drop(waiting);
         self.wake.notify_one();
     }
@@ -70,7 +79,7 @@ impl Entities {
     /// Writes not in the store yet: waiting, or being written.
     pub fn unwritten(&self) -> usize {
         let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        waiting.len() + *self.writing.lock().unwrap_or_else(|p| p.into_inner())
+        waiting.saves.len() + *self.writing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Reads every persistent entity, for the core (tried until the store answers).
@@ -135,11 +144,13 @@ impl Entities {
     /// The writer: runs until the process ends.
     async fn write(self) {
         loop {
-            let batch: Vec<EntitySave> = {
+            // The batch holds every write of the rounds up to `through` (or a newer write of
+            // the same entity): once it is in the store, so are those rounds.
+            let (batch, through) = {
                 let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-                let batch: Vec<EntitySave> = waiting.drain().map(|(_, save)| save).collect();
+                let batch: Vec<EntitySave> = waiting.saves.drain().map(|(_, save)| save).collect();
                 *self.writing.lock().unwrap_or_else(|p| p.into_inner()) = batch.len();
-                batch
+                (batch, waiting.through)
             };
             if batch.is_empty() {
                 self.wake.notified().await;
@@ -156,10 +167,10 @@ impl Entities {
                             entities = report.refused.len(),
                             "persistent entity saves refused: a newer owner saved them"
                         );
-                        if let Some(commands) = self.commands.get() {
-                            let ids = report.refused;
-                            let _ = commands.send(Command::EntitiesRefused { ids }).await;
-                        }
+                    }
+                    if let Some(commands) = self.commands.get() {
+                        let refused = report.refused;
+                        let _ = commands.send(Command::EntitiesSaved { through, refused }).await;
                     }
                 }
                 Err(error) => {
@@ -169,14 +180,14 @@ impl Entities {
                         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
                         for save in batch {
                             // A newer write of the same entity, queued meanwhile, wins.
-                            waiting.entry(save.id()).or_insert(save);
+                            waiting.saves.entry(save.id()).or_insert(save);
                         }
                         *self.writing.lock().unwrap_or_else(|p| p.into_inner()) = 0;
                     }
                     tokio::time::sleep(RETRY_AFTER).await;
                 }
             }
-            let pending = self.waiting.lock().unwrap_or_else(|p| p.into_inner()).len();
+            let pending = self.waiting.lock().unwrap_or_else(|p| p.into_inner()).saves.len();
             self.metrics.entity_saves_pending.set(pending as i64);
         }
     }

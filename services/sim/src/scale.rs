@@ -618,7 +618,7 @@ impl Model {
                 | Transmit::Save(_)
                 | Transmit::WantIds
                 | Transmit::Kv(_)
-                | Transmit::SaveEntities(_)
+                | Transmit::SaveEntities { .. }
                 | Transmit::LoadEntities
                 | Transmit::ClaimEntities(_) => {}
             }

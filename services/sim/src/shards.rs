@@ -191,13 +191,13 @@ impl Sim {
                 }
                 Transmit::WantIds => self.store_ask(s, Request::Ids),
                 Transmit::Kv(requests) => self.store_ask(s, Request::Kv(requests)),
-                Transmit::SaveEntities(saves) => {
+                Transmit::SaveEntities { round, saves } => {
                     if self.focus.is_some() {
                         let ids: Vec<u64> = saves.iter().map(|save| save.id()).collect();
                         let line = format!("shard {s} saves {saves:?}");
                         self.note(&ids, || line);
                     }
-                    self.store_ask(s, Request::Save(saves))
+                    self.store_ask(s, Request::Save(round, saves))
                 }
                 Transmit::LoadEntities => self.store_ask(s, Request::Load),
                 Transmit::ClaimEntities(claims) => {

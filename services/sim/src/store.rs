@@ -20,7 +20,9 @@ use crate::{Ev, Sim};
 /// What a shard asked of the store.
 pub(crate) enum Request {
     Players(Vec<u64>),
-    Save(Vec<EntitySave>),
+    /// A round of writes, with its number: a shard's rounds land in order (its writer
+    /// takes them one batch after another).
+    Save(u64, Vec<EntitySave>),
     Load,
     Claim(Vec<EntityRecord>),
     Kv(Vec<KvRequest>),
@@ -38,6 +40,8 @@ pub(crate) struct StoreModel {
     next: u64,
     /// The next block of entity ids.
     next_id: u64,
+    /// When each shard's last round of writes lands: the next lands after it.
+    last_save: BTreeMap<u32, std::time::Duration>,
 }
 
 /// Entity ids handed out in blocks of this many, from far above the players'.
@@ -129,9 +133,16 @@ impl Sim {
         let store = &mut self.store;
         store.next += 1;
         let number = store.next;
+        let in_order = matches!(request, Request::Save(..));
         store.pending.insert(number, (s, request));
         let latency = Duration::from_micros(self.rng.random_range(500..30_000));
-        self.after(latency, Ev::Store(number));
+        let mut at = self.t + latency;
+        if in_order {
+            let after = self.store.last_save.get(&s).copied().unwrap_or_default();
+            at = at.max(after + Duration::from_micros(1));
+            self.store.last_save.insert(s, at);
+        }
+        self.at(at, Ev::Store(number));
     }
 
     /// The store carries a request out and answers it.
@@ -143,13 +154,10 @@ impl Sim {
         }
         let event = match request {
             Request::Players(players) => Event::Saved { players },
-            Request::Save(saves) => {
+            Request::Save(round, saves) => {
                 let refused: Vec<u64> =
                     saves.into_iter().filter_map(|save| self.store.save(save)).collect();
-                if refused.is_empty() {
-                    return;
-                }
-                Event::EntitiesRefused(refused)
+                Event::EntitiesSaved { through: round, refused }
             }
             Request::Load => Event::EntitiesFound(self.store.entities().cloned().collect()),
             Request::Claim(claims) => Event::EntitiesClaimed(
