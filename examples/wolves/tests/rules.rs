@@ -175,7 +175,7 @@ impl StoreModel {
                     }
                     events.push(Event::EntitiesSaved { through: round, refused });
                 }
-                Transmit::LoadEntities => {
+                Transmit::LoadEntities { .. } => {
                     let records = self.rows.values().filter_map(|row| row.record.clone());
                     events.push(Event::EntitiesFound(records.collect()));
                 }

@@ -184,7 +184,7 @@ impl Harness {
                     self.rounds.push(round);
                     self.saved.extend(saves)
                 }
-                Transmit::LoadEntities => self.loads += 1,
+                Transmit::LoadEntities { .. } => self.loads += 1,
                 Transmit::ClaimEntities(claims) => self.claims.extend(claims),
                 _ => {}
             }

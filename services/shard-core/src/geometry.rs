@@ -67,6 +67,15 @@ impl Geometry {
         out.dedup();
     }
 
+    /// This shard's regions, as `[x0, y0, x1, y1]` (half-open).
+    pub fn my_areas(&self) -> Vec<[u32; 4]> {
+        self.regions
+            .iter()
+            .filter(|r| Some(r.shard) == self.me)
+            .map(|r| [r.x0, r.y0, r.x1, r.y1])
+            .collect()
+    }
+
     /// How many regions `shard` owns.
     pub fn owner_count(&self, shard: ShardId) -> usize {
         self.regions.iter().filter(|r| r.shard == shard).count()

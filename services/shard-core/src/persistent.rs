@@ -339,7 +339,7 @@ impl ShardCore {
         if persistent.load_wanted && !persistent.loading {
             persistent.load_wanted = false;
             persistent.loading = true;
-            out.push(Transmit::LoadEntities);
+            out.push(Transmit::LoadEntities { areas: self.geometry.my_areas() });
         }
     }
 

@@ -184,9 +184,10 @@ pub enum Transmit {
     /// the writes of this round and every earlier one, the shell says so with
     /// [`Event::EntitiesSaved`] (with what the store refused).
     SaveEntities { round: u64, saves: Vec<EntitySave> },
-    /// Read every persistent entity in the store and hand them in with
-    /// [`Event::EntitiesFound`] (retried until the store answers).
-    LoadEntities,
+    /// Read the persistent entities in the store that stand in one of `areas` (this
+    /// shard's regions, `[x0, y0, x1, y1]` half-open) or were saved last by this shard,
+    /// and hand them in with [`Event::EntitiesFound`] (retried until the store answers).
+    LoadEntities { areas: Vec<[u32; 4]> },
     /// Write these records (each a newer generation under this shard) and hand in those
     /// the store took with [`Event::EntitiesClaimed`] (retried until the store answers).
     ClaimEntities(Vec<EntityRecord>),

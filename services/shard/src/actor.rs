@@ -288,9 +288,9 @@ impl WorldActor {
                             entities.push(round, saves);
                         }
                     }
-                    Transmit::LoadEntities => {
+                    Transmit::LoadEntities { areas } => {
                         if let Some(entities) = &self.entities {
-                            entities.load();
+                            entities.load(areas);
                         }
                     }
                     Transmit::ClaimEntities(claims) => {

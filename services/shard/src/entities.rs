@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use meridian_store::{EntityRow, EntityWrite, Store};
+use meridian_store::{Area, EntityRow, EntityWrite, Store};
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, Notify};
 use tracing::{info, warn};
@@ -42,11 +42,13 @@ pub struct Entities {
     wake: Arc<Notify>,
     metrics: Arc<ShardMetrics>,
     commands: Arc<OnceLock<mpsc::Sender<Command>>>,
+    /// This shard's id: it loads what it saved last, wherever it stands.
+    shard: u32,
 }
 
 impl Entities {
     /// Starts the writer.
-    pub fn start(store: Arc<Store>, metrics: Arc<ShardMetrics>) -> Entities {
+    pub fn start(store: Arc<Store>, metrics: Arc<ShardMetrics>, shard: u32) -> Entities {
         let entities = Entities {
             store,
             waiting: Default::default(),
@@ -54,6 +56,7 @@ impl Entities {
             wake: Arc::new(Notify::new()),
             metrics,
             commands: Default::default(),
+            shard,
         };
         tokio::spawn(entities.clone().write());
         entities
@@ -82,12 +85,16 @@ impl Entities {
         waiting.saves.len() + *self.writing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reads every persistent entity, for the core (tried until the store answers).
-    pub fn load(&self) {
+    /// Reads the persistent entities in `areas` or saved by this shard, for the core
+    /// (tried until the store answers).
+    pub fn load(&self, areas: Vec<[u32; 4]>) {
         let (store, commands) = (Arc::clone(&self.store), self.commands.get().cloned());
+        let shard = self.shard;
+        let areas: Vec<Area> =
+            areas.into_iter().map(|[x0, y0, x1, y1]| Area { x0, y0, x1, y1 }).collect();
         tokio::spawn(async move {
             let records = loop {
-                match store.entities().await {
+                match store.entities_for(&areas, shard).await {
                     Ok(rows) => break rows.into_iter().map(record).collect(),
                     Err(error) => {
                         warn!(%error, "cannot read the persistent entities; trying again");

@@ -279,8 +279,9 @@ pub async fn run(
         None => None,
     };
     let (kv_requests, kv_queue) = kv::queue();
-    let entities =
-        store.as_ref().map(|s| entities::Entities::start(Arc::clone(s), Arc::clone(&metrics)));
+    let entities = store
+        .as_ref()
+        .map(|s| entities::Entities::start(Arc::clone(s), Arc::clone(&metrics), config.id.0));
     let game = (config.game.factory)(config.id.0);
     let game_tick = (!config.game.is_none()).then_some(config.game.tick);
     if let Some(tick) = game_tick {

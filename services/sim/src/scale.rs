@@ -619,7 +619,7 @@ impl Model {
                 | Transmit::WantIds
                 | Transmit::Kv(_)
                 | Transmit::SaveEntities { .. }
-                | Transmit::LoadEntities
+                | Transmit::LoadEntities { .. }
                 | Transmit::ClaimEntities(_) => {}
             }
         }

@@ -199,7 +199,7 @@ impl Sim {
                     }
                     self.store_ask(s, Request::Save(round, saves))
                 }
-                Transmit::LoadEntities => self.store_ask(s, Request::Load),
+                Transmit::LoadEntities { areas } => self.store_ask(s, Request::Load(areas)),
                 Transmit::ClaimEntities(claims) => {
                     if self.focus.is_some() {
                         let ids: Vec<u64> = claims.iter().map(|c| c.id).collect();

@@ -23,7 +23,8 @@ pub(crate) enum Request {
     /// A round of writes, with its number: a shard's rounds land in order (its writer
     /// takes them one batch after another).
     Save(u64, Vec<EntitySave>),
-    Load,
+    /// This shard's regions: what stands in them, and what the shard saved last.
+    Load(Vec<[u32; 4]>),
     Claim(Vec<EntityRecord>),
     Kv(Vec<KvRequest>),
     Ids,
@@ -159,7 +160,16 @@ impl Sim {
                     saves.into_iter().filter_map(|save| self.store.save(save)).collect();
                 Event::EntitiesSaved { through: round, refused }
             }
-            Request::Load => Event::EntitiesFound(self.store.entities().cloned().collect()),
+            Request::Load(areas) => {
+                let inside = |r: &EntityRecord| {
+                    let (x, y) = r.at;
+                    r.shard == s
+                        || areas.iter().any(|[x0, y0, x1, y1]| {
+                            (*x0..*x1).contains(&x) && (*y0..*y1).contains(&y)
+                        })
+                };
+                Event::EntitiesFound(self.store.entities().filter(|r| inside(r)).cloned().collect())
+            }
             Request::Claim(claims) => Event::EntitiesClaimed(
                 claims.into_iter().filter(|c| self.store.write(c.clone(), false)).collect(),
             ),

@@ -72,6 +72,18 @@ pub struct EntityRow {
     pub incarnation: u64,
 }
 
+/// A rectangle of cells, `x0..x1` by `y0..y1` (half-open), for [`Store::entities_for`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Area {
+    pub x0: u32,
+    pub y0: u32,
+    pub x1: u32,
+    pub y1: u32,
+}
+
+/// Areas one [`Store::entities_for`] takes at most (a shard owns a few rectangles).
+pub const MAX_AREAS: usize = 256;
+
 /// One write of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntityWrite {
@@ -181,8 +193,28 @@ impl Store {
     /// Every entity not removed, in id order.
     pub async fn entities(&self) -> Result<Vec<EntityRow>, StoreError> {
         match self {
-            Store::Sqlite(s) => s.entities().await,
-            Store::Postgres(s) => s.entities().await,
+            Store::Sqlite(s) => s.entities(None).await,
+            Store::Postgres(s) => s.entities(None).await,
+        }
+    }
+
+    /// The entities not removed that stand in one of `areas` or were saved last by
+    /// `shard`, in id order: what a shard loads to find those it may have to bring back,
+    /// without reading the whole world. At most [`MAX_AREAS`] areas (`TooBig` past it).
+    pub async fn entities_for(
+        &self,
+        areas: &[Area],
+        shard: u32,
+    ) -> Result<Vec<EntityRow>, StoreError> {
+        if areas.len() > MAX_AREAS {
+            return Err(StoreError::TooBig(format!(
+                "{} areas; at most {MAX_AREAS} at once",
+                areas.len()
+            )));
+        }
+        match self {
+            Store::Sqlite(s) => s.entities(Some((areas, shard))).await,
+            Store::Postgres(s) => s.entities(Some((areas, shard))).await,
         }
     }
 }

@@ -27,7 +27,9 @@ mod kv;
 mod postgres;
 mod sqlite;
 
-pub use entities::{EntityReport, EntityRow, EntityWrite, ENTITY_NAME_MAX, ENTITY_STATE_MAX};
+pub use entities::{
+    Area, EntityReport, EntityRow, EntityWrite, ENTITY_NAME_MAX, ENTITY_STATE_MAX, MAX_AREAS,
+};
 pub use kv::{KvEntry, KvWrite, KV_KEY_MAX, KV_VALUE_MAX};
 
 use std::fmt;

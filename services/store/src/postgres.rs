@@ -55,6 +55,8 @@ const SCHEMA: &str = "
         incarnation BIGINT NOT NULL DEFAULT 0,
         removed    BOOLEAN NOT NULL DEFAULT FALSE
     );
+    CREATE INDEX IF NOT EXISTS meridian_entities_at ON meridian_entities (x, y);
+    CREATE INDEX IF NOT EXISTS meridian_entities_shard ON meridian_entities (shard);
 ";
 
 const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
@@ -371,11 +373,41 @@ impl PostgresStore {
         Ok(EntityReport { written, refused })
     }
 
-    pub async fn entities(&self) -> Result<Vec<EntityRow>, StoreError> {
+    /// Every entity not removed, or those in `areas` (arrays of corners, one element per
+    /// area) or saved by `shard`.
+    pub async fn entities(
+        &self,
+        filter: Option<(&[crate::Area], u32)>,
+    ) -> Result<Vec<EntityRow>, StoreError> {
+        const COLUMNS: &str =
+            "id, kind, name, x, y, state, private, generation, shard, incarnation";
+        let Some((areas, shard)) = filter else {
+            return self
+                .call(async |c: &Connected| {
+                    let sql = format!(
+                        "SELECT {COLUMNS} FROM meridian_entities WHERE NOT removed ORDER BY id"
+                    );
+                    let rows = c.client.query(&sql, &[]).await.map_err(unavailable)?;
+                    rows.iter().map(row_to_entity).collect()
+                })
+                .await;
+        };
+        let corner = |f: fn(&crate::Area) -> u32| -> Vec<i64> {
+            areas.iter().map(|a| i64::from(f(a))).collect()
+        };
+        let (x0, y0, x1, y1) =
+            (corner(|a| a.x0), corner(|a| a.y0), corner(|a| a.x1), corner(|a| a.y1));
+        let shard = i64::from(shard);
         self.call(async |c: &Connected| {
-            let sql = "SELECT id, kind, name, x, y, state, private, generation, shard, incarnation
-                       FROM meridian_entities WHERE NOT removed ORDER BY id";
-            let rows = c.client.query(sql, &[]).await.map_err(unavailable)?;
+            let sql = format!(
+                "SELECT {COLUMNS} FROM meridian_entities e WHERE NOT removed AND (shard = $1
+                 OR EXISTS (SELECT 1 FROM unnest($2::bigint[], $3::bigint[], $4::bigint[],
+                     $5::bigint[]) AS r(x0, y0, x1, y1)
+                     WHERE e.x >= r.x0 AND e.x < r.x1 AND e.y >= r.y0 AND e.y < r.y1))
+                 ORDER BY id"
+            );
+            let params: [&(dyn ToSql + Sync); 5] = [&shard, &x0, &y0, &x1, &y1];
+            let rows = c.client.query(&sql, &params).await.map_err(unavailable)?;
             rows.iter().map(row_to_entity).collect()
         })
         .await

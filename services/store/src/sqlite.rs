@@ -56,6 +56,8 @@ const SCHEMA: &str = "
         incarnation INTEGER NOT NULL DEFAULT 0,
         removed    INTEGER NOT NULL DEFAULT 0
     );
+    CREATE INDEX IF NOT EXISTS meridian_entities_at ON meridian_entities (x, y);
+    CREATE INDEX IF NOT EXISTS meridian_entities_shard ON meridian_entities (shard);
 ";
 
 const COLUMNS: &str = "account, player_id, name, x, y, state, generation";
@@ -382,16 +384,38 @@ impl SqliteStore {
         .await
     }
 
-    pub async fn entities(&self) -> Result<Vec<EntityRow>, StoreError> {
+    /// Every entity not removed, or those in `areas` or saved by `shard` (one
+    /// `(x >= ? AND x < ? AND y >= ? AND y < ?)` per area).
+    pub async fn entities(
+        &self,
+        filter: Option<(&[crate::Area], u32)>,
+    ) -> Result<Vec<EntityRow>, StoreError> {
+        let mut sql = String::from(
+            "SELECT id, kind, name, x, y, state, private, generation, shard, incarnation
+             FROM meridian_entities WHERE NOT removed",
+        );
+        let mut values: Vec<i64> = Vec::new();
+        if let Some((areas, shard)) = filter {
+            sql.push_str(" AND (shard = ?1");
+            values.push(i64::from(shard));
+            for area in areas {
+                let n = values.len();
+                sql.push_str(&format!(
+                    " OR (x >= ?{} AND x < ?{} AND y >= ?{} AND y < ?{})",
+                    n + 1,
+                    n + 2,
+                    n + 3,
+                    n + 4
+                ));
+                values.extend([area.x0, area.x1, area.y0, area.y1].map(i64::from));
+            }
+            sql.push(')');
+        }
+        sql.push_str(" ORDER BY id");
         self.with(move |connection| {
-            let mut select = connection
-                .prepare_cached(
-                    "SELECT id, kind, name, x, y, state, private, generation, shard, incarnation
-                     FROM meridian_entities WHERE NOT removed ORDER BY id",
-                )
-                .map_err(unavailable)?;
+            let mut select = connection.prepare_cached(&sql).map_err(unavailable)?;
             let rows = select
-                .query_map([], |row| {
+                .query_map(rusqlite::params_from_iter(values.iter()), |row| {
                     Ok(EntityRow {
                         id: to_u64(row.get(0)?),
                         kind: row.get(1)?,

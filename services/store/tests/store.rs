@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use meridian_store::{
-    Address, EntityReport, EntityRow, EntityWrite, KvEntry, KvWrite, Save, Saved, Store,
-    StoreError, ENTITY_NAME_MAX, ENTITY_STATE_MAX, KV_KEY_MAX, KV_VALUE_MAX, MAX_BATCH,
+    Address, Area, EntityReport, EntityRow, EntityWrite, KvEntry, KvWrite, Save, Saved, Store,
+    StoreError, ENTITY_NAME_MAX, ENTITY_STATE_MAX, KV_KEY_MAX, KV_VALUE_MAX, MAX_AREAS, MAX_BATCH,
 };
 use meridian_testkit::TempPostgres;
 
@@ -535,6 +535,35 @@ async fn one_of_racing_claims_wins(backend: Backend) {
     }
 }
 
+/// A shard loads what stands in its areas (half-open rectangles) and what it saved last
+/// wherever it stands, not the whole world; removed entities never.
+async fn a_shard_loads_the_entities_of_its_areas_and_its_own(backend: Backend) {
+    let store = backend.open().await;
+    let at = |id: u64, x: u32, y: u32, shard: u32| EntityRow { at: (x, y), ..entity(id, 1, shard) };
+    let rows = [
+        at(1, 10, 10, 5),   // in the first area
+        at(2, 99, 50, 5),   // on its last column
+        at(3, 100, 50, 5),  // just past it
+        at(4, 300, 300, 7), // elsewhere, but saved by the loading shard
+        at(5, 250, 20, 5),  // in the second area
+        at(6, 20, 20, 5),   // in the first area, removed
+    ];
+    let writes: Vec<EntityWrite> = rows.iter().map(upsert).collect();
+    store.save_entities(&writes).await.unwrap();
+    let remove = EntityWrite::Remove { id: 6, generation: 2, shard: 5, incarnation: 1 };
+    store.save_entities(&[remove]).await.unwrap();
+    let areas =
+        [Area { x0: 0, y0: 0, x1: 100, y1: 100 }, Area { x0: 200, y0: 0, x1: 400, y1: 100 }];
+    let loaded: Vec<u64> =
+        store.entities_for(&areas, 7).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(loaded, [1, 2, 4, 5]);
+    let none: Vec<u64> =
+        store.entities_for(&[], 9).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(none, Vec::<u64>::new(), "no area and nothing of its own");
+    let too_many = vec![areas[0]; MAX_AREAS + 1];
+    assert!(matches!(store.entities_for(&too_many, 7).await, Err(StoreError::TooBig(_))));
+}
+
 macro_rules! suite {
     ($($test:ident),* $(,)?) => {
         mod sqlite {
@@ -563,6 +592,7 @@ suite! {
     game_entries_are_compared_and_set_by_version,
     racing_compare_and_set_loses_no_update,
     entities_survive_reopening,
+    a_shard_loads_the_entities_of_its_areas_and_its_own,
     entity_writes_are_fenced_by_generation_and_shard,
     a_removed_entity_leaves_a_tombstone,
     an_entity_batch_keeps_each_entitys_last_write,
