@@ -1,8 +1,10 @@
 //! Saves per second the player store sustains, by batch size, for each backend in one run
-//! (issue 12; the figures are in BENCHMARKS.md).
+//! (issue 12), and the same for persistent entities (issue 34, `--what entities`); the
+//! figures are in BENCHMARKS.md.
 //!
 //! ```sh
 //! cargo run --release -p meridian-store --example save_rate -- --players 5000 --seconds 5
+//! cargo run --release -p meridian-store --example save_rate -- --what entities --seconds 3
 //! ```
 //!
 //! For each backend it opens a fresh store, creates `--players` accounts in it (one
@@ -17,6 +19,14 @@
 //! which runs in the caller's process) and, for a server of its own, PostgreSQL's (the
 //! postmaster and its backends, from /proc). The table at the end is Markdown.
 //!
+//! With `--what entities` the writer writes persistent entities instead
+//! (`Store::save_entities`, upserts of kind 2 named "flag" at generation 1 of shard 1, life
+//! 1): `--players` of them (ids far above a test's), each written once before the
+//! measurement (in batches of [`MAX_BATCH`], reported as their creation), so the measured
+//! writes overwrite rows as players' saves do. Every write a new cell, a public state of
+//! `--state-bytes` and a private state of 16 bytes, both from the write's number; the
+//! sample read back comes from `Store::entities` on the second connection.
+//!
 //! Backends: `sqlite` (a file in a new temporary directory: WAL, `synchronous = FULL`, as
 //! the store always opens it), `postgres` (a server of this run's own from Debian's
 //! `postgresql` package, started by `TempPostgres` with fsync on, or the server given by
@@ -27,6 +37,7 @@
 //! 600), and the servers it starts listen on loopback and are stopped and removed at the
 //! end.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -34,12 +45,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use meridian_store::{Address, Save, Saved, Store, MAX_BATCH};
+use meridian_store::{
+    Address, EntityRow, EntityWrite, Save, Saved, Store, ENTITY_STATE_MAX, MAX_BATCH,
+};
 use meridian_testkit::TempPostgres;
 
 /// Ids given to the accounts this benchmark creates: far above what a test or a local
 /// cluster hands out, so a shared `--postgres-url` database keeps its own players.
 const FIRST_PLAYER_ID: u64 = 7_000_000_000;
+/// Ids of the persistent entities this benchmark writes (`--what entities`), as far above
+/// a test's.
+const FIRST_ENTITY_ID: u64 = 8_000_000_000;
+/// Bytes of private state in each entity write.
+const ENTITY_PRIVATE_BYTES: usize = 16;
 const MAX_PLAYERS: u64 = 1_000_000;
 const MAX_SECONDS: u64 = 600;
 /// Cells are drawn on a map of this side (the default map is 400 x 400).
@@ -49,8 +67,13 @@ const MAP_SIDE: u64 = 400;
 #[derive(Debug, Parser)]
 #[command(name = "save_rate")]
 struct Cli {
-    /// Players created in each store; batches cycle through them.
-    #[arg(long, default_value_t = 5_000)]
+    /// What the writer writes: `players` (`Store::save`) or `entities` (upserts of
+    /// persistent entities, `Store::save_entities`).
+    #[arg(long, default_value = "players")]
+    what: What,
+    /// Players (or entities, with `--what entities`) created in each store; batches cycle
+    /// through them.
+    #[arg(long, visible_alias = "entities", default_value_t = 5_000)]
     players: u64,
     /// Batch sizes, each measured for --seconds per backend.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
@@ -68,12 +91,41 @@ struct Cli {
     /// Directory for the SQLite file (default: a new temporary directory, removed at the end).
     #[arg(long)]
     sqlite_dir: Option<PathBuf>,
-    /// Bytes of game state in each save (a shard saves none today).
+    /// Bytes of game state in each save (a shard saves none today); with `--what entities`,
+    /// of the public state (at most 1,024).
     #[arg(long, default_value_t = 0)]
     state_bytes: usize,
-    /// Players read back after each batch size, through a second connection.
+    /// Players (or entities) read back after each batch size, through a second connection.
     #[arg(long, default_value_t = 200)]
     verify: usize,
+}
+
+/// What the writer writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum What {
+    Players,
+    Entities,
+}
+
+impl FromStr for What {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<What, String> {
+        match text.trim() {
+            "players" => Ok(What::Players),
+            "entities" => Ok(What::Entities),
+            other => Err(format!("unknown --what {other:?}: players, entities")),
+        }
+    }
+}
+
+impl fmt::Display for What {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            What::Players => "players",
+            What::Entities => "entities",
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +160,7 @@ impl fmt::Display for Backend {
 
 /// The command line, checked as a whole.
 struct Config {
+    what: What,
     players: u64,
     batches: Vec<usize>,
     phase: Duration,
@@ -139,6 +192,12 @@ impl Config {
         if cli.state_bytes > 1 << 20 {
             problems.push(format!("--state-bytes {} is over 1 MiB", cli.state_bytes));
         }
+        if cli.what == What::Entities && cli.state_bytes > ENTITY_STATE_MAX {
+            problems.push(format!(
+                "--state-bytes {} is over an entity's {ENTITY_STATE_MAX}",
+                cli.state_bytes
+            ));
+        }
         if let Some(url) = &cli.postgres_url {
             if !matches!(Address::parse(url), Ok(Address::Postgres(_))) {
                 problems.push(format!("--postgres-url {url:?} is not a postgres:// address"));
@@ -148,6 +207,7 @@ impl Config {
             bail!("bad command line:\n  {}", problems.join("\n  "));
         }
         Ok(Config {
+            what: cli.what,
             players: cli.players,
             batches: cli.batches,
             phase: Duration::from_secs(cli.seconds),
@@ -307,9 +367,10 @@ impl Drop for Place {
 async fn main() -> anyhow::Result<()> {
     let config = Config::from_cli(Cli::parse())?;
     eprintln!(
-        "[save_rate] {} players, batch sizes {:?}, {} s each, {} bytes of state per save, \
-         {} players read back per batch size",
+        "[save_rate] {} {}, batch sizes {:?}, {} s each, {} bytes of state per save, \
+         {} read back per batch size",
         config.players,
+        config.what,
         config.batches,
         config.phase.as_secs(),
         config.state_bytes,
@@ -326,12 +387,13 @@ async fn main() -> anyhow::Result<()> {
     print_table(&config, &created, &rows);
     let wrong: usize = rows.iter().map(|r| r.wrong).sum();
     if wrong > 0 {
-        bail!("{wrong} players read back did not hold their last save (see the table)");
+        bail!("{wrong} {} read back did not hold their last save (see the table)", config.what);
     }
     Ok(())
 }
 
-/// Creates the players, then measures every batch size; returns how long creating took.
+/// Creates the players (or entities), then measures every batch size; returns how long
+/// creating took.
 async fn run_backend(
     backend: Backend,
     place: &Place,
@@ -342,31 +404,16 @@ async fn run_backend(
     // A second connection: what it reads was committed, not just sent.
     let reader = Store::open(&address).await.with_context(|| format!("opening {backend} again"))?;
 
-    eprintln!("[save_rate] {backend}: creating {} players", config.players);
+    let what = config.what;
+    eprintln!("[save_rate] {backend}: creating {} {what}", config.players);
     let started = Instant::now();
-    let mut next_progress = started + Duration::from_secs(1);
-    let mut ids = Vec::with_capacity(config.players as usize);
-    for index in 0..config.players {
-        let account = format!("save-rate-{index}");
-        let player = store
-            .player(&account, &account, FIRST_PLAYER_ID + index)
-            .await
-            .with_context(|| format!("{backend}: creating {account}"))?;
-        ids.push(player.player_id);
-        if Instant::now() >= next_progress {
-            next_progress += Duration::from_secs(1);
-            eprintln!("[save_rate] {backend}: {} players created", index + 1);
-        }
-    }
-    let creating = started.elapsed();
-    eprintln!(
-        "[save_rate] {backend}: {} players created in {:.1} s",
-        config.players,
-        creating.as_secs_f64()
-    );
-
+    let ids = match what {
+        What::Players => create_players(backend, &store, config.players).await?,
+        What::Entities => (0..config.players).map(|index| FIRST_ENTITY_ID + index).collect(),
+    };
     let mut writer = Writer {
         backend,
+        what,
         server_pid: place.server_pid(),
         store: &store,
         ids: &ids,
@@ -375,6 +422,18 @@ async fn run_backend(
         sequence: 0,
         state_bytes: config.state_bytes,
     };
+    if what == What::Entities {
+        // Every entity's row is there before the measurement, so that the measured writes
+        // overwrite rows as players' saves do.
+        writer.create_entities(started).await?;
+    }
+    let creating = started.elapsed();
+    eprintln!(
+        "[save_rate] {backend}: {} {what} created in {:.1} s",
+        config.players,
+        creating.as_secs_f64()
+    );
+
     let mut rows = Vec::new();
     for &batch in &config.batches {
         let first = writer.cursor;
@@ -395,15 +454,49 @@ async fn run_backend(
     Ok((creating, rows))
 }
 
-/// The single writer of one backend's run, and what it wrote last to every player.
+/// Creates the accounts, one `Store::player` call each; returns their players' ids.
+async fn create_players(backend: Backend, store: &Store, players: u64) -> anyhow::Result<Vec<u64>> {
+    let mut next_progress = Instant::now() + Duration::from_secs(1);
+    let mut ids = Vec::with_capacity(players as usize);
+    for index in 0..players {
+        let account = format!("save-rate-{index}");
+        let player = store
+            .player(&account, &account, FIRST_PLAYER_ID + index)
+            .await
+            .with_context(|| format!("{backend}: creating {account}"))?;
+        ids.push(player.player_id);
+        if Instant::now() >= next_progress {
+            next_progress += Duration::from_secs(1);
+            eprintln!("[save_rate] {backend}: {} players created", index + 1);
+        }
+    }
+    Ok(ids)
+}
+
+/// What the writer wrote last to a player or an entity: what reading it back must give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Written {
+    Player(Saved),
+    Entity(EntityRow),
+}
+
+/// One batch, as the store takes it.
+enum Batch {
+    Players(Vec<Save>),
+    Entities(Vec<EntityWrite>),
+}
+
+/// The single writer of one backend's run, and what it wrote last to every player (or
+/// entity).
 struct Writer<'a> {
     backend: Backend,
+    what: What,
     server_pid: Option<u32>,
     store: &'a Store,
     ids: &'a [u64],
-    /// The last save written to each player (by index in `ids`).
-    last: Vec<Option<Saved>>,
-    /// The index of the next player to save; batches walk the players round and round.
+    /// The last save written to each player or entity (by index in `ids`).
+    last: Vec<Option<Written>>,
+    /// The index of the next one to save; batches walk them round and round.
     cursor: usize,
     /// Counts every save of the run; each one's cell and state come from it.
     sequence: u64,
@@ -411,7 +504,124 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    /// Saves batches of `batch` players one after another for `phase`.
+    /// Writes every entity's first row, in batches of up to [`MAX_BATCH`] (the cursor ends
+    /// where it started).
+    async fn create_entities(&mut self, started: Instant) -> anyhow::Result<()> {
+        let mut next_progress = started + Duration::from_secs(1);
+        let mut left = self.ids.len();
+        while left > 0 {
+            let batch = left.min(MAX_BATCH);
+            self.write_batch(batch).await?;
+            left -= batch;
+            if Instant::now() >= next_progress {
+                next_progress += Duration::from_secs(1);
+                let done = self.ids.len() - left;
+                eprintln!("[save_rate] {}: {done} entities created", self.backend);
+            }
+        }
+        Ok(())
+    }
+
+    /// The next `batch` saves, each a new cell and state, and the index of each.
+    fn next_batch(&mut self, batch: usize) -> (Batch, Vec<usize>) {
+        let mut indices = Vec::with_capacity(batch);
+        let (mut saves, mut writes) = (Vec::new(), Vec::new());
+        for _ in 0..batch {
+            let index = self.cursor;
+            self.cursor = (self.cursor + 1) % self.ids.len();
+            self.sequence += 1;
+            let at =
+                ((self.sequence % MAP_SIDE) as u32, ((self.sequence / MAP_SIDE) % MAP_SIDE) as u32);
+            let bytes = self.sequence.to_le_bytes();
+            let filled = |n: usize| -> Vec<u8> { bytes.iter().copied().cycle().take(n).collect() };
+            let id = self.ids[index];
+            match self.what {
+                What::Players => saves.push(Save {
+                    player_id: id,
+                    generation: 1,
+                    at,
+                    state: filled(self.state_bytes),
+                }),
+                What::Entities => writes.push(EntityWrite::Upsert(EntityRow {
+                    id,
+                    kind: 2,
+                    name: "flag".into(),
+                    at,
+                    state: filled(self.state_bytes),
+                    private: filled(ENTITY_PRIVATE_BYTES),
+                    generation: 1,
+                    shard: 1,
+                    incarnation: 1,
+                })),
+            }
+            indices.push(index);
+        }
+        let rows = match self.what {
+            What::Players => Batch::Players(saves),
+            What::Entities => Batch::Entities(writes),
+        };
+        (rows, indices)
+    }
+
+    /// Writes the next batch of `batch` and remembers what it wrote; returns how long the
+    /// store's call took. Every save must be written (nothing else writes these rows).
+    async fn write_batch(&mut self, batch: usize) -> anyhow::Result<Duration> {
+        let backend = self.backend;
+        let (rows, indices) = self.next_batch(batch);
+        let call = Instant::now();
+        let (took, written): (Duration, Vec<Written>) = match rows {
+            Batch::Players(saves) => {
+                let report = self
+                    .store
+                    .save(&saves)
+                    .await
+                    .with_context(|| format!("{backend}: saving a batch of {batch}"))?;
+                let took = call.elapsed();
+                if report.written != saves.len() || !report.refused.is_empty() {
+                    bail!(
+                        "{backend}: a batch of {batch} wrote {} rows and refused {:?}",
+                        report.written,
+                        report.refused
+                    );
+                }
+                let saved = saves.into_iter().map(|save| {
+                    Written::Player(Saved {
+                        at: save.at,
+                        state: save.state,
+                        generation: save.generation,
+                    })
+                });
+                (took, saved.collect())
+            }
+            Batch::Entities(writes) => {
+                let report =
+                    self.store.save_entities(&writes).await.with_context(|| {
+                        format!("{backend}: writing a batch of {batch} entities")
+                    })?;
+                let took = call.elapsed();
+                if report.written.len() != writes.len() || !report.refused.is_empty() {
+                    bail!(
+                        "{backend}: a batch of {batch} entities wrote {} and refused {:?}",
+                        report.written.len(),
+                        report.refused
+                    );
+                }
+                let saved = writes.into_iter().map(|write| match write {
+                    EntityWrite::Upsert(row) => Written::Entity(row),
+                    EntityWrite::Remove { .. } => {
+                        unreachable!("invariant: the writer only upserts")
+                    }
+                });
+                (took, saved.collect())
+            }
+        };
+        for (index, written) in indices.into_iter().zip(written) {
+            self.last[index] = Some(written);
+        }
+        Ok(took)
+    }
+
+    /// Saves batches of `batch` one after another for `phase`.
     async fn measure(&mut self, batch: usize, phase: Duration) -> anyhow::Result<Row> {
         let backend = self.backend;
         let mut latencies = Vec::new();
@@ -420,40 +630,8 @@ impl Writer<'_> {
         let started = Instant::now();
         let mut next_progress = started + Duration::from_secs(1);
         while started.elapsed() < phase {
-            let mut rows = Vec::with_capacity(batch);
-            let mut indices = Vec::with_capacity(batch);
-            for _ in 0..batch {
-                let index = self.cursor;
-                self.cursor = (self.cursor + 1) % self.ids.len();
-                self.sequence += 1;
-                let at = (
-                    (self.sequence % MAP_SIDE) as u32,
-                    ((self.sequence / MAP_SIDE) % MAP_SIDE) as u32,
-                );
-                let bytes = self.sequence.to_le_bytes();
-                let state: Vec<u8> = bytes.iter().copied().cycle().take(self.state_bytes).collect();
-                rows.push(Save { player_id: self.ids[index], generation: 1, at, state });
-                indices.push(index);
-            }
-            let call = Instant::now();
-            let report = self
-                .store
-                .save(&rows)
-                .await
-                .with_context(|| format!("{backend}: saving a batch of {batch}"))?;
-            latencies.push(call.elapsed());
-            if report.written != rows.len() || !report.refused.is_empty() {
-                bail!(
-                    "{backend}: a batch of {batch} wrote {} rows and refused {:?}",
-                    report.written,
-                    report.refused
-                );
-            }
-            saves += rows.len() as u64;
-            for (index, save) in indices.into_iter().zip(rows) {
-                self.last[index] =
-                    Some(Saved { at: save.at, state: save.state, generation: save.generation });
-            }
+            latencies.push(self.write_batch(batch).await?);
+            saves += batch as u64;
             if Instant::now() >= next_progress {
                 next_progress += Duration::from_secs(1);
                 let elapsed = started.elapsed().as_secs_f64();
@@ -487,8 +665,8 @@ impl Writer<'_> {
         })
     }
 
-    /// Reads back up to `sample` of the `touched` players saved from `first` on, spread
-    /// evenly and always including the last one saved; returns (read, wrong).
+    /// Reads back up to `sample` of the `touched` players (or entities) saved from `first`
+    /// on, spread evenly and always including the last one saved; returns (read, wrong).
     async fn verify(
         &self,
         reader: &Store,
@@ -501,19 +679,30 @@ impl Writer<'_> {
             .map(|k| (first + k * touched / sample.min(touched)) % n)
             .collect();
         if touched > 0 {
-            // The last save of the phase was the player just before the cursor.
+            // The last save of the phase was the one just before the cursor.
             indices.push((self.cursor + n - 1) % n);
         }
         indices.sort_unstable();
         indices.dedup();
+        // Entities are read all at once (the store has no read of one entity).
+        let entities: Option<HashMap<u64, EntityRow>> = match self.what {
+            What::Players => None,
+            What::Entities => {
+                Some(reader.entities().await?.into_iter().map(|row| (row.id, row)).collect())
+            }
+        };
         let mut wrong = 0;
         for &index in &indices {
-            let found = reader.load(self.ids[index]).await?.and_then(|player| player.saved);
+            let id = self.ids[index];
+            let found = match &entities {
+                Some(rows) => rows.get(&id).cloned().map(Written::Entity),
+                None => reader.load(id).await?.and_then(|p| p.saved).map(Written::Player),
+            };
             if found != self.last[index] {
                 wrong += 1;
                 eprintln!(
-                    "[save_rate] {}: player {} holds {found:?}, last written {:?}",
-                    self.backend, self.ids[index], self.last[index]
+                    "[save_rate] {}: {} {id} holds {found:?}, last written {:?}",
+                    self.backend, self.what, self.last[index]
                 );
             }
         }
@@ -539,9 +728,16 @@ fn ms(duration: Duration) -> f64 {
 }
 
 fn print_table(config: &Config, created: &[(Backend, Duration)], rows: &[Row]) {
+    let (what, state) = match config.what {
+        What::Players => ("players (`Store::save`)", String::new()),
+        What::Entities => (
+            "persistent entities (`Store::save_entities`, upserts)",
+            format!(" of public state and {ENTITY_PRIVATE_BYTES} of private"),
+        ),
+    };
     println!(
-        "Saves of {} players, one writer, batches one after another, {} s per batch size; \
-         {} bytes of state per save; rows read back through a second connection.",
+        "Saves of {} {what}, one writer, batches one after another, {} s per batch size; \
+         {} bytes{state} per save; rows read back through a second connection.",
         config.players,
         config.phase.as_secs(),
         config.state_bytes
@@ -572,11 +768,14 @@ fn print_table(config: &Config, created: &[(Backend, Duration)], rows: &[Row]) {
         );
     }
     println!();
+    let creating = match config.what {
+        What::Players => "creating the players (one `Store::player` call each)".to_string(),
+        What::Entities => format!("writing the entities' first rows (batches of {MAX_BATCH})"),
+    };
     for (backend, took) in created {
         println!(
-            "- {backend}: creating the {} players (one `Store::player` call each) took {:.2} s, \
-             {} / s",
-            config.players,
+            "- {backend}: {creating}: {} in {:.2} s, {} / s",
+            thousands(config.players as f64),
             took.as_secs_f64(),
             thousands(config.players as f64 / took.as_secs_f64())
         );
@@ -588,9 +787,16 @@ fn print_table(config: &Config, created: &[(Backend, Duration)], rows: &[Row]) {
          other work show it"
     );
     if config.batches.iter().any(|&b| b > MAX_BATCH) {
-        println!(
-            "- batches over {MAX_BATCH} rows are split by the store, one statement per {MAX_BATCH}"
-        );
+        match config.what {
+            What::Players => println!(
+                "- batches over {MAX_BATCH} rows are split by the store, one statement per \
+                 {MAX_BATCH}"
+            ),
+            What::Entities => println!(
+                "- a batch of entity writes is one transaction whatever its size (PostgreSQL: \
+                 one statement), as a shard's writer sends all its waiting writes at once"
+            ),
+        }
     }
 }
 
