@@ -107,7 +107,10 @@ impl ShardCore {
             return;
         }
         let owned = self.roster.seated_where(|seat| seat.npc && seat.persistent);
-        self.persistent.saved.retain(|npc, _| owned.contains(npc));
+        // A set, not the list: one lookup per saved entity (a list made the round
+        // quadratic: 133 ms at 20,000 NPCs, BENCHMARKS "Saving persistent entities").
+        let owned_set: rustc_hash::FxHashSet<PlayerId> = owned.iter().copied().collect();
+        self.persistent.saved.retain(|npc, _| owned_set.contains(npc));
         for npc in owned {
             let (Some(seat), Some(at), Some(look)) =
                 (self.roster.seat(npc), self.world.position(npc), self.world.look(npc))
