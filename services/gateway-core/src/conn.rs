@@ -174,6 +174,10 @@ pub(super) struct Conn {
     /// When the stopping gateway said `SHUTTING_DOWN` to it: what it sends from then on is
     /// answered so, and it closes [`crate::GOODBYE_GRACE`] later.
     pub(super) goodbye_at: Option<Instant>,
+    /// The stopping gateway answered this connection's moves in flight itself (the shards
+    /// did not within `SHUTDOWN_WAIT`): what the shards send it from then on is dropped, or
+    /// a late answer would answer a move twice.
+    pub(super) shards_silenced: bool,
     pub(super) dirty: bool,
 }
 
@@ -236,6 +240,7 @@ impl Conn {
             closing: Closing::No,
             closing_since: None,
             goodbye_at: None,
+            shards_silenced: false,
             dirty: false,
         }
     }

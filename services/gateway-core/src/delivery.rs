@@ -172,6 +172,10 @@ impl Ctx {
     /// Writes a shard's delivery for a connection and follows a handoff marker, then
     /// releases anything the new owner sent meanwhile.
     pub(super) fn deliver(&mut self, conn: &mut Conn, slot: u32, mut delivery: Delivery) {
+        if conn.shards_silenced {
+            // Its moves in flight were refused at shutdown; it closes soon.
+            return;
+        }
         if conn.restoring && !delivery.frames.is_empty() {
             // Restoring, the client's view starts over at the ViewReset that answers the
             // restore: output before it was against a view the client never got (lost with

@@ -102,6 +102,7 @@ impl Ctx {
     /// The gateway has stopped waiting for the shards' answers ([`crate::SHUTDOWN_WAIT`]):
     /// what `conn` still has in flight is refused, then it is told `SHUTTING_DOWN`.
     pub(super) fn goodbye_now(&mut self, conn: &mut Conn, slot: u32) {
+        conn.shards_silenced |= !conn.inflight.is_empty();
         for (client_time, ..) in std::mem::take(&mut conn.inflight) {
             let detail = "gateway shutting down before the shard answered";
             self.refuse(conn, slot, ErrorCode::Unavailable, detail, client_time);

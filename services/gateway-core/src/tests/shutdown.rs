@@ -74,3 +74,22 @@ fn moves_a_shard_does_not_answer_in_time_are_refused_before_the_goodbye() {
     ];
     assert_eq!(errors(&replies(&mut core, slot)), expected);
 }
+
+/// Moves the gateway refused itself at shutdown are not answered again when the shard's
+/// late answer comes after all (found by the `gateway_core` fuzz target: the inputs were
+/// still queued to the shard, which applied and answered them after the refusal).
+#[test]
+fn a_shards_late_answer_to_a_move_refused_at_shutdown_is_not_told_twice() {
+    let (mut core, _links, mail) = core_limited(64, 1, Limits::default());
+    let t0 = Instant::now();
+    let slot = login_at(&mut core, t0);
+    let session = core.relayed_session(slot);
+    write_all_at(&mut core, slot, vec![step(1)], t0);
+    core.shut_down(t0);
+    tick(&mut core, t0 + SHUTDOWN_WAIT + TICK);
+    let expected = vec![(ErrorCode::Unavailable, 1), (ErrorCode::ShuttingDown, 0)];
+    assert_eq!(errors(&replies(&mut core, slot)), expected);
+    mail.send(answer_to_move_1(session)).unwrap();
+    core.process_mail(t0 + SHUTDOWN_WAIT + TICK * 2);
+    assert_eq!(replies(&mut core, slot), vec![], "move 1 was answered already");
+}
