@@ -36,13 +36,13 @@ use meridian_protocol::pb::ErrorCode;
 use meridian_protocol::server;
 use meridian_rpc::pb::player_input::Kind as Input;
 use meridian_rpc::pb::{peer_message::Kind as Peer, PeerMessage, PlayerInput};
-use meridian_world::{Envelope, Notification, PlayerId, World};
+use meridian_world::{Envelope, PlayerId, World};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tracing::{debug, warn};
 
 use crate::claims::Claims;
-use crate::game_slot::{game_notification, GameSlot};
+use crate::game_slot::GameSlot;
 use crate::gateway_links::GatewayLinks;
 use crate::geometry::Geometry;
 use crate::ghosts::Ghosts;
@@ -57,6 +57,7 @@ use crate::peers_seen::PeersSeen;
 use crate::persistent_slot::Persistent;
 use crate::reports;
 use crate::roster::{fresh_nonce, Roster};
+use crate::routes::RouteCache;
 use crate::saves::Saves;
 use crate::sequence::Offered;
 use crate::types::{CoreConfig, Event, GatewayLane, LinkId, Transmit, FORWARDED_KEPT};
@@ -106,6 +107,8 @@ pub struct ShardCore {
     pub(crate) outbox: Outbox,
     pub(crate) peer_out: PeerRounds,
     pub(crate) envelopes: Vec<Envelope>,
+    /// Where viewers' output goes this round (see `routes.rs`).
+    pub(crate) routes: RouteCache,
     pub(crate) holders: Vec<ShardId>,
     /// Spawn cells and resume nonces (see [`ShardCore::random_spawn`]); the game has its
     /// own (`GameSlot`), so the game's draws do not change these.
@@ -117,7 +120,7 @@ pub struct ShardCore {
     /// Divergent clients with news this round: their views are brought forward once, at
     /// the end of the round (a resync looks at everyone in view; once per message it
     /// would be quadratic in a crowd).
-    resync_due: Vec<PlayerId>,
+    pub(crate) resync_due: Vec<PlayerId>,
     /// The game and its NPC ids, mail and changed states (see `game.rs`).
     pub(crate) game: GameSlot,
     /// The share of moves refused while the gateways cannot take the output (see
@@ -168,6 +171,7 @@ impl ShardCore {
             outbox: Outbox::default(),
             peer_out: PeerRounds::default(),
             envelopes: Vec::with_capacity(1024),
+            routes: RouteCache::default(),
             holders: Vec::new(),
             rng: SmallRng::seed_from_u64(config.seed ^ u64::from(config.id.0)),
             started: now,
@@ -798,70 +802,6 @@ impl ShardCore {
             views::resync(observer, divergent, (seat.link, seat.session), parts, out, self.now);
         if let Some(still) = still {
             self.roster.set_divergent(observer, still);
-        }
-    }
-
-    /// Turns the world's envelopes into frames for their recipients' connections.
-    pub(crate) fn route_envelopes(&mut self) {
-        for envelope in self.envelopes.drain(..) {
-            let Some(seat) = self.roster.seat(envelope.to) else {
-                continue;
-            };
-            // (Checked for emptiness first: this runs per notification, and most rounds have
-            // no client mid-handoff.)
-            let divergent =
-                if self.roster.any_divergent() { self.roster.divergent(envelope.to) } else { None };
-            if let Some(divergent) = divergent {
-                // A client just handed in gets its view from the told-vs-world difference;
-                // only its own acks go through as they are, and chat from itself and from
-                // speakers it has been told it sees (others are not in its view yet, or no
-                // longer).
-                match &envelope.note {
-                    Notification::Moved { subject, .. } if *subject == envelope.to => {}
-                    Notification::Chat { speaker: subject, .. }
-                    | Notification::StateChanged { subject, .. }
-                    | Notification::Event { source: subject, .. } => {
-                        // One-off news about a subject the client has been told it sees
-                        // (an Entered still to come carries the current state anyway).
-                        let seen = *subject == envelope.to
-                            || divergent.told.get(subject).is_some_and(|told| told.seen);
-                        if !seen {
-                            continue;
-                        }
-                    }
-                    _ => {
-                        self.resync_due.push(envelope.to);
-                        continue;
-                    }
-                }
-            }
-            let (link, session, generation) = (seat.link, seat.session, seat.generation);
-            let note = envelope.note;
-            if let Notification::Moved { subject, position, client_time } = &note {
-                if *subject == envelope.to {
-                    // The mover's own ack: counted so the gateway knows it is answered, and
-                    // its position kept there in case this shard dies.
-                    let message = server::moved(subject.0, position.x, position.y, *client_time);
-                    self.outbox.push_move_answer(link, session, &message);
-                    self.outbox.track(link, session, position.x, position.y, generation);
-                    continue;
-                }
-            }
-            // The same notification for viewer after viewer (a mover's `Moved` goes to all
-            // who see it in a row): encoded once, copied to each.
-            self.outbox.push_shared(link, session, &seat.outbox, &note, || match &note {
-                Notification::Entered { subject, position, name, kind, state } => Some(
-                    server::entered_as(subject.0, position.x, position.y, &**name, *kind, state),
-                ),
-                Notification::Moved { subject, position, client_time } => {
-                    Some(server::moved(subject.0, position.x, position.y, *client_time))
-                }
-                Notification::Left { subject } => Some(server::left(subject.0)),
-                Notification::Chat { speaker, text } => Some(server::chat(speaker.0, &**text)),
-                Notification::StateChanged { .. } | Notification::Event { .. } => {
-                    game_notification(&note)
-                }
-            });
         }
     }
 

@@ -377,3 +377,57 @@ fn a_resume_gets_back_the_budgets_its_dropped_connection_parked() {
         vec![meridian_rpc::pb::Budgets { age_ms: 350, ..spent }]
     );
 }
+
+/// A viewer whose seat moves to a new stream of its own session (its gateway's stream broke
+/// and it came back over another) is told what it sees on the new stream from then on, in
+/// the same round too: where a viewer's output goes is remembered for the round
+/// (`routes.rs`), and forgotten when its seat moves.
+#[test]
+fn a_viewer_restored_on_a_new_stream_is_told_there_within_the_round() {
+    let mut h = Harness::new();
+    let other = LinkId(2);
+    h.actor.handle(h.now, Event::LinkOpened { link: other, gateway: GATEWAY, lane: 0 });
+    h.join(11, 1);
+    let mover = SESSION + 1;
+    let spawn = Some(client_pb::Position { x: 12, y: 10 });
+    let join = Join { name: "p12".into(), spawn, ..Default::default() };
+    let inputs = vec![PlayerInput { session: mover, ..input(12, 1, Input::Join(join)) }];
+    h.actor.handle(h.now, Event::Inputs { link: LINK, inputs });
+    h.received();
+
+    // One round: 12 moves (11 is told on its stream), 11 comes back over the other stream,
+    // 12 moves again.
+    move_on(&mut h, LINK, mover, 12, 2, 5);
+    let restore = Join {
+        name: "p11".into(),
+        spawn: Some(client_pb::Position { x: 10, y: 10 }),
+        restore: true,
+        generation: 1,
+        ..Default::default()
+    };
+    let inputs = vec![input(11, 2, Input::Join(restore))];
+    h.actor.handle(h.now, Event::Inputs { link: other, inputs });
+    move_on(&mut h, LINK, mover, 12, 3, 6);
+
+    let told = |link: LinkId, all: &[(LinkId, u64, Server, bool)]| -> Vec<String> {
+        let of_11 = all.iter().filter(|(l, session, _, _)| *l == link && *session == SESSION);
+        of_11
+            .map(|(_, _, message, _)| match message {
+                Server::Moved(m) => format!("moved {} to {:?}", m.player_id, m.position),
+                Server::ViewReset(_) => "view reset".into(),
+                Server::Entered(e) => format!("entered {}", e.player_id),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    };
+    let all = received_all(&mut h);
+    let at = |x| Some(client_pb::Position { x, y: 10 });
+    assert_eq!(told(LINK, &all), vec![format!("moved 12 to {:?}", at(13))], "the old stream");
+    let new = told(other, &all);
+    assert_eq!(new.first().map(String::as_str), Some("view reset"), "the new stream: {new:?}");
+    assert_eq!(
+        new.last(),
+        Some(&format!("moved 12 to {:?}", at(14))),
+        "the move after it, on the new stream: {new:?}"
+    );
+}

@@ -8,6 +8,7 @@
 
 mod claims;
 pub mod core;
+mod fanout;
 mod game;
 mod game_slot;
 mod gateway_links;
@@ -30,6 +31,7 @@ mod players;
 mod reports;
 mod resume;
 mod roster;
+mod routes;
 mod saves;
 mod sequence;
 pub mod types;

@@ -19,6 +19,7 @@ use meridian_rpc::{split_entries, SHARD_BATCH};
 
 use meridian_world::Notification;
 
+use crate::routes::Route;
 use crate::types::{LinkId, Memo, MemoAt};
 
 /// Starting size of a connection's frame buffer in a round: a few notifications fit
@@ -92,11 +93,44 @@ impl Outbox {
     /// connection: `message` makes its message (`None`: nothing is sent for it), called
     /// only when `note` differs from the last one pushed this way.
     /// `memo` is the viewer's (its seat's): where its output is, if this round has some.
+    #[cfg(test)]
     pub(crate) fn push_shared(
         &mut self,
         link: LinkId,
         session: u64,
         memo: &Memo,
+        note: &Notification,
+        message: impl FnOnce() -> Option<ServerMessage>,
+    ) {
+        let route = self.route(link, session, memo);
+        self.push_shared_at(route, note, message);
+    }
+
+    /// Where a connection's output is this round (made if it has none yet): from `memo`,
+    /// the viewer's (its seat's), if it is of this round, else found, and `memo` set.
+    pub(crate) fn route(&mut self, link: LinkId, session: u64, memo: &Memo) -> Route {
+        let at = memo
+            .0
+            .get()
+            .filter(|at| at.round == self.round && at.link == link && at.session == session);
+        let (link_at, index) = match at {
+            Some(at) => (at.link_at, at.index),
+            None => {
+                let (link_at, index) = slot_at(&mut self.links, link, session);
+                let round = self.round;
+                let (link_at, index) = (link_at as u32, index as u32);
+                memo.0.set(Some(MemoAt { round, session, link, link_at, index }));
+                (link_at, index)
+            }
+        };
+        Route { link_at, index }
+    }
+
+    /// [`Outbox::push_shared`] to a connection's output found by [`Outbox::route`] this
+    /// round (the outbox's [`Outbox::round`] has not changed since).
+    pub(crate) fn push_shared_at(
+        &mut self,
+        route: Route,
         note: &Notification,
         message: impl FnOnce() -> Option<ServerMessage>,
     ) {
@@ -111,23 +145,15 @@ impl Outbox {
         if last.frame.is_empty() {
             return;
         }
-        let at = memo
-            .0
-            .get()
-            .filter(|at| at.round == self.round && at.link == link && at.session == session);
-        let (link_at, index) = match at {
-            Some(at) => (at.link_at, at.index),
-            None => {
-                let (link_at, index) = slot_at(&mut self.links, link, session);
-                let round = self.round;
-                memo.0.set(Some(MemoAt { round, link, session, link_at, index }));
-                (link_at, index)
-            }
-        };
-        let out = &mut self.links[link_at].1;
-        out.frames[index].bytes.extend_from_slice(&last.frame);
+        let out = &mut self.links[route.link_at as usize].1;
+        out.frames[route.index as usize].bytes.extend_from_slice(&last.frame);
         // Never an error: notifications are news about others.
         self.n_messages += 1;
+    }
+
+    /// Counts rounds and forgotten links: a [`Route`] found in another is stale.
+    pub(crate) fn round(&self) -> u64 {
+        self.round
     }
 
     /// Appends one framed message for a connection.

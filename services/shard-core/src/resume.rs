@@ -212,10 +212,9 @@ impl ShardCore {
             // The same connection, re-joining over a new stream after its gateway's stream
             // broke before this shard noticed: the player stays where it is and its seat
             // moves to the new stream. Its view is sent whole (ViewReset), like any restore.
-            seat.link = link;
-            seat.gateway = gateway;
             seat.inputs = InputSequence::new(seq + 1, PENDING_LIMIT);
             let generation = seat.generation;
+            self.roster.relink(player, link, gateway);
             let here = self.world.position(player).unwrap_or(at);
             debug!(%player, "restored on a new stream of its own session");
             // The client's view starts over at the ViewReset: what a handoff here said it

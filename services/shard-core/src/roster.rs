@@ -36,6 +36,9 @@ pub(crate) struct Roster {
     parked: FxHashMap<PlayerId, Parked>,
     /// Clients just handed in whose view is still derived from what they were told.
     divergent: FxHashMap<PlayerId, Divergent>,
+    /// Counts seats made, taken away and moved to another link (see `routes.rs`, whose
+    /// entries it voids). A seat's `link` and `session` change only through this file.
+    version: u64,
     resume_keys: TokenKeys,
     resume_window: Duration,
     /// The nonce of the token the resume being answered came with (see
@@ -49,6 +52,7 @@ impl Roster {
             seats: FxHashMap::default(),
             parked: FxHashMap::default(),
             divergent: FxHashMap::default(),
+            version: 0,
             resume_keys,
             resume_window,
             resumed_with: None,
@@ -72,10 +76,26 @@ impl Roster {
     /// Seats `player` (replacing a seat it had).
     pub(crate) fn insert_seat(&mut self, player: PlayerId, seat: Seat) {
         self.seats.insert(player, seat);
+        self.version += 1;
+    }
+
+    /// Moves `player`'s seat to `link` of `gateway` (the same session over a new stream).
+    pub(crate) fn relink(&mut self, player: PlayerId, link: LinkId, gateway: u32) {
+        if let Some(seat) = self.seats.get_mut(&player) {
+            seat.link = link;
+            seat.gateway = gateway;
+            self.version += 1;
+        }
+    }
+
+    /// Changes whenever a seat is made, taken away or moved to another link.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
     }
 
     /// Takes `player`'s seat away (it leaves, or is handed off).
     pub(crate) fn unseat(&mut self, player: PlayerId) -> Option<Seat> {
+        self.version += 1;
         self.seats.remove(&player)
     }
 
@@ -241,6 +261,7 @@ impl Roster {
 
     /// Forgets everyone: the shard starts a new life (see `ShardCore::after_lease_expiry`).
     pub(crate) fn clear(&mut self) {
+        self.version += 1;
         self.seats.clear();
         self.parked.clear();
         self.divergent.clear();

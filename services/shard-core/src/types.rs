@@ -222,11 +222,12 @@ pub(crate) struct Memo(pub(crate) std::cell::Cell<Option<MemoAt>>);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct MemoAt {
     pub(crate) round: u64,
-    pub(crate) link: LinkId,
     pub(crate) session: u64,
-    /// Index into the outbox's links, and of the delivery in that link's output.
-    pub(crate) link_at: usize,
-    pub(crate) index: usize,
+    pub(crate) link: LinkId,
+    /// Index into the outbox's links, and of the delivery in that link's output (a link's
+    /// output holds one delivery per connection: far below `u32::MAX`).
+    pub(crate) link_at: u32,
+    pub(crate) index: u32,
 }
 
 /// A local player: where its output goes and what its owner must remember.
