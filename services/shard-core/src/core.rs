@@ -312,7 +312,9 @@ impl ShardCore {
                     if shed > 0 && self.metrics.overload_shed.get() == 0 {
                         warn!(
                             link = link.0,
-                            queued, "gateways not keeping up with the output; shedding moves"
+                            batches = queued.batches,
+                            bytes = queued.bytes,
+                            "gateways not keeping up with the output; shedding moves"
                         );
                     } else if shed == 0 {
                         tracing::info!("gateways keeping up again; applying every move");

@@ -47,4 +47,6 @@ pub mod testing {
 
 pub use geometry::distance;
 pub use metrics::{ShardMetrics, KV_OUTCOMES, RELAY_REFUSALS};
-pub use types::{CoreConfig, EntityRecord, EntitySave, Event, LinkId, SaveRecord, Transmit};
+pub use types::{
+    Backlog, CoreConfig, EntityRecord, EntitySave, Event, LinkId, SaveRecord, Transmit,
+};

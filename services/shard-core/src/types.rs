@@ -116,10 +116,10 @@ pub enum Event {
     LinkClosed { link: LinkId },
     /// A gateway stream stopped reading (its queue is full): it is cut, its players leave.
     LinkCut { link: LinkId },
-    /// After a round was sent: how many batches wait in a gateway stream's queue. A
-    /// backlog makes the shard apply fewer moves (see `overload.rs`) long before the queue
-    /// is full.
-    LinkBacklog { link: LinkId, queued: usize },
+    /// After a round was sent: how many batches wait in a gateway stream's queue, and the
+    /// frame bytes in them. A backlog makes the shard apply fewer moves (see `overload.rs`)
+    /// long before the queue is full.
+    LinkBacklog { link: LinkId, queued: Backlog },
     /// A batch of messages from a peer shard, in its stream's order.
     Peer { from: ShardId, messages: Vec<PeerMessage> },
     /// The cluster view changed (members, partition map).
@@ -196,6 +196,14 @@ pub enum Transmit {
 pub(crate) struct Link {
     pub gateway: u32,
     pub lane: u32,
+}
+
+/// What waits on one gateway link's queue: batches, and the frame bytes in them (see
+/// `overload.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    pub batches: usize,
+    pub bytes: usize,
 }
 
 /// Which link of which gateway: a gateway opens one link per lane (event-loop worker) to

@@ -7,20 +7,21 @@
 //! it every [`TICK`]. It decides nothing about the world: that is the core's.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use meridian_cluster::{ClusterView, ShardId};
-use meridian_rpc::pb::{PeerMessage, ShardBatch};
+use meridian_rpc::pb::PeerMessage;
 use tokio::sync::{mpsc, watch};
-use tonic::Status;
 use tracing::{debug, warn};
 
-use crate::command::Command;
+use crate::command::{frame_bytes, Command, LinkOut};
 use crate::core::{ShardCore, TICK};
 use crate::peer::PeerSenders;
 use crate::types::{CoreConfig, Event, LinkId, Transmit};
 use crate::ShardMetrics;
+use meridian_shard_core::Backlog;
 
 /// Commands queued for the world task before gateway and peer streams are slowed down.
 const COMMAND_QUEUE: usize = 4096;
@@ -34,7 +35,7 @@ pub struct WorldActor {
     commands: mpsc::Receiver<Command>,
     view: watch::Receiver<ClusterView>,
     peer_senders: PeerSenders,
-    links: HashMap<LinkId, mpsc::Sender<Result<ShardBatch, Status>>>,
+    links: HashMap<LinkId, LinkOut>,
     /// Rounds for peers the partition names whose stream is not set up yet.
     pending: HashMap<ShardId, Vec<PeerMessage>>,
     peers_up: Vec<ShardId>,
@@ -253,8 +254,8 @@ impl WorldActor {
         }
     }
 
-    /// Sends the round's output, then tells the core how many batches wait on each gateway
-    /// link (a backlog makes it shed moves). A gateway link whose queue is full anyway has
+    /// Sends the round's output, then tells the core how many batches (and frame bytes)
+    /// wait on each gateway link (a backlog makes it shed moves). A gateway link whose queue is full anyway has
     /// stopped reading: the core cuts it (which makes output of its own: its players
     /// leave), and nothing more is sent on it.
     fn flush(&mut self) {
@@ -268,8 +269,12 @@ impl WorldActor {
                         if cut.contains(&link) {
                             continue;
                         }
-                        let sent = self.links.get(&link).map(|out| out.try_send(Ok(batch)));
-                        if matches!(sent, Some(Err(_))) {
+                        let Some(out) = self.links.get(&link) else { continue };
+                        // Counted before it is queued: the writer may take it at once.
+                        let bytes = frame_bytes(&batch);
+                        out.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+                        if out.batches.try_send(Ok(batch)).is_err() {
+                            out.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
                             cut.push(link);
                         }
                     }
@@ -309,7 +314,9 @@ impl WorldActor {
                 // How far behind each gateway is: the core sheds moves before a queue fills.
                 let now = Instant::now();
                 for (&link, out) in &self.links {
-                    let queued = out.max_capacity() - out.capacity();
+                    let batches = out.batches.max_capacity() - out.batches.capacity();
+                    let bytes = out.queued_bytes.load(Ordering::Relaxed);
+                    let queued = Backlog { batches, bytes };
                     self.core.handle(now, Event::LinkBacklog { link, queued });
                 }
                 return;

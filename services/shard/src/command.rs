@@ -5,6 +5,8 @@
 //! It imports none of the tasks that use it, so they, the metrics and the core can all
 //! depend on it without a circle.
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Instant;
 
 use meridian_cluster::ShardId;
@@ -17,13 +19,28 @@ use crate::types::LinkId;
 
 /// Batches a gateway link may have queued before it counts as not keeping up and is cut.
 pub const LINK_QUEUE: usize = 1024;
+
+/// A gateway link's output queue, the world task's end: the batches, and the frame bytes
+/// in those its writer has not taken yet (what the core's overload rule weighs, with the
+/// count). The world task adds a batch's bytes before it queues the batch, and takes them
+/// back if the queue refuses it; the writer takes them away as it takes the batch.
+#[derive(Clone)]
+pub struct LinkOut {
+    pub batches: mpsc::Sender<Result<ShardBatch, Status>>,
+    pub queued_bytes: Arc<AtomicUsize>,
+}
+
+/// What a batch counts for in [`LinkOut::queued_bytes`]: its connections' frame bytes.
+pub fn frame_bytes(batch: &ShardBatch) -> usize {
+    batch.deliveries.iter().map(|delivery| delivery.frames.len()).sum()
+}
 pub enum Command {
     /// A gateway lane's link is open; its output goes to `out`.
     Open {
         link: LinkId,
         gateway: u32,
         lane: u32,
-        out: mpsc::Sender<Result<ShardBatch, Status>>,
+        out: LinkOut,
     },
     Inputs {
         link: LinkId,

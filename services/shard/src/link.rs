@@ -21,7 +21,7 @@
 
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use tonic::transport::CertificateDer;
 use tonic::Status;
 use tracing::{info, warn};
 
-use crate::command::{Command, LinkRefused, LINK_QUEUE};
+use crate::command::{frame_bytes, Command, LinkOut, LinkRefused, LINK_QUEUE};
 use crate::types::LinkId;
 use crate::ShardMetrics;
 
@@ -144,7 +144,9 @@ impl Links {
         }
         let link = LinkId(self.next_link.fetch_add(1, Ordering::Relaxed));
         let (batches, mut queued) = mpsc::channel(LINK_QUEUE);
-        let open = Command::Open { link, gateway, lane, out: batches };
+        let queued_bytes = Arc::new(AtomicUsize::new(0));
+        let out_queue = LinkOut { batches, queued_bytes: Arc::clone(&queued_bytes) };
+        let open = Command::Open { link, gateway, lane, out: out_queue };
         if self.commands.send(open).await.is_err() {
             return;
         }
@@ -158,7 +160,7 @@ impl Links {
         let end = if taken {
             tokio::select! {
                 end = read_in(&mut frames, link, &self.commands) => end,
-                end = write_out(&mut writer, &mut queued, &mut out, &mut mid_write) => end,
+                end = write_out(&mut writer, (&mut queued, &queued_bytes), &mut out, &mut mid_write) => end,
                 _ = stopping.wait_for(|stop| *stop) => LinkEnd::Stopping,
             }
         } else {
@@ -345,7 +347,7 @@ async fn read_in<R: AsyncRead + Unpin>(
 /// frames each time; a heartbeat when nothing was written for [`HEARTBEAT`].
 async fn write_out<W: AsyncWrite + Unpin>(
     writer: &mut W,
-    queued: &mut mpsc::Receiver<Result<ShardBatch, Status>>,
+    (queued, queued_bytes): (&mut mpsc::Receiver<Result<ShardBatch, Status>>, &AtomicUsize),
     out: &mut Vec<u8>,
     mid_write: &mut bool,
 ) -> LinkEnd {
@@ -360,7 +362,7 @@ async fn write_out<W: AsyncWrite + Unpin>(
                 None
             }
             Ok(None) => return LinkEnd::DroppedByShard,
-            Ok(Some(first)) => gather(first, queued, out),
+            Ok(Some(first)) => gather(first, (queued, queued_bytes), out),
         };
         // A gateway that takes nothing for as long as it may stay silent is as dead.
         *mid_write = true;
@@ -381,17 +383,21 @@ async fn write_out<W: AsyncWrite + Unpin>(
 }
 
 /// Frames `first` and whatever else is queued already into `out`, up to
-/// [`WRITE_BATCH_BYTES`]. An error from the world task ends the gathering: the reason it
-/// gives, for the refusal that ends the link after what was gathered.
+/// [`WRITE_BATCH_BYTES`], taking each batch's bytes off `queued_bytes`. An error from the
+/// world task ends the gathering: the reason it gives, for the refusal that ends the link
+/// after what was gathered.
 fn gather(
     first: Result<ShardBatch, Status>,
-    queued: &mut mpsc::Receiver<Result<ShardBatch, Status>>,
+    (queued, queued_bytes): (&mut mpsc::Receiver<Result<ShardBatch, Status>>, &AtomicUsize),
     out: &mut Vec<u8>,
 ) -> Option<String> {
     let mut next = Some(first);
     while let Some(batch) = next {
         match batch {
-            Ok(batch) => link::put_frame(out, &batch),
+            Ok(batch) => {
+                queued_bytes.fetch_sub(frame_bytes(&batch), Ordering::Relaxed);
+                link::put_frame(out, &batch)
+            }
             Err(status) => return Some(status.message().to_string()),
         }
         if out.len() >= WRITE_BATCH_BYTES {

@@ -3,6 +3,7 @@
 //! the test playing the world task (it reads the commands the links send).
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::Links;
-use crate::command::Command;
+use crate::command::{frame_bytes, Command, LinkOut};
 use crate::service::ShardService;
 use crate::types::LinkId;
 use crate::ShardMetrics;
@@ -76,11 +77,7 @@ impl Port {
     }
 
     /// Expects the next command to open a link for `gateway`'s `lane`; its id and output.
-    async fn opened(
-        &mut self,
-        gateway: u32,
-        lane: u32,
-    ) -> (LinkId, mpsc::Sender<Result<ShardBatch, tonic::Status>>) {
+    async fn opened(&mut self, gateway: u32, lane: u32) -> (LinkId, LinkOut) {
         match self.command().await {
             Command::Open { link, gateway: g, lane: l, out } => {
                 assert_eq!((g, l), (gateway, lane), "the hello's gateway and lane");
@@ -97,7 +94,7 @@ impl Port {
         gateway: u32,
         lane: u32,
         seqs: &[u64],
-    ) -> (Gateway<TcpStream>, LinkId, mpsc::Sender<Result<ShardBatch, tonic::Status>>) {
+    ) -> (Gateway<TcpStream>, LinkId, LinkOut) {
         let mut end = Gateway::connect(self.addr).await;
         end.hello(gateway, lane, seqs).await;
         let (link, out) = self.opened(gateway, lane).await;
@@ -252,11 +249,19 @@ async fn inputs_go_in_and_output_comes_out_over_a_real_socket() {
     let answers: Vec<ShardBatch> =
         (1..=3).map(|n| ShardBatch { refused: String::new(), deliveries: delivery(n) }).collect();
     for answer in &answers {
-        out.send(Ok(answer.clone())).await.expect("the link takes output");
+        // As the world task does: the bytes counted before the batch is queued.
+        out.queued_bytes.fetch_add(frame_bytes(answer), Ordering::Relaxed);
+        out.batches.send(Ok(answer.clone())).await.expect("the link takes output");
     }
     for answer in &answers {
         assert_eq!(gateway.batch().await.as_ref(), Some(answer), "in order");
     }
+    assert!(frame_bytes(&answers[0]) > 0);
+    assert_eq!(
+        out.queued_bytes.load(Ordering::Relaxed),
+        0,
+        "what the writer took is no longer counted as waiting"
+    );
     gateway.stream.shutdown().await.expect("hangs up");
     port.closed(link).await;
     assert_eq!(gateway.hear().await, Heard::Closed);
@@ -269,8 +274,11 @@ async fn a_link_the_world_task_ends_with_an_error_is_refused_with_its_reason() {
     let mut port = Port::start(None).await;
     let (mut gateway, link, out) = port.linked(3, 0, &[]).await;
     let first = ShardBatch { deliveries: delivery(1), refused: String::new() };
-    out.send(Ok(first.clone())).await.expect("the link takes output");
-    out.send(Err(tonic::Status::unavailable("the shard's lease expired"))).await.expect("taken");
+    out.batches.send(Ok(first.clone())).await.expect("the link takes output");
+    out.batches
+        .send(Err(tonic::Status::unavailable("the shard's lease expired")))
+        .await
+        .expect("taken");
     assert_eq!(gateway.batch().await, Some(first), "what came before the error");
     assert_eq!(gateway.refusal().await, "the shard's lease expired");
     port.closed(link).await;
@@ -302,7 +310,7 @@ async fn a_round_bigger_than_the_grpc_limit_reaches_the_gateway() {
     let (mut gateway, _, out) = port.linked(1, 0, &[]).await;
     tokio::spawn(async move {
         for batch in batches {
-            let _ = out.send(Ok(batch)).await;
+            let _ = out.batches.send(Ok(batch)).await;
         }
         // The world task keeps the link's sender while the link is open.
         std::future::pending::<()>().await;
@@ -453,7 +461,7 @@ async fn a_tls_link_is_taken_only_from_the_gateway_its_certificate_names() {
     let (link, out) = port.opened(7, 3).await;
     assert_eq!(port.inputs(link).await, vec![1]);
     let answer = ShardBatch { deliveries: delivery(1), refused: String::new() };
-    out.send(Ok(answer.clone())).await.expect("the link takes output");
+    out.batches.send(Ok(answer.clone())).await.expect("the link takes output");
     assert_eq!(named.batch().await, Some(answer), "output inside TLS");
 
     let mut impostor = connect(Arc::clone(&gateway_7)).await;
